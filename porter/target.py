@@ -1,0 +1,222 @@
+"""A target: the Metal engine to port, as described by targets/<name>/target.toml.
+
+Source paths are resolved against a checkout the user provides (nothing of the
+engine's own code lives in the workspace); CUDA conventions, scripted answers
+and the fixture script are resolved against the target folder, which is ours.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import tomllib
+from functools import cached_property
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from porter.cparse import ApiFunction, parse_api_header
+from porter.errors import PorterError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SourceSpec(_Strict):
+    default_checkout: str | None = None
+    api_header: str
+    symbol_prefix: str
+    metal_host: str
+    metal_sources: list[str]
+    cpu_backend: str | None = None
+    engine: str
+    engine_sources: list[str] = Field(default_factory=list)  # more files the call graph follows
+
+
+class EngineSpec(_Strict):
+    prefill: str
+    decode: str
+
+
+class UnitsSpec(_Strict):
+    runtime: list[str] = Field(default_factory=list)
+    skip: list[str] = Field(default_factory=list)  # API functions not ported (host-only helpers)
+
+
+class CudaSpec(_Strict):
+    dir: str = "cuda"
+    conventions_header: str
+    glue: list[str] = Field(default_factory=list)
+    library: str
+    nvcc_flags: list[str] = Field(default_factory=list)
+    link_flags: list[str] = Field(default_factory=list)
+
+
+class FixtureSpec(_Strict):
+    script: str
+    file: str
+
+
+class ScriptedSpec(_Strict):
+    dir: str = "scripted"
+
+
+class TargetSpec(_Strict):
+    name: str
+    description: str = ""
+    source: SourceSpec
+    engine: EngineSpec
+    units: UnitsSpec = Field(default_factory=UnitsSpec)
+    cuda: CudaSpec
+    fixture: FixtureSpec | None = None
+    scripted: ScriptedSpec = Field(default_factory=ScriptedSpec)
+    provider: dict = Field(default_factory=dict)  # provider defaults, see porter.providers
+
+
+class Target:
+    """A loaded target with every path resolved."""
+
+    def __init__(self, spec: TargetSpec, target_dir: Path, checkout: Path, workspace: Path):
+        self.spec = spec
+        self.name = spec.name
+        self.dir = target_dir
+        self.checkout = checkout
+        self.workspace = workspace
+
+    # -- engine sources (in the user's checkout) --
+    def _src(self, rel: str) -> Path:
+        return self.checkout / rel
+
+    @property
+    def api_header(self) -> Path:
+        return self._src(self.spec.source.api_header)
+
+    @property
+    def symbol_prefix(self) -> str:
+        return self.spec.source.symbol_prefix
+
+    @property
+    def metal_host(self) -> Path:
+        return self._src(self.spec.source.metal_host)
+
+    @property
+    def metal_sources(self) -> list[Path]:
+        out: list[Path] = []
+        for pattern in self.spec.source.metal_sources:
+            out.extend(sorted(Path(p) for p in glob.glob(str(self.checkout / pattern))))
+        return out
+
+    @property
+    def cpu_backend(self) -> Path | None:
+        return self._src(self.spec.source.cpu_backend) if self.spec.source.cpu_backend else None
+
+    @property
+    def engine_sources(self) -> list[Path]:
+        return [self._src(self.spec.source.engine)] + [self._src(p) for p in self.spec.source.engine_sources]
+
+    @property
+    def entry_points(self) -> dict[str, str]:
+        return {"prefill": self.spec.engine.prefill, "decode": self.spec.engine.decode}
+
+    @property
+    def runtime_units(self) -> list[str]:
+        return list(self.spec.units.runtime)
+
+    # -- ours (in the target folder) --
+    @property
+    def cuda_dir(self) -> Path:
+        return self.dir / self.spec.cuda.dir
+
+    @property
+    def conventions_header(self) -> Path:
+        return self.cuda_dir / self.spec.cuda.conventions_header
+
+    @property
+    def glue_sources(self) -> list[Path]:
+        return [self.cuda_dir / g for g in self.spec.cuda.glue]
+
+    @property
+    def scripted_dir(self) -> Path:
+        return self.dir / self.spec.scripted.dir
+
+    @property
+    def ported_dir(self) -> Path:
+        """Where the workspace keeps one CUDA file per unit."""
+        return self.workspace / "targets" / self.name / "ported"
+
+    def unit_path(self, unit: str) -> Path:
+        return self.ported_dir / f"{unit}.cu"
+
+    @property
+    def fixture_script(self) -> Path | None:
+        return self.dir / self.spec.fixture.script if self.spec.fixture else None
+
+    @property
+    def fixture_path(self) -> Path | None:
+        return self.workspace / "runs" / "fixtures" / self.spec.fixture.file if self.spec.fixture else None
+
+    # -- the API --
+    @cached_property
+    def api(self) -> list[ApiFunction]:
+        return parse_api_header(self.api_header, self.symbol_prefix)
+
+    @cached_property
+    def units(self) -> list[str]:
+        """API functions that are ported, in header order."""
+        skip = set(self.spec.units.skip)
+        return [f.name for f in self.api if f.name not in skip]
+
+    def api_function(self, unit: str) -> ApiFunction:
+        for f in self.api:
+            if f.name == unit:
+                return f
+        raise PorterError(f"unknown unit {unit!r} for target {self.name} (see `porter units --target {self.name}`)")
+
+
+def _env_source_var(name: str) -> str:
+    return "PORTER_" + "".join(c if c.isalnum() else "_" for c in name.upper()) + "_SOURCE"
+
+
+def load_target(workspace: Path, name: str, source: str | Path | None = None) -> Target:
+    """Load targets/<name>/target.toml of `workspace` and resolve the source checkout.
+
+    The checkout is, in order: `source`, $PORTER_<NAME>_SOURCE, the target's
+    default_checkout (relative to its folder). A missing one is an error that
+    names how to provide it.
+    """
+    workspace = Path(workspace).resolve()
+    target_dir = workspace / "targets" / name
+    toml_path = target_dir / "target.toml"
+    if not toml_path.is_file():
+        known = sorted(p.parent.name for p in (workspace / "targets").glob("*/target.toml"))
+        raise PorterError(f"no target {name!r} in {workspace / 'targets'} (known: {', '.join(known) or 'none'})")
+    try:
+        raw = tomllib.loads(toml_path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise PorterError(f"malformed {toml_path}: {exc}") from exc
+    try:
+        spec = TargetSpec.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise PorterError(f"malformed {toml_path}: {where}: {first['msg']}") from exc
+    if spec.name != name:
+        raise PorterError(f"malformed {toml_path}: name is {spec.name!r} but the folder is {name!r}")
+
+    env_var = _env_source_var(name)
+    if source is not None:
+        checkout, how = Path(source), "--source"
+    elif os.environ.get(env_var):
+        checkout, how = Path(os.environ[env_var]), env_var
+    elif spec.source.default_checkout is not None:
+        checkout, how = target_dir / spec.source.default_checkout, "default_checkout"
+    else:
+        raise PorterError(f"target {name} needs a source checkout: pass --source DIR or set {env_var}")
+    checkout = checkout.resolve()
+    if not checkout.is_dir():
+        raise PorterError(f"source checkout {checkout} (from {how}) does not exist")
+    header = checkout / spec.source.api_header
+    if not header.is_file():
+        raise PorterError(f"source checkout {checkout} (from {how}) has no {spec.source.api_header}")
+    return Target(spec, target_dir, checkout, workspace)
