@@ -1,0 +1,26 @@
+"""What every gate returns; the ledger stores `evidence` content-addressed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Gate names in the order a candidate meets them; a candidate is rejected by the
+# first that fails, so later (costlier) gates never run on it.
+GATE_ORDER = ("extract", "static", "build", "parity", "perf", "e2e")
+
+
+@dataclass
+class GateResult:
+    gate: str  # one of GATE_ORDER
+    ok: bool
+    summary: str  # one line, for status/audit and the next prompt
+    diagnostics: str = ""  # longer text (compiler output, mismatch table), trimmed for prompts
+    metrics: dict = field(default_factory=dict)  # numbers worth keeping (errors, timings, GB/s)
+    evidence: dict = field(default_factory=dict)  # the facts the verdict rests on (toolchain, sha256s, seeds, shapes)
+    skipped: bool = False  # the gate could not run here (e.g. no GPU): never counts as ok
+
+    def __post_init__(self) -> None:
+        if self.gate not in GATE_ORDER:
+            raise ValueError(f"unknown gate {self.gate!r}")
+        if self.skipped and self.ok:
+            raise ValueError("a skipped gate cannot be ok")
