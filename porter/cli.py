@@ -1,0 +1,224 @@
+"""porter's command line: `porter <command> ...` (also `python3 -m porter`).
+
+Commands owned by other modules (status, audit, plan, prompt, calibrate) are
+imported only when chosen, through their `add_arguments(parser)` and
+`run(args) -> int`; a missing one is reported in one line (exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+
+from porter.errors import PorterError
+
+EPILOG = """\
+examples:
+  porter init ~/port-minimoe               a fresh workspace (git repo) with the bundled minimoe target
+  cd ~/port-minimoe
+  porter units                             the API functions to port, their signatures and file state
+  porter plan                              the order units are ported in (prefill path first)
+  porter run --provider scripted --max-attempts 6
+                                           replay scripted answers through every gate, commit each step
+  porter run --provider anthropic --unit mini_gpu_swiglu_tensor
+                                           port one unit with a real model
+  porter status                            per-unit state, derived from git + ledger + evidence
+  porter audit                             check every unit's chain of evidence
+
+exit codes: 0 ok, 1 a run ended with units failing, 2 bad input, 3 ledger tampered.
+`porter COMMAND --help` explains each command.
+"""
+
+# name -> (module, one-line description); owned by other modules, imported lazily.
+DELEGATED = {
+    "status": ("porter.status", "per-unit state (unported/failing/built/verified/stale/tampered), derived, never stored"),
+    "audit": ("porter.audit", "walk each unit's chain: ledger records, evidence hashes, commits, current files"),
+    "plan": ("porter.plan", "the order units are ported in: runtime, prefill path, decode path, unreachable"),
+    "prompt": ("porter.prompt.cli", "show the prompt porter would send for a unit (nothing is sent)"),
+    "calibrate": ("porter.calibrate", "check that each parity spec accepts a known-good build and rejects mutants"),
+}
+READ_COMMANDS = {"units", "status", "audit", "plan", "prompt"}
+
+
+def _common(json_flag: bool) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--target", metavar="NAME", help="target to work on (default: the workspace's only target)")
+    p.add_argument("--source", metavar="DIR", help="the target's source checkout (default: target.toml / PORTER_<T>_SOURCE)")
+    if json_flag:
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+    return p
+
+
+def _chosen_command(argv: list[str]) -> str | None:
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "-C":
+            i += 2
+            continue
+        if a.startswith("-"):
+            i += 1
+            continue
+        return a
+    return None
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    chosen = _chosen_command(list(argv or []))
+    parser = argparse.ArgumentParser(
+        prog="porter",
+        description="porter ports a Metal GPU backend to CUDA one API function (unit) at a time: an LLM writes "
+        "each unit, gates (static, build, parity) decide, and every verified step is one git commit with "
+        "its ledger record and evidence.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("-C", dest="workspace_dir", metavar="DIR",
+                        help="run in workspace DIR (default: the git repository of the current directory)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+
+    def add(name: str, help_: str, **kw) -> argparse.ArgumentParser:
+        parents = [_common(name in READ_COMMANDS)] if name != "init" else []
+        return sub.add_parser(name, help=help_, description=help_, parents=parents, conflict_handler="resolve",
+                              formatter_class=argparse.RawDescriptionHelpFormatter, **kw)
+
+    p = add("init", "make a new workspace: a git repo with a bundled target and placeholder unit files",
+            epilog="example: porter init ~/port-minimoe --target minimoe")
+    p.add_argument("directory", metavar="DIR", help="new or empty directory")
+    p.add_argument("--target", default="minimoe", metavar="NAME", help="bundled target to copy (default: minimoe)")
+
+    p = add("run", "port units: prompt, extract, gate, commit each passing step (one run at a time)",
+            epilog="examples:\n  porter run --provider scripted --max-attempts 6\n"
+                   "  porter run --provider anthropic --unit mini_gpu_add_tensor --time-budget 20m")
+    p.add_argument("--provider", default="scripted", help="scripted (replays targets/<t>/scripted), anthropic, openai")
+    p.add_argument("--model", help="model name for the provider (default: the provider's)")
+    p.add_argument("--unit", action="append", metavar="UNIT", help="port only this unit (repeatable; retries exhausted ones)")
+    p.add_argument("--max-attempts", type=int, default=3, metavar="N", help="attempts per unit in this run (default 3)")
+    p.add_argument("--max-units", type=int, metavar="N", help="stop after N units")
+    p.add_argument("--time-budget", metavar="DURATION", help="stop starting attempts after e.g. 30m, 2h, 90s")
+
+    p = add("units", "list the target's API functions: signature, runtime/op, file state (placeholder/ported)",
+            epilog="example: porter units --target minimoe --json")
+
+    for name, (module, help_) in DELEGATED.items():
+        p = add(name, help_)
+        if name == chosen:
+            try:
+                mod = importlib.import_module(module)
+                mod.add_arguments(p)
+                p.set_defaults(_delegate=mod)
+            except ImportError as exc:
+                p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+                p.set_defaults(_missing=f"`porter {name}` is not available: {module} cannot be imported ({exc})")
+    return parser
+
+
+def _cmd_init(args) -> int:
+    from porter.workspace import init_workspace
+
+    ws = init_workspace(args.directory, [args.target])
+    print(f"porter: new workspace {ws} (target {args.target}, every unit a placeholder)")
+    print(f"next: cd {ws} && porter units && porter run --provider scripted")
+    return 0
+
+
+def units_table(workspace: Path, target_name: str, source: str | None) -> list[dict]:
+    from porter.placeholder import is_placeholder
+    from porter.target import load_target
+    import hashlib
+
+    target = load_target(workspace, target_name, source)
+    rows = []
+    for fn in target.api:
+        if fn.name not in target.units:
+            continue
+        path = target.unit_path(fn.name)
+        if path.is_file():
+            data = path.read_bytes()
+            state = "placeholder" if is_placeholder(data.decode("utf-8", "replace")) else "ported"
+            sha = hashlib.sha256(data).hexdigest()
+        else:
+            state, sha = "missing", None
+        rows.append({
+            "unit": fn.name,
+            "kind": "runtime" if fn.name in target.runtime_units else "op",
+            "signature": fn.c_signature(),
+            "return_type": fn.return_type,
+            "params": [{"type": p.type, "name": p.name} for p in fn.params],
+            "header_line": fn.line,
+            "file": str(path.relative_to(workspace)),
+            "state": state,
+            "sha256": sha,
+        })
+    return rows
+
+
+def _cmd_units(args) -> int:
+    rows = units_table(args.workspace, args.target, args.source)
+    if args.json:
+        print(json.dumps({"target": args.target, "units": rows}, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.markup import escape
+
+    con = Console(highlight=False, soft_wrap=True)
+    n_rt = sum(r["kind"] == "runtime" for r in rows)
+    ported = sum(r["state"] == "ported" for r in rows)
+    con.print(f"{args.target}: {len(rows)} units ({n_rt} runtime, {len(rows) - n_rt} ops), "
+              f"{ported} ported, {len(rows) - ported} not; files under {Path(rows[0]['file']).parent}/" if rows else
+              f"{args.target}: no units")
+    for r in rows:
+        style = {"ported": "green", "placeholder": "dim", "missing": "red"}[r["state"]]
+        con.print(f"  {r['kind']:<8} [{style}]{r['state']:<12}[/] {escape(r['signature'])}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        parser = build_parser(argv)
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help()
+            return 2
+        return _dispatch(args)
+    except PorterError as exc:
+        print(f"porter: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("porter: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+def _dispatch(args) -> int:
+    if getattr(args, "_missing", None):
+        raise PorterError(args._missing)
+    if args.command == "init":
+        args.workspace = Path(args.directory).expanduser().resolve()
+        return _cmd_init(args)
+
+    from porter.workspace import default_target, find_workspace
+
+    args.workspace = find_workspace(args.workspace_dir)
+    if not getattr(args, "target", None):
+        args.target = default_target(args.workspace)
+    if args.command == "units":
+        return _cmd_units(args)
+    if args.command == "run":
+        from porter.loop import run
+
+        return run(args)
+    mod = getattr(args, "_delegate", None)
+    if mod is None:
+        raise PorterError(f"unknown command {args.command!r}")
+    rc = mod.run(args)
+    return int(rc or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,180 @@
+"""The git side of a workspace: one commit per verified (or built) step.
+
+porter drives the `git` command line (not a library) so that what it does is
+exactly what a person could retype.  A step commit holds the unit file, the
+ledger and the evidence files together, and carries trailers that tie it to
+the ledger record it commits:
+
+    porter: built mini_gpu_add_tensor (attempt 2)
+
+    Porter-Unit: mini_gpu_add_tensor
+    Porter-Target: minimoe
+    Porter-State: built
+    Porter-Candidate: <sha256 of the unit file>
+    Porter-Step: <hash of the "step" ledger record>
+    Porter-Evidence: <sha256>            (one line per evidence file)
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from functools import lru_cache
+from pathlib import Path
+
+from porter.errors import PorterError
+
+# Used only when the user has no git identity configured (fresh CI boxes).
+FALLBACK_NAME = "porter"
+FALLBACK_EMAIL = "porter@localhost"
+
+
+@lru_cache(maxsize=None)
+def _identity_args(cwd: str) -> tuple[str, ...]:
+    args: list[str] = []
+    for key, fallback in (("user.name", FALLBACK_NAME), ("user.email", FALLBACK_EMAIL)):
+        r = subprocess.run(["git", "config", "--get", key], cwd=cwd, capture_output=True, text=True)
+        if r.returncode != 0 or not r.stdout.strip():
+            args += ["-c", f"{key}={fallback}"]
+    return tuple(args)
+
+
+def git(workspace: Path, *args: str, check: bool = True, input: str | None = None) -> str:
+    """Run git in `workspace`; return stdout.  A failure is a one-line PorterError."""
+    cmd = ["git", *_identity_args(str(workspace)), *args]
+    try:
+        r = subprocess.run(cmd, cwd=workspace, capture_output=True, text=True, input=input)
+    except FileNotFoundError as exc:
+        raise PorterError("git not found on PATH") from exc
+    if check and r.returncode != 0:
+        msg = (r.stderr.strip() or r.stdout.strip()).splitlines()
+        raise PorterError(f"git {args[0]} failed: {msg[-1] if msg else 'exit ' + str(r.returncode)}")
+    return r.stdout
+
+
+def toplevel(path: Path) -> Path | None:
+    r = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=path, capture_output=True, text=True)
+    if r.returncode != 0:
+        return None
+    return Path(r.stdout.strip())
+
+
+def init_repo(path: Path) -> None:
+    r = subprocess.run(["git", "init", "-q", "-b", "main", str(path)], capture_output=True, text=True)
+    if r.returncode != 0:  # git < 2.28 has no -b
+        git(path, "init", "-q")
+
+
+def head(workspace: Path) -> str | None:
+    r = subprocess.run(["git", "rev-parse", "--verify", "-q", "HEAD"], cwd=workspace, capture_output=True, text=True)
+    return r.stdout.strip() or None
+
+
+def check_index_unlocked(workspace: Path) -> None:
+    lock = Path(git(workspace, "rev-parse", "--git-dir").strip())
+    lock = (lock if lock.is_absolute() else workspace / lock) / "index.lock"
+    if lock.exists():
+        raise PorterError(
+            f"git index is locked ({lock}): another git command is running, or one was killed; "
+            "remove the file if no git command is running"
+        )
+
+
+def committed_blob(workspace: Path, rel: str) -> bytes | None:
+    """The content of `rel` at HEAD, or None when HEAD has no such file."""
+    r = subprocess.run(["git", "show", f"HEAD:{rel}"], cwd=workspace, capture_output=True)
+    return r.stdout if r.returncode == 0 else None
+
+
+def restore(workspace: Path, rel: str) -> None:
+    """Put `rel` back to its HEAD version (remove it when HEAD does not have it)."""
+    blob = committed_blob(workspace, rel)
+    path = workspace / rel
+    if blob is None:
+        path.unlink(missing_ok=True)
+        return
+    write_atomic(path, blob)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write via a temp file + fsync + rename, so a kill leaves the old or the new file, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def step_message(target: str, unit: str, state: str, attempt: int, candidate_sha256: str,
+                 step_hash: str, evidence: list[str]) -> str:
+    lines = [
+        f"porter: {state} {unit} (attempt {attempt})",
+        "",
+        f"Porter-Unit: {unit}",
+        f"Porter-Target: {target}",
+        f"Porter-State: {state}",
+        f"Porter-Candidate: {candidate_sha256}",
+        f"Porter-Step: {step_hash}",
+    ]
+    lines += [f"Porter-Evidence: {sha}" for sha in evidence]
+    return "\n".join(lines) + "\n"
+
+
+def commit_paths(workspace: Path, paths: list[str], message: str) -> str:
+    """Commit exactly `paths` (files or folders, relative to the workspace) with `message`; return the sha.
+
+    Other changes in the index or the work tree are left out of the commit.
+    Hooks are not run: a step commit must hold what the ledger says it holds.
+    """
+    existing = [p for p in paths if (workspace / p).exists() or committed_blob(workspace, p) is not None]
+    git(workspace, "add", "-A", "--", *existing)
+    git(workspace, "commit", "-q", "--no-verify", "-F", "-", "--", *existing, input=message)
+    return head(workspace) or ""
+
+
+def commits_with_trailer(workspace: Path, key: str, value: str) -> list[str]:
+    """Commits reachable from HEAD whose message has the line `key: value`."""
+    if head(workspace) is None:
+        return []
+    out = git(workspace, "log", "--format=%H", "-F", f"--grep={key}: {value}")
+    shas = []
+    for sha in out.split():
+        body = git(workspace, "log", "-1", "--format=%B", sha)
+        if any(line.strip() == f"{key}: {value}" for line in body.splitlines()):
+            shas.append(sha)
+    return shas
+
+
+def trailers(workspace: Path, sha: str) -> dict[str, list[str]]:
+    body = git(workspace, "log", "-1", "--format=%B", sha)
+    out: dict[str, list[str]] = {}
+    for line in body.splitlines():
+        if line.startswith("Porter-") and ": " in line:
+            k, v = line.split(": ", 1)
+            out.setdefault(k, []).append(v.strip())
+    return out
+
+
+def dirty_paths(workspace: Path, under: str) -> list[str]:
+    """Paths under `under` that differ from HEAD (modified, added, deleted, untracked)."""
+    out = git(workspace, "status", "--porcelain=v1", "-z", "--untracked-files=all", "--", under)
+    paths = []
+    entries = out.split("\0")
+    i = 0
+    while i < len(entries):
+        e = entries[i]
+        i += 1
+        if not e:
+            continue
+        status, p = e[:2], e[3:]
+        if status[0] in "RC":  # rename/copy: the source path follows
+            i += 1
+        paths.append(p)
+    return paths

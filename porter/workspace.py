@@ -1,0 +1,140 @@
+"""Workspaces: git repositories holding targets/, ledger/, runs/ and the ported units.
+
+This repository is one (the bundled targets live in its targets/ folder);
+`porter init DIR` makes a fresh one from the bundled targets.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from porter import gitops
+from porter.errors import PorterError
+from porter.placeholder import placeholder_source
+
+GITIGNORE = """\
+# porter: per-run artifacts (prompts, responses, build cache, lock) are never committed
+runs/
+__pycache__/
+*.o
+*.so
+*.gguf
+"""
+
+LEDGER_README = """\
+Append-only, hash-chained ledger of porter's attempts and gate verdicts (ledger.jsonl),
+and the content-addressed evidence files they point to (evidence/<sha256>.json).
+Written only by `porter run`; read by `porter status` and `porter audit`.
+"""
+
+RUNS_README = "runs/ holds per-run artifacts (prompts, responses, build logs, fixtures); git ignores it.\n"
+
+# What a bundled target folder may hold that a fresh workspace must not inherit.
+_NOT_COPIED = ("ported", "__pycache__", "*.o", "*.so", "*.gguf", "build")
+
+
+def bundled_targets_dir() -> Path:
+    """The targets/ folder next to the porter package (this repository's)."""
+    return Path(__file__).resolve().parents[1] / "targets"
+
+
+def bundled_targets() -> list[str]:
+    d = bundled_targets_dir()
+    return sorted(p.parent.name for p in d.glob("*/target.toml")) if d.is_dir() else []
+
+
+def is_workspace(path: Path) -> bool:
+    return (path / "targets").is_dir() and (path / "ledger").is_dir()
+
+
+def find_workspace(directory: str | Path | None = None) -> Path:
+    """The workspace: `directory` (from -C) or the git toplevel of the current directory."""
+    if directory is not None:
+        d = Path(directory).expanduser()
+        if not d.is_dir():
+            raise PorterError(f"-C {directory}: no such directory")
+        top = gitops.toplevel(d)
+        cand = top if top is not None and is_workspace(top) else d.resolve()
+        if not is_workspace(cand):
+            raise PorterError(f"{d} is not a porter workspace (it needs targets/ and ledger/); make one with `porter init DIR`")
+        return cand
+    cwd = Path.cwd()
+    top = gitops.toplevel(cwd)
+    if top is None or not is_workspace(top):
+        raise PorterError(
+            "not inside a porter workspace (a git repository with targets/ and ledger/ at its top); "
+            "make one with `porter init DIR` or pass -C DIR"
+        )
+    return top
+
+
+def default_target(workspace: Path) -> str:
+    names = sorted(p.parent.name for p in (workspace / "targets").glob("*/target.toml"))
+    if len(names) == 1:
+        return names[0]
+    if not names:
+        raise PorterError(f"workspace {workspace} has no target (targets/<name>/target.toml)")
+    raise PorterError(f"workspace has several targets ({', '.join(names)}): pass --target NAME")
+
+
+def write_placeholders(workspace: Path, target_name: str, only_missing: bool = True) -> list[Path]:
+    """Generate the placeholder file of every unit (those without a file, unless only_missing=False)."""
+    from porter.target import load_target
+
+    target = load_target(workspace, target_name)
+    written = []
+    for unit in target.units:
+        path = target.unit_path(unit)
+        if only_missing and path.exists():
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(placeholder_source(target.api_function(unit), target.conventions_header.name))
+        written.append(path)
+    return written
+
+
+def init_workspace(directory: str | Path, target_names: list[str]) -> Path:
+    """Create a workspace at `directory` holding copies of the bundled `target_names`."""
+    dest = Path(directory).expanduser().resolve()
+    if dest.exists() and not dest.is_dir():
+        raise PorterError(f"{dest} exists and is not a directory")
+    if dest.exists() and any(dest.iterdir()):
+        raise PorterError(f"{dest} is not empty; `porter init` makes a workspace in a new or empty directory")
+    src_root = bundled_targets_dir()
+    known = bundled_targets()
+    for name in target_names:
+        if name not in known:
+            raise PorterError(f"no bundled target {name!r} (bundled: {', '.join(known) or 'none'})")
+
+    existed = dest.exists()
+    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        gitops.init_repo(dest)
+        for name in target_names:
+            shutil.copytree(src_root / name, dest / "targets" / name, ignore=shutil.ignore_patterns(*_NOT_COPIED))
+        (dest / "ledger").mkdir()
+        (dest / "ledger" / "README.md").write_text(LEDGER_README)
+        (dest / "runs").mkdir()
+        (dest / "runs" / "README.md").write_text(RUNS_README)
+        (dest / ".gitignore").write_text(GITIGNORE)
+        for name in target_names:
+            write_placeholders(dest, name)
+        gitops.git(dest, "add", "-A")
+        gitops.git(dest, "commit", "-q", "--no-verify", "-m",
+                   f"porter: new workspace for {', '.join(target_names)} (all units placeholders)")
+    except BaseException:
+        # Leave nothing half-made behind: the directory was new or empty.
+        if existed:
+            for child in dest.iterdir():
+                shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink()
+        else:
+            shutil.rmtree(dest, ignore_errors=True)
+        raise
+    return dest
+
+
+def runs_dir(workspace: Path) -> Path:
+    d = workspace / "runs"
+    d.mkdir(exist_ok=True)
+    return d
