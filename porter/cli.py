@@ -93,12 +93,22 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p = add("run", "port units: prompt, extract, gate, commit each passing step (one run at a time)",
             epilog="examples:\n  porter run --provider scripted --max-attempts 6\n"
                    "  porter run --provider anthropic --unit mini_gpu_add_tensor --time-budget 20m")
-    p.add_argument("--provider", default="scripted", help="scripted (replays targets/<t>/scripted), anthropic, openai")
+    p.add_argument("--provider", help="scripted (replays targets/<t>/scripted; the default), anthropic, openai "
+                   "(default: $PORTER_PROVIDER, target.toml [provider] name, scripted)")
     p.add_argument("--model", help="model name for the provider (default: the provider's)")
     p.add_argument("--unit", action="append", metavar="UNIT", help="port only this unit (repeatable; retries exhausted ones)")
     p.add_argument("--max-attempts", type=int, default=3, metavar="N", help="attempts per unit in this run (default 3)")
     p.add_argument("--max-units", type=int, metavar="N", help="stop after N units")
     p.add_argument("--time-budget", metavar="DURATION", help="stop starting attempts after e.g. 30m, 2h, 90s")
+    p.add_argument("--quiet", action="store_true", help="no progress lines (runs/<run>/run.log still has them)")
+    g = p.add_argument_group("provider settings (override target.toml [provider]; API keys only from the environment)")
+    g.add_argument("--base-url", help="server URL (OpenAI-compatible local servers)")
+    g.add_argument("--price-input", type=float, metavar="USD", help="USD per million input tokens")
+    g.add_argument("--price-output", type=float, metavar="USD", help="USD per million output tokens")
+    g.add_argument("--budget-run-usd", type=float, metavar="USD", help="stop the run before it could spend more")
+    g.add_argument("--budget-unit-usd", type=float, metavar="USD", help="move past a unit before it could spend more")
+    g.add_argument("--budget-run-tokens", type=int, metavar="N")
+    g.add_argument("--budget-unit-tokens", type=int, metavar="N")
 
     p = add("units", "list the target's API functions: signature, runtime/op, file state (placeholder/ported)",
             epilog="example: porter units --target minimoe --json")

@@ -1,0 +1,343 @@
+"""Build gate: compile the unit alone, link the whole backend, check the exports.
+
+1. nvcc compiles the candidate as its OWN translation unit, with the target's
+   nvcc_flags, -I for the API header's folder and the CUDA conventions folder,
+   and `-include <conventions header>`.  The forced include declares every API
+   function extern "C" first, so a candidate whose extern "C" signature drifts
+   from the header is a hard error ("more than one instance of overloaded
+   function ... has "C" linkage") instead of a silently different symbol.
+2. The backend shared library is linked from: the glue sources, this unit, and
+   every OTHER unit's current file in the workspace (ported or placeholder).
+   Every object is cached under the build cache by the sha256 of what made it
+   (source, flags, API header, conventions header, nvcc version), so a step
+   recompiles one file.  The link uses `-z defs`: an undefined symbol fails
+   here, not later when the parity gate loads the library.
+3. `nm -D --defined-only` on the library: every API function must be exported
+   under its plain C name.  That is the signature check after every build.
+
+The build cache is <workspace>/runs/build-cache unless $PORTER_BUILD_CACHE
+names another folder (objects are content-addressed, so workspaces can share one).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
+from pathlib import Path
+
+from porter.errors import PorterError
+from porter.gates.result import GateResult
+from porter.placeholder import is_placeholder, placeholder_source
+
+GATE = "build"
+NVCC_TIMEOUT_S = float(os.environ.get("PORTER_NVCC_TIMEOUT", "300"))
+LINK_TIMEOUT_S = 120.0
+MAX_ERRORS = 12  # error messages kept for the next prompt
+MAX_DIAG_CHARS = 6000
+PORTER_LINK_FLAGS = ["-Xlinker", "-z", "-Xlinker", "defs"]
+
+
+def nvcc_path() -> str:
+    """The nvcc on PATH; a one-line PorterError when there is none."""
+    path = shutil.which("nvcc")
+    if path is None:
+        raise PorterError(
+            "nvcc not found on PATH: install the CUDA toolkit or add its bin/ folder to PATH "
+            "(e.g. export PATH=/usr/local/cuda/bin:$PATH)"
+        )
+    return path
+
+
+@lru_cache(maxsize=None)
+def _nvcc_version(path: str) -> str:
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise PorterError(f"{path} --version failed: {exc}") from exc
+    lines = [l.strip() for l in out.splitlines() if l.strip()]
+    release = next((l for l in lines if "release" in l), lines[-1] if lines else "unknown")
+    return release
+
+
+def toolchain() -> dict:
+    nvcc = nvcc_path()
+    return {"nvcc": nvcc, "nvcc_version": _nvcc_version(nvcc)}
+
+
+def cache_dir(workspace: Path) -> Path:
+    env = os.environ.get("PORTER_BUILD_CACHE")
+    return Path(env).expanduser() if env else Path(workspace) / "runs" / "build-cache"
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    return sha256_bytes(Path(path).read_bytes())
+
+
+def compile_flags(target) -> list[str]:
+    return [
+        *target.spec.cuda.nvcc_flags,
+        "-I", str(target.api_header.parent),
+        "-I", str(target.cuda_dir),
+        "-include", str(target.conventions_header),
+    ]
+
+
+def _context_key(target) -> bytes:
+    """Everything besides the source that decides an object's bytes."""
+    parts = [
+        _nvcc_version(nvcc_path()),
+        "\0".join(target.spec.cuda.nvcc_flags),
+        sha256_file(target.api_header),
+        sha256_file(target.conventions_header),
+    ]
+    return "\n".join(parts).encode()
+
+
+def object_key(target, source: bytes) -> str:
+    return sha256_bytes(_context_key(target) + b"\n--source--\n" + source)
+
+
+class CompileFailure(Exception):
+    def __init__(self, name: str, output: str, timed_out: bool = False):
+        super().__init__(name)
+        self.name = name
+        self.output = output
+        self.timed_out = timed_out
+
+
+def compile_object(target, name: str, source: bytes, cache: Path) -> tuple[Path, float, bool]:
+    """Object file for `source` (a file named `name`.cu): (path, seconds spent, was it cached)."""
+    key = object_key(target, source)
+    obj = cache / "objects" / f"{key}.o"
+    if obj.is_file():
+        return obj, 0.0, True
+    tu_dir = cache / "tu" / key[:16]
+    tu_dir.mkdir(parents=True, exist_ok=True)
+    tu = tu_dir / f"{name}.cu"
+    tu.write_bytes(source)
+    obj.parent.mkdir(parents=True, exist_ok=True)
+    tmp = obj.with_name(f".{key}.{os.getpid()}.{time.monotonic_ns()}.o")
+    # Compiled from its own folder by file name, so diagnostics say `unit.cu(12): error: ...`.
+    cmd = [nvcc_path(), "-c", *compile_flags(target), "-o", str(tmp), tu.name]
+    t0 = time.monotonic()
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=NVCC_TIMEOUT_S, cwd=tu_dir)
+    except subprocess.TimeoutExpired as exc:
+        tmp.unlink(missing_ok=True)
+        out = (exc.stderr or b"")
+        out = out.decode("utf-8", "replace") if isinstance(out, bytes) else out
+        raise CompileFailure(name, out, timed_out=True) from None
+    seconds = time.monotonic() - t0
+    if r.returncode != 0 or not tmp.is_file():
+        tmp.unlink(missing_ok=True)
+        raise CompileFailure(name, (r.stdout or "") + (r.stderr or ""))
+    os.replace(tmp, obj)
+    return obj, seconds, False
+
+
+def trim_diagnostics(text: str, strip: list[str], max_errors: int = MAX_ERRORS) -> str:
+    """Compiler output for a prompt: paths stripped, duplicates dropped, first errors only."""
+    for s in sorted({str(x) for x in strip if x}, key=len, reverse=True):
+        text = text.replace(s.rstrip("/") + "/", "")
+    text = re.sub(r"/tmp/tmpxft_[0-9a-f_]+-\d+_", "", text)
+    lines = text.splitlines()
+    messages: list[list[str]] = []
+    for line in lines:
+        if re.search(r"\berror\b|\bwarning\b|undefined reference|multiple definition|Error:|error:", line, re.I) \
+                or not messages:
+            messages.append([line])
+        elif len(messages[-1]) < 4:
+            messages[-1].append(line)
+    seen, kept, skipped = set(), [], 0
+    errors = [m for m in messages if re.search(r"error|undefined reference|multiple definition", m[0], re.I)]
+    for m in errors or messages:
+        head = m[0].strip()
+        if head in seen:
+            continue
+        seen.add(head)
+        if len(kept) >= max_errors:
+            skipped += 1
+            continue
+        kept.append("\n".join(l.rstrip() for l in m if l.strip() or l is m[0]))
+    out = "\n".join(kept)
+    if skipped:
+        out += f"\n... {skipped} more error(s) not shown"
+    if len(out) > MAX_DIAG_CHARS:
+        out = out[:MAX_DIAG_CHARS] + "\n... (truncated)"
+    return out.strip()
+
+
+def first_error(diag: str) -> str:
+    for line in diag.splitlines():
+        if re.search(r"error|undefined reference|multiple definition", line, re.I):
+            return " ".join(line.split())[:300]
+    return (" ".join(diag.split())[:300]) or "no output"
+
+
+def exported_symbols(library: Path) -> set[str]:
+    nm = shutil.which("nm")
+    if nm is None:
+        raise PorterError("nm not found on PATH (binutils): the build gate checks the library's exports with it")
+    r = subprocess.run([nm, "-D", "--defined-only", str(library)], capture_output=True, text=True, timeout=60)
+    if r.returncode != 0:
+        raise PorterError(f"nm -D {library.name} failed: {r.stderr.strip()[:200]}")
+    out = set()
+    for line in r.stdout.splitlines():
+        parts = line.split()
+        if len(parts) >= 3:
+            out.add(parts[2].split("@")[0])
+    return out
+
+
+def unit_sources(target, unit: str, source: str) -> dict[str, bytes]:
+    """unit -> the source linked for it: the candidate for `unit`, the current file for every other."""
+    out: dict[str, bytes] = {}
+    for u in target.units:
+        if u == unit:
+            out[u] = source.encode()
+            continue
+        path = target.unit_path(u)
+        if path.is_file():
+            out[u] = path.read_bytes()
+        else:  # a unit file someone deleted: link its placeholder so the others can still be judged
+            out[u] = placeholder_source(target.api_function(u), target.conventions_header.name).encode()
+    return out
+
+
+def check(target, unit: str, source: str, build_dir: Path | None = None) -> GateResult:
+    """Build verdict for candidate `source` of `unit`; evidence names the library (for parity)."""
+    nvcc = nvcc_path()
+    cache = Path(build_dir) if build_dir is not None else cache_dir(target.workspace)
+    cache.mkdir(parents=True, exist_ok=True)
+    cand_sha = sha256_bytes(source.encode())
+    flags = compile_flags(target)
+    strip = [cache / "tu", target.workspace, target.checkout, target.cuda_dir, target.dir, str(Path(nvcc).parent.parent)]
+    ev: dict = {
+        "target": target.name,
+        "unit": unit,
+        "gate": GATE,
+        "candidate_sha256": cand_sha,
+        "toolchain": toolchain(),
+        "nvcc_flags": list(target.spec.cuda.nvcc_flags),
+        "include": [str(target.api_header.parent.relative_to(target.workspace)) if _inside(target.api_header.parent, target.workspace) else str(target.api_header.parent),
+                    str(target.cuda_dir.relative_to(target.workspace))],
+        "force_include": target.conventions_header.name,
+        "link_flags": list(target.spec.cuda.link_flags) + PORTER_LINK_FLAGS,
+        "api_header_sha256": sha256_file(target.api_header),
+        "conventions_sha256": sha256_file(target.conventions_header),
+    }
+
+    def fail(stage: str, summary: str, diagnostics: str, **more) -> GateResult:
+        ev.update(ok=False, stage=stage, summary=summary, **more)
+        return GateResult(GATE, False, summary, diagnostics=diagnostics, metrics=dict(ev.get("metrics", {})), evidence=ev)
+
+    # 1. the candidate alone: its errors are what the next prompt needs.
+    t0 = time.monotonic()
+    try:
+        obj, secs, cached = compile_object(target, unit, source.encode(), cache)
+    except CompileFailure as exc:
+        if exc.timed_out:
+            return fail("compile", f"nvcc timed out after {NVCC_TIMEOUT_S:.0f} s compiling {unit}.cu",
+                        trim_diagnostics(exc.output, strip), compile_seconds=round(time.monotonic() - t0, 2))
+        diag = trim_diagnostics(exc.output, strip)
+        return fail("compile", f"compile error: {first_error(diag)}", diag,
+                    compile_seconds=round(time.monotonic() - t0, 2))
+    ev["object_sha256"] = sha256_file(obj)
+    ev["compile_seconds"] = round(secs, 2)
+    ev["object_cached"] = cached
+
+    # 2. everything else, from the cache where possible (in parallel where not).
+    others = unit_sources(target, unit, source)
+    del others[unit]
+    jobs = [(f"glue:{g.name}", g.stem, g.read_bytes()) for g in target.glue_sources]
+    jobs += [(u, u, data) for u, data in others.items()]
+    t1 = time.monotonic()
+    objects: dict[str, Path] = {unit: obj}
+    failures: list[CompileFailure] = []
+
+    def one(job):
+        label, name, data = job
+        try:
+            return label, compile_object(target, name, data, cache)[0]
+        except CompileFailure as exc:
+            exc.name = label
+            failures.append(exc)
+            return label, None
+
+    with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+        for label, path in pool.map(one, jobs):
+            if path is not None:
+                objects[label] = path
+    ev["others_compile_seconds"] = round(time.monotonic() - t1, 2)
+    if failures:
+        names = ", ".join(sorted(f.name for f in failures))
+        diag = "\n".join(trim_diagnostics(f.output, strip, 4) for f in failures)
+        return fail("compile-others", f"other files of the backend do not compile: {names}", diag)
+    ev["linked"] = {
+        u: {"sha256": sha256_bytes(data), "placeholder": is_placeholder(data.decode("utf-8", "replace"))}
+        for u, data in sorted(unit_sources(target, unit, source).items())
+    }
+    ev["glue"] = {g.name: sha256_file(g) for g in target.glue_sources}
+
+    # 3. link the backend library (cached by the objects that make it).
+    order = [k for k in objects if k.startswith("glue:")] + [u for u in target.units if u in objects]
+    obj_hashes = [objects[k].stem for k in order]
+    link_flags = [*target.spec.cuda.link_flags, *PORTER_LINK_FLAGS]
+    lib_key = sha256_bytes(("\n".join(obj_hashes) + "\n" + "\0".join(link_flags)).encode())
+    lib_dir = cache / "lib" / lib_key
+    library = lib_dir / target.spec.cuda.library
+    t2 = time.monotonic()
+    if not library.is_file():
+        lib_dir.mkdir(parents=True, exist_ok=True)
+        tmp = lib_dir / f".{os.getpid()}.{time.monotonic_ns()}.so"
+        cmd = [nvcc, *link_flags, "-o", str(tmp), *[str(objects[k]) for k in order]]
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=LINK_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            tmp.unlink(missing_ok=True)
+            return fail("link", f"linking {target.spec.cuda.library} timed out", "")
+        if r.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            diag = trim_diagnostics(r.stdout + r.stderr, strip + [cache / "objects"])
+            return fail("link", f"link error: {first_error(diag)}", diag)
+        os.replace(tmp, library)
+    ev["link_seconds"] = round(time.monotonic() - t2, 2)
+    ev["library"] = str(library)
+    ev["library_sha256"] = sha256_file(library)
+
+    # 4. every API function exported under its C name.
+    exported = exported_symbols(library)
+    missing = [u for u in target.units if u not in exported]
+    ev["exports_checked"] = len(target.units)
+    if missing:
+        mangled = sorted(s for s in exported if s.startswith("_Z") and any(m in s for m in missing))
+        hint = f"; found only C++-mangled {mangled[0]}" if mangled else ""
+        what = missing[0] if len(missing) == 1 else f"{len(missing)} API functions ({', '.join(missing[:4])})"
+        summary = (f"{target.spec.cuda.library} does not export {what} under its C name"
+                   f"{hint}: define it extern \"C\" with the header's exact signature")
+        return fail("exports", summary, summary, missing_exports=missing)
+    ev["ok"] = True
+    ev["stage"] = "done"
+    summary = (f"built: {unit}.cu compiled ({'cached' if cached else f'{secs:.1f} s'}), "
+               f"{target.spec.cuda.library} linked from {len(order)} objects, all {len(target.units)} API symbols exported")
+    ev["summary"] = summary
+    metrics = {"compile_seconds": ev["compile_seconds"], "link_seconds": ev["link_seconds"]}
+    return GateResult(GATE, True, summary, metrics=metrics, evidence=ev)
+
+
+def _inside(path: Path, root: Path) -> bool:
+    try:
+        Path(path).resolve().relative_to(Path(root).resolve())
+        return True
+    except ValueError:
+        return False
