@@ -26,7 +26,7 @@ examples:
   porter run --provider anthropic --unit mini_gpu_swiglu_tensor
                                            port one unit with a real model
   porter status                            per-unit state, derived from git + ledger + evidence
-  porter audit                             check every unit's chain of evidence
+  porter audit mini_gpu_add_tensor         one unit's chain: ledger records, evidence, commits, file
 
 exit codes: 0 ok, 1 a run ended with units failing, 2 bad input, 3 ledger tampered.
 `porter COMMAND --help` explains each command.
@@ -35,7 +35,7 @@ exit codes: 0 ok, 1 a run ended with units failing, 2 bad input, 3 ledger tamper
 # name -> (module, one-line description); owned by other modules, imported lazily.
 DELEGATED = {
     "status": ("porter.status", "per-unit state (unported/failing/built/verified/stale/tampered), derived, never stored"),
-    "audit": ("porter.audit", "walk each unit's chain: ledger records, evidence hashes, commits, current files"),
+    "audit": ("porter.audit", "one unit's chain of evidence: ledger records, evidence hashes, commits, the current file"),
     "plan": ("porter.plan", "the order units are ported in: runtime, prefill path, decode path, unreachable"),
     "prompt": ("porter.prompt.cli", "show the prompt porter would send for a unit (nothing is sent)"),
     "calibrate": ("porter.calibrate", "check that each parity spec accepts a known-good build and rejects mutants"),

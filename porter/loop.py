@@ -541,12 +541,14 @@ def run(args) -> int:
         todo, skipped = [], []
         for u in order:
             state = done_state(records, target, u)
-            if state and not explicit:
+            if state:
                 skipped.append(f"{u} ({state})")
             elif not explicit and is_exhausted(records, target.name, u):
                 skipped.append(f"{u} (exhausted earlier; retry with --unit {u})")
             else:
                 todo.append(u)
+        for line in skipped if explicit else []:
+            out.line(f"{line}: nothing to do", "dim")
         describe = provider.describe() if hasattr(provider, "describe") else getattr(provider, "name", "?")
         out.line(f"porter run {run_id}: target {target.name}, provider {describe}, "
                  f"{len(todo)} unit(s) to port, {len(skipped)} already done or skipped", "bold")

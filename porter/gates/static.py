@@ -230,6 +230,15 @@ class _Body:
                 if _NOTE.search(_text(c)):
                     self.notes.append(_NOTE.search(_text(c)).group(0))
                 continue
+            if c.type == "compound_statement" and depth < 8:  # a bare { ... } block
+                out.extend(self.statements(c, depth + 1))
+                continue
+            if c.type == "do_statement" and depth < 8:  # do { ... } while (0), the macro idiom
+                cond = c.child_by_field_name("condition")
+                body = c.child_by_field_name("body")
+                if cond is not None and body is not None and self.value(cond) == 0:
+                    out.extend(self.statements(body, depth + 1) if body.type == "compound_statement" else [body])
+                    continue
             expanded = self.expand_macro(c, depth)
             out.extend(expanded if expanded is not None else [c])
         return out

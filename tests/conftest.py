@@ -1,0 +1,64 @@
+"""Shared fixtures: fresh workspaces, the porter CLI as a subprocess, one nvcc object cache.
+
+- `workspace`: `porter init` into tmp_path/ws (minimoe, every unit a placeholder).
+- `porter_cli(ws, *args, env=None)`: runs `python -m porter -C ws ...`, returns CompletedProcess.
+- `build_cache`: one content-addressed object cache for the whole session
+  ($PORTER_BUILD_CACHE), so each placeholder / glue object is compiled once
+  per session instead of once per workspace.
+- `needs_nvcc`: skip marker (with its reason) for tests that run the real nvcc.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH: the build gate needs the CUDA toolkit")
+
+
+@pytest.fixture(scope="session")
+def build_cache(tmp_path_factory) -> Path:
+    if os.environ.get("PORTER_BUILD_CACHE"):
+        return Path(os.environ["PORTER_BUILD_CACHE"])
+    d = tmp_path_factory.mktemp("build-cache")
+    os.environ["PORTER_BUILD_CACHE"] = str(d)
+    return d
+
+
+def make_workspace(path: Path) -> Path:
+    from porter.workspace import init_workspace
+
+    return init_workspace(path, ["minimoe"])
+
+
+@pytest.fixture
+def workspace(tmp_path) -> Path:
+    return make_workspace(tmp_path / "ws")
+
+
+def _run_porter(ws: Path | None, *args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    full_env.setdefault("COLUMNS", "200")
+    cmd = [sys.executable, "-m", "porter"]
+    if ws is not None:
+        cmd += ["-C", str(ws)]
+    cmd += [str(a) for a in args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=timeout, cwd=str(ws or REPO))
+
+
+@pytest.fixture
+def porter_cli():
+    return _run_porter
+
+
+@pytest.fixture(scope="module")
+def porter_cli_module():
+    return _run_porter

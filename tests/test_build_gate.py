@@ -1,0 +1,148 @@
+"""Build gate with the real nvcc: builds and links a good unit, fails each broken one at the right stage.
+
+The object cache is shared by the session (conftest `build_cache`), so the 23
+placeholder objects and the glue are compiled once for all tests.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import pytest
+
+from porter.errors import PorterError
+from porter.gates import build
+from porter.target import load_target
+
+pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None,
+                                reason="nvcc not on PATH: the build gate needs the CUDA toolkit")
+
+UNIT = "mini_gpu_add_tensor"
+KERNEL = '''#include "mini_cuda.cuh"
+
+static __global__ void add_kernel(float *o, const float *a, const float *b, uint64_t n) {
+    uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) o[i] = a[i] + b[i];
+}
+'''
+BODY = ''' {
+    if (!out || !a || !b) return -1;
+    add_kernel<<<(unsigned)((n + 255) / 256), 256, 0, mini_cuda_stream()>>>(
+        (float *)out->data, (const float *)a->data, (const float *)b->data, n);
+    return MINI_CUDA_LAUNCH_OK("add") ? 0 : -1;
+}
+'''
+HEAD = 'extern "C" int mini_gpu_add_tensor(mini_gpu_tensor *out, const mini_gpu_tensor *a, const mini_gpu_tensor *b, uint64_t n)'
+GOOD = KERNEL + HEAD + BODY
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory, build_cache):
+    from porter.workspace import init_workspace
+
+    ws = init_workspace(tmp_path_factory.mktemp("build") / "ws", ["minimoe"])
+    return load_target(ws, "minimoe")
+
+
+def fresh(src: str) -> str:
+    """A comment that makes the source (and so its object) new to the cache."""
+    return src + f"// {uuid.uuid4().hex}\n"
+
+
+def test_good_unit_compiles_links_and_exports_every_symbol(target, build_cache):
+    res = build.check(target, UNIT, GOOD, build_cache)
+    assert res.ok, res.summary + "\n" + res.diagnostics
+    ev = res.evidence
+    assert ev["gate"] == "build" and ev["unit"] == UNIT and ev["ok"] is True
+    assert "release" in ev["toolchain"]["nvcc_version"]
+    assert ev["nvcc_flags"] == target.spec.cuda.nvcc_flags and ev["force_include"] == "mini_cuda.cuh"
+    for key in ("candidate_sha256", "object_sha256", "library_sha256", "api_header_sha256", "conventions_sha256"):
+        assert len(ev[key]) == 64, key
+    assert ev["compile_seconds"] >= 0 and ev["exports_checked"] == len(target.units) == 24
+    lib = Path(ev["library"])
+    assert lib.is_file() and lib.name == "libmini_cuda.so"
+    assert build.exported_symbols(lib) >= set(target.units)
+    # the library holds this candidate and every other unit's current file (placeholders here)
+    assert ev["linked"][UNIT]["placeholder"] is False
+    assert all(v["placeholder"] for u, v in ev["linked"].items() if u != UNIT)
+    # the same candidate again comes from the cache
+    again = build.check(target, UNIT, GOOD, build_cache)
+    assert again.ok and again.evidence["object_cached"] is True
+    assert again.evidence["library_sha256"] == ev["library_sha256"]
+
+
+def test_compile_error_fails_with_trimmed_diagnostics(target, build_cache):
+    src = fresh(GOOD.replace("a[i] + b[i]", "a[i] + missing_name[i]"))
+    res = build.check(target, UNIT, src, build_cache)
+    assert not res.ok and res.evidence["stage"] == "compile"
+    assert res.summary.startswith(f"compile error: {UNIT}.cu(")
+    assert 'identifier "missing_name" is undefined' in res.diagnostics
+    for path in (str(target.workspace), str(build_cache), "/tmp/"):
+        assert path not in res.diagnostics, f"diagnostics keep a path: {path}"
+    assert len(res.diagnostics) <= build.MAX_DIAG_CHARS + 100
+
+
+def test_signature_drift_is_a_compile_error(target, build_cache):
+    drifted = HEAD.replace("uint64_t n)", "uint32_t n)")
+    res = build.check(target, UNIT, fresh(KERNEL + drifted + BODY), build_cache)
+    assert not res.ok and res.evidence["stage"] == "compile"
+    assert '"C" linkage' in res.summary  # the forced include's declaration conflicts with it
+
+
+def test_missing_extern_c_fails_the_export_check(target, build_cache):
+    # Without extern "C" and with a drifted signature the definition is a C++ overload:
+    # it compiles, but the library no longer exports the C symbol.
+    overload = HEAD.replace('extern "C" ', "").replace("uint64_t n)", "uint32_t n)")
+    res = build.check(target, UNIT, fresh(KERNEL + overload + BODY.replace("(n + 255)", "((uint64_t)n + 255)")), build_cache)
+    assert not res.ok and res.evidence["stage"] == "exports", res.summary
+    assert f"does not export {UNIT} under its C name" in res.summary
+    assert "C++-mangled _Z" in res.summary
+    assert res.evidence["missing_exports"] == [UNIT]
+
+
+def test_exact_signature_without_extern_c_inherits_c_linkage(target, build_cache):
+    """Documented behaviour: the force-included header already declared it extern "C"; the
+    static gate is what insists on the keyword in the unit file."""
+    res = build.check(target, UNIT, fresh(KERNEL + HEAD.replace('extern "C" ', "") + BODY), build_cache)
+    assert res.ok, res.summary
+
+
+def test_undefined_symbol_fails_at_link(target, build_cache):
+    src = fresh(KERNEL + 'extern "C" int porter_test_not_defined_anywhere(void);\n' + HEAD
+                + BODY.replace("return MINI_CUDA_LAUNCH_OK", "return porter_test_not_defined_anywhere() + MINI_CUDA_LAUNCH_OK"))
+    res = build.check(target, UNIT, src, build_cache)
+    assert not res.ok and res.evidence["stage"] == "link"
+    assert "porter_test_not_defined_anywhere" in res.diagnostics
+
+
+def test_nvcc_timeout_is_a_failed_build(target, build_cache, monkeypatch):
+    monkeypatch.setattr(build, "NVCC_TIMEOUT_S", 0.01)
+    res = build.check(target, UNIT, fresh(GOOD), build_cache)
+    assert not res.ok and "nvcc timed out" in res.summary
+
+
+def test_no_nvcc_on_path_is_a_one_line_error(target, build_cache, monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(PorterError) as exc:
+        build.check(target, UNIT, GOOD, build_cache)
+    assert str(exc.value).startswith("nvcc not found on PATH") and "\n" not in str(exc.value)
+
+
+def test_diagnostics_are_deduplicated_and_capped():
+    one = "/abs/dir/x.cu(3): error: identifier \"q\" is undefined\n      q = 1;\n      ^\n\n"
+    many = "".join(f"/abs/dir/x.cu({i}): error: thing {i}\n" for i in range(40))
+    out = build.trim_diagnostics(one * 5 + many, ["/abs/dir"])
+    assert out.count('identifier "q" is undefined') == 1
+    assert "/abs/dir" not in out and "x.cu(3)" in out
+    assert out.count("error:") == build.MAX_ERRORS and "more error(s) not shown" in out
+
+
+def test_cache_dir_honours_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("PORTER_BUILD_CACHE", str(tmp_path / "c"))
+    assert build.cache_dir(Path("/ws")) == tmp_path / "c"
+    monkeypatch.delenv("PORTER_BUILD_CACHE")
+    assert build.cache_dir(Path("/ws")) == Path("/ws/runs/build-cache")
+    assert os.environ.get("PORTER_BUILD_CACHE") is None
