@@ -121,7 +121,6 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                 mod.add_arguments(p)
                 p.set_defaults(_delegate=mod)
             except ImportError as exc:
-                p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
                 p.set_defaults(_missing=f"`porter {name}` is not available: {module} cannot be imported ({exc})")
     return parser
 
@@ -190,7 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         parser = build_parser(argv)
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra and not getattr(args, "_missing", None):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
         if args.command is None:
             parser.print_help()
             return 2

@@ -33,7 +33,10 @@ FALLBACK_EMAIL = "porter@localhost"
 def _identity_args(cwd: str) -> tuple[str, ...]:
     args: list[str] = []
     for key, fallback in (("user.name", FALLBACK_NAME), ("user.email", FALLBACK_EMAIL)):
-        r = subprocess.run(["git", "config", "--get", key], cwd=cwd, capture_output=True, text=True)
+        try:
+            r = subprocess.run(["git", "config", "--get", key], cwd=cwd, capture_output=True, text=True)
+        except FileNotFoundError as exc:
+            raise PorterError("git not found on PATH") from exc
         if r.returncode != 0 or not r.stdout.strip():
             args += ["-c", f"{key}={fallback}"]
     return tuple(args)
@@ -53,7 +56,10 @@ def git(workspace: Path, *args: str, check: bool = True, input: str | None = Non
 
 
 def toplevel(path: Path) -> Path | None:
-    r = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=path, capture_output=True, text=True)
+    try:
+        r = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=path, capture_output=True, text=True)
+    except FileNotFoundError as exc:
+        raise PorterError("git not found on PATH") from exc
     if r.returncode != 0:
         return None
     return Path(r.stdout.strip())

@@ -203,7 +203,7 @@ def reconcile(workspace: Path, target, ledger, out: Reporter) -> list[str]:
         on_disk = sha256_bytes(path.read_bytes()) if path.is_file() else None
         if on_disk == step.get("candidate_sha256"):
             ledger.append("reconcile", target=name, unit=step["unit"], attempt=step["attempt"], action="commit-step",
-                          step=step["hash"], reason="step recorded but not committed (run interrupted)")
+                          committed_step=step["hash"], reason="step recorded but not committed (run interrupted)")
             sha = commit_step(workspace, step)
             done.append(f"committed the interrupted step of {step['unit']} (attempt {step['attempt']}) as {sha[:10]}")
         else:
@@ -508,7 +508,8 @@ def run(args) -> int:
         target.api_function(u)  # unknown unit -> one-line error
         if u not in target.units:
             raise PorterError(f"{u} is listed in [units].skip of {target.name}'s target.toml: it is not ported")
-    max_attempts = int(getattr(args, "max_attempts", 3) or 3)
+    max_attempts = getattr(args, "max_attempts", None)
+    max_attempts = 3 if max_attempts is None else int(max_attempts)
     if max_attempts < 1:
         raise PorterError("--max-attempts must be at least 1")
     budget_s = parse_duration(getattr(args, "time_budget", None))
