@@ -1,0 +1,102 @@
+"""Evidence: the facts a gate's verdict rests on, stored content-addressed.
+
+ledger/evidence/<sha256>.json holds the canonical JSON (sorted keys, no
+whitespace, UTF-8) of one evidence dict, and <sha256> is the sha256 of exactly
+those bytes. Ledger records and commit trailers name evidence by that hash, so
+an edited file, or one swapped for another unit's, no longer hashes to its own
+name and is refused.
+
+Every evidence dict has: target, unit, gate, ok, candidate_sha256 (the sha256
+of the unit source the gate judged), toolchain {...}, plus the gate's own facts
+(seeds, shapes, metrics, timing, library path, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+from porter.errors import PorterError
+from porter.ledger import LEDGER_DIR, canonical, sha256_hex
+
+EVIDENCE_DIR = "evidence"
+REQUIRED = ("target", "unit", "gate", "ok", "candidate_sha256")
+_SHA = re.compile(r"[0-9a-f]{64}")
+
+
+def is_sha256(value) -> bool:
+    return isinstance(value, str) and _SHA.fullmatch(value) is not None
+
+
+def evidence_dir(workspace: Path) -> Path:
+    return Path(workspace) / LEDGER_DIR / EVIDENCE_DIR
+
+
+def evidence_path(workspace: Path, sha: str) -> Path:
+    if not is_sha256(sha):
+        raise PorterError(f"not an evidence id (64 lowercase hex digits): {str(sha)[:80]!r}")
+    return evidence_dir(workspace) / f"{sha}.json"
+
+
+def store_evidence(workspace: Path, data: dict) -> str:
+    """Write `data` as ledger/evidence/<sha256>.json and return the sha256."""
+    if not isinstance(data, dict):
+        raise TypeError("evidence must be a dict")
+    missing = [k for k in REQUIRED if k not in data]
+    if missing:
+        raise ValueError(f"evidence lacks {', '.join(missing)} (every evidence names {', '.join(REQUIRED)})")
+    body = canonical(data)
+    sha = sha256_hex(body)
+    path = evidence_path(workspace, sha)
+    if path.is_file() and path.read_bytes() == body:
+        return sha
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{sha}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(body)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+    return sha
+
+
+def check_evidence(workspace: Path, sha: str) -> tuple[dict | None, str | None]:
+    """(evidence, None) when ledger/evidence/<sha>.json is intact, else (None, one-line problem)."""
+    if not is_sha256(sha):
+        return None, f"evidence id {str(sha)[:80]!r} is not a sha256"
+    path = evidence_dir(workspace) / f"{sha}.json"
+    try:
+        body = path.read_bytes()
+    except FileNotFoundError:
+        return None, f"evidence {sha[:12]} is missing (ledger/evidence/{sha}.json)"
+    except OSError as exc:
+        return None, f"evidence {sha[:12]} is unreadable: {exc.strerror}"
+    actual = sha256_hex(body)
+    if actual != sha:
+        return None, f"evidence {sha[:12]} was edited or swapped (its content hashes to {actual[:12]})"
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None, f"evidence {sha[:12]} is not JSON"
+    if not isinstance(data, dict):
+        return None, f"evidence {sha[:12]} is not a JSON object"
+    return data, None
+
+
+def load_evidence(workspace: Path, sha: str) -> dict:
+    """The evidence named `sha`; PorterError (exit 3) when it is missing, edited or swapped."""
+    data, problem = check_evidence(workspace, sha)
+    if problem is not None:
+        raise PorterError(problem, exit_code=3)
+    return data

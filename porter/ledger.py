@@ -1,0 +1,525 @@
+"""The ledger: an append-only, hash-chained (optionally HMAC-keyed) JSONL file.
+
+Every attempt, gate result, failure and verified/built step of a run is one
+line of <workspace>/ledger/ledger.jsonl. A line is the canonical JSON of one
+record (sorted keys, no spaces):
+
+    seq   1, 2, 3, ... (the line number of an intact ledger)
+    time  UTC ISO-8601
+    kind  "attempt" | "gate" | "failure" | "step" | "exhausted" | "reconcile" | "usage" | "repair" | ...
+    ...   the record's own fields, flat (unit, attempt, gate, ok, ...)
+    prev  sha256 hex of the previous line's bytes (without its newline); "0"*64 for the first
+    hash  sha256 hex of the canonical JSON of the record without `hash` and `hmac`
+    hmac  HMAC-SHA256(key, prev_hmac + hash) when a key is set; prev_hmac is the
+          previous record's hmac, or "0"*64 when it has none
+
+`prev` ties each line to the exact bytes before it, so an edited, deleted,
+inserted or reordered line breaks the chain. Anyone can recompute an unkeyed
+chain after forging a line; the HMAC, keyed by a secret kept outside the
+workspace, is what makes that detectable. `verify()` says which case holds.
+
+Appends take an exclusive flock on the ledger file, so two writers (two
+processes, or a cron run beside a manual one) never interleave, and each line
+is written with a single write on an O_APPEND descriptor, then fsynced. A line
+torn by a crash (no trailing newline, or an unreadable last line) is moved,
+byte for byte, to ledger/torn-<time>.jsonl.part on the next append and a
+"repair" record naming that file is appended: nothing is dropped silently.
+
+Verification uses json + hashlib only (about 30 us a record), because status
+re-verifies the whole chain every time it runs.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import hmac as hmac_mod
+import json
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from porter.errors import PorterError
+
+ZERO = "0" * 64
+LEDGER_DIR = "ledger"
+LEDGER_FILE = "ledger.jsonl"
+TORN_GLOB = "torn-*.jsonl.part"
+# Fields the ledger itself sets; a caller's field of the same name would be ambiguous.
+RESERVED = frozenset({"seq", "time", "kind", "prev", "hash", "hmac"})
+KEY_ENV = "PORTER_LEDGER_KEY"
+KEY_FILE_ENV = "PORTER_LEDGER_KEY_FILE"
+DEFAULT_KEY_FILE = Path("~/.config/porter/ledger.key")
+
+
+def canonical(obj) -> bytes:
+    """The one byte encoding porter hashes: sorted keys, no whitespace, UTF-8."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def record_hash(record: dict) -> str:
+    """sha256 of the canonical JSON of `record` without its hash and hmac."""
+    body = {k: v for k, v in record.items() if k != "hash" and k != "hmac"}
+    return sha256_hex(canonical(body))
+
+
+def chain_hmac(key: bytes, prev_hmac: str, rec_hash: str) -> str:
+    return hmac_mod.digest(key, (prev_hmac + rec_hash).encode("ascii"), "sha256").hex()
+
+
+def _line_body(line: bytes, rec: dict) -> bytes | None:
+    """The bytes `hash` was computed over, cut out of a canonical line without re-encoding it:
+    the line minus its top-level "hash" and "hmac" members. None when that cannot be done
+    unambiguously (then the caller re-encodes the parsed record)."""
+    out = line
+    for key in ("hash", "hmac"):
+        if key not in rec:
+            continue
+        value = rec[key]
+        if not isinstance(value, str) or len(value) != 64 or not value.isalnum() or not value.isascii():
+            return None
+        member = b'"' + key.encode() + b'":"' + value.encode() + b'"'
+        i = out.find(member)
+        if i <= 0 or out.find(member, i + 1) >= 0:
+            return None
+        j = i + len(member)
+        if out[i - 1 : i] == b",":
+            out = out[: i - 1] + out[j:]
+        elif out[i - 1 : i] == b"{" and out[j : j + 1] == b",":
+            out = out[:i] + out[j + 1 :]
+        else:
+            return None
+    return out
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def ledger_path(workspace: Path) -> Path:
+    return Path(workspace) / LEDGER_DIR / LEDGER_FILE
+
+
+def _inside(path: Path, root: Path) -> bool:
+    try:
+        path.resolve().relative_to(root.resolve())
+        return True
+    except ValueError:
+        return False
+
+
+def load_key(workspace: Path) -> bytes | None:
+    """The ledger HMAC key: $PORTER_LEDGER_KEY, else the file named by
+    $PORTER_LEDGER_KEY_FILE, else ~/.config/porter/ledger.key; None when none is set.
+
+    A key file inside the workspace is refused: whoever can rewrite the ledger
+    could then read the key and re-sign a forged chain.
+    """
+    value = os.environ.get(KEY_ENV)
+    if value:
+        return value.encode("utf-8")
+    named = os.environ.get(KEY_FILE_ENV)
+    path = Path(named).expanduser() if named else DEFAULT_KEY_FILE.expanduser()
+    if not path.is_file():
+        if named:
+            raise PorterError(f"{KEY_FILE_ENV}={named} does not exist")
+        return None
+    if _inside(path, Path(workspace)):
+        raise PorterError(
+            f"ledger key file {path} is inside the workspace; move it outside (anyone who can edit the ledger could read it)"
+        )
+    try:
+        key = path.read_bytes().strip()
+    except OSError as exc:
+        raise PorterError(f"cannot read ledger key file {path}: {exc.strerror}") from exc
+    if not key:
+        raise PorterError(f"ledger key file {path} is empty")
+    return key
+
+
+@dataclass
+class Integrity:
+    """What verify() found. `ok` is False exactly when `problems` is non-empty."""
+
+    ok: bool
+    problems: list[str]
+    keyed: bool  # every record from the first signed one on carries a valid HMAC under the key given
+    records: int = 0  # readable records
+    signed: int = 0  # records carrying an hmac field
+    key_given: bool = False
+    notes: list[str] = field(default_factory=list)  # not tampering: torn tail, unsigned prefix
+    bad_lines: dict[int, str] = field(default_factory=dict)  # 1-based line -> problem
+    first_signed_line: int | None = None
+
+    def key_state(self) -> str:
+        if self.key_given and self.records and self.signed == 0:
+            return "UNKEYED (a key is set but no record is signed yet)"
+        if self.key_given and self.first_signed_line and self.first_signed_line > 1:
+            return f"HMAC-keyed from line {self.first_signed_line} (earlier lines predate the key, covered by the chain)"
+        if self.key_given:
+            return "HMAC-keyed"
+        if self.signed:
+            return "UNKEYED here (records carry HMACs but no key is available to check them)"
+        return "UNKEYED (a forged line with a recomputed chain cannot be told apart; set PORTER_LEDGER_KEY)"
+
+    def summary(self) -> str:
+        head = f"ledger: {self.records} records"
+        if not self.ok:
+            more = f" (+{len(self.problems) - 1} more)" if len(self.problems) > 1 else ""
+            return f"{head}, TAMPERED: {self.problems[0]}{more}"
+        return f"{head}, chain ok, {self.key_state()}"
+
+
+@dataclass
+class Scan:
+    """One pass over the ledger: the readable records with their line numbers, and the verdict."""
+
+    entries: list[tuple[int, dict]]
+    integrity: Integrity
+    data: bytes = b""  # the bytes read (status compares them with the committed ledger)
+
+
+class Ledger:
+    """<workspace>/ledger/ledger.jsonl. See the module docstring for the format."""
+
+    def __init__(self, workspace: Path, key: bytes | None = None):
+        self.workspace = Path(workspace)
+        self.dir = self.workspace / LEDGER_DIR
+        self.path = self.dir / LEDGER_FILE
+        self.key = key
+        self._recorded_torn: set[str] = set()  # torn files known to be named by a repair record
+
+    @classmethod
+    def open(cls, workspace: Path) -> "Ledger":
+        """A ledger with the key load_key() finds (or none)."""
+        return cls(workspace, load_key(workspace))
+
+    # ---- appending -------------------------------------------------------
+
+    @contextmanager
+    def _locked(self):
+        created = not self.path.exists()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if created:
+                _fsync_dir(self.dir)
+            yield fd
+        finally:
+            os.close(fd)  # releases the flock
+
+    def append(self, kind: str, **fields) -> dict:
+        """Append one record and return it (with seq, time, prev, hash, hmac)."""
+        if not isinstance(kind, str) or not kind:
+            raise ValueError("ledger record kind must be a non-empty string")
+        clash = RESERVED.intersection(fields)
+        if clash:
+            raise ValueError(f"ledger fields {sorted(clash)} are set by the ledger itself")
+        with self._locked() as fd:
+            self._repair_locked(fd)
+            return self._append_locked(fd, kind, fields)
+
+    def _append_locked(self, fd: int, kind: str, fields: dict) -> dict:
+        last_line = _last_line(fd)
+        if last_line is None:
+            seq, prev, prev_hmac = 1, ZERO, ZERO
+        else:
+            last = json.loads(last_line)
+            last_seq = last.get("seq") if isinstance(last, dict) else None
+            seq = (last_seq if isinstance(last_seq, int) else 0) + 1
+            prev = sha256_hex(last_line)
+            prev_hmac = (last.get("hmac") if isinstance(last, dict) else None) or ZERO
+        record = {"seq": seq, "time": utc_now(), "kind": kind, **fields, "prev": prev}
+        record["hash"] = sha256_hex(canonical(record))
+        if self.key is not None:
+            record["hmac"] = chain_hmac(self.key, prev_hmac, record["hash"])
+        line = canonical(record) + b"\n"
+        _write_all(fd, line)
+        os.fsync(fd)
+        return record
+
+    # ---- torn tail ---------------------------------------------------------
+
+    def repair_torn_tail(self) -> bool:
+        """Move a torn last line aside and record a "repair"; True when something was repaired."""
+        if not self.path.exists():
+            return False
+        with self._locked() as fd:
+            return self._repair_locked(fd)
+
+    def _repair_locked(self, fd: int) -> bool:
+        repaired = False
+        size = os.fstat(fd).st_size
+        if size:
+            good_end, torn = _torn_tail(fd, size)
+            if torn is not None:
+                repaired = True
+                if _is_record_missing_newline(torn):
+                    # An intact record whose newline never made it: the line's bytes
+                    # (and so the chain) are whole; only the terminator is added.
+                    _write_all(fd, b"\n")
+                    os.fsync(fd)
+                    self._append_locked(
+                        fd,
+                        "repair",
+                        {"reason": "last record lacked its trailing newline; newline added", "torn_bytes": 0},
+                    )
+                else:
+                    rel = self._save_torn(torn)
+                    os.ftruncate(fd, good_end)
+                    os.fsync(fd)
+                    self._append_locked(fd, "repair", _repair_fields(rel, torn, "torn last line moved aside"))
+                    self._recorded_torn.add(rel)
+        # A crash between saving torn bytes and recording the repair leaves a torn
+        # file no repair record names: record it now so it is never unaccounted for.
+        unknown = [p for p in sorted(self.dir.glob(TORN_GLOB)) if f"{LEDGER_DIR}/{p.name}" not in self._recorded_torn]
+        if unknown:  # read the records only when a torn file is new to this object
+            self._recorded_torn |= {r.get("torn_file") for r in self.records() if r.get("kind") == "repair"}
+            for p in unknown:
+                rel = f"{LEDGER_DIR}/{p.name}"
+                if rel not in self._recorded_torn:
+                    repaired = True
+                    self._append_locked(fd, "repair", _repair_fields(rel, p.read_bytes(), "torn file found unrecorded"))
+                    self._recorded_torn.add(rel)
+        return repaired
+
+    def _save_torn(self, torn: bytes) -> str:
+        stamp = utc_now().replace(":", "").replace("-", "")
+        path = self.dir / f"torn-{stamp}.jsonl.part"
+        n = 1
+        while path.exists():
+            path = self.dir / f"torn-{stamp}-{n}.jsonl.part"
+            n += 1
+        tfd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            _write_all(tfd, torn)
+            os.fsync(tfd)
+        finally:
+            os.close(tfd)
+        _fsync_dir(self.dir)
+        return f"{LEDGER_DIR}/{path.name}"
+
+    # ---- reading and verifying ---------------------------------------------
+
+    def read_bytes(self) -> bytes:
+        try:
+            return self.path.read_bytes()
+        except FileNotFoundError:
+            return b""
+
+    def records(self) -> list[dict]:
+        """Every readable record in file order (a torn tail is left out)."""
+        out = []
+        for line in _complete_lines(self.read_bytes()):
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict):
+                out.append(rec)
+        return out
+
+    def verify(self) -> Integrity:
+        return self.scan().integrity
+
+    def scan(self, data: bytes | None = None) -> Scan:
+        """Read and verify in one pass: records with line numbers, plus the Integrity verdict."""
+        if data is None:
+            data = self.read_bytes()
+        return scan_bytes(data, self.key)
+
+
+def scan_bytes(data: bytes, key: bytes | None) -> Scan:
+    lines = data.split(b"\n")
+    tail = lines.pop()  # b"" when the file ends with a newline
+    notes: list[str] = []
+    if tail:
+        notes.append(f"torn tail: {len(tail)} bytes after line {len(lines)} without a newline (moved aside on the next append)")
+
+    parsed: list[dict | None] = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            rec = None
+        parsed.append(rec if isinstance(rec, dict) else None)
+    if parsed and parsed[-1] is None and not tail:
+        # An unreadable last line is what a crash mid-write leaves: torn, not tampered.
+        notes.append(f"torn tail: line {len(lines)} is unreadable (moved aside on the next append)")
+        lines.pop()
+        parsed.pop()
+
+    all_seqs = {r.get("seq") for r in parsed if r is not None}
+    problems: list[str] = []
+    bad: dict[int, str] = {}
+
+    def problem(lineno: int, text: str) -> None:
+        problems.append(text)
+        bad.setdefault(lineno, text)
+
+    entries: list[tuple[int, dict]] = []
+    prev_line: bytes | None = None
+    prev_seq = 0
+    prev_hmac = ZERO
+    prev_edited = False
+    signed = 0
+    first_signed: int | None = None
+    for i, (line, rec) in enumerate(zip(lines, parsed), 1):
+        if rec is None:
+            problem(i, f"line {i} is not a ledger record (unreadable)")
+            prev_line, prev_edited = line, True
+            continue
+        entries.append((i, rec))
+        seq = rec.get("seq")
+        expected_prev = sha256_hex(prev_line) if prev_line is not None else ZERO
+        rec_hash = rec.get("hash")
+        body = _line_body(line, rec)
+        edited = rec_hash != (sha256_hex(body) if body is not None else record_hash(rec))
+        if edited:
+            problem(i, f"line {i} edited (hash mismatch; {_describe(rec)})")
+        if rec.get("prev") != expected_prev:
+            if prev_edited:
+                pass  # the previous line's edit already explains this break
+            elif isinstance(seq, int) and seq > prev_seq + 1:
+                missing = range(prev_seq + 1, seq)
+                if any(m in all_seqs for m in missing):
+                    problem(i, f"line {i} out of order (seq {seq} after {prev_seq}: lines reordered)")
+                else:
+                    span = f"{missing[0]}" if len(missing) == 1 else f"{missing[0]}-{missing[-1]}"
+                    problem(i, f"record seq {span} deleted before line {i}")
+            elif isinstance(seq, int) and seq <= prev_seq:
+                problem(i, f"line {i} out of order (seq {seq} after {prev_seq}: lines reordered or inserted)")
+            else:
+                problem(i, f"line {i} does not chain to line {i - 1} (line {i - 1} rewritten with a recomputed hash, or a line inserted; {_describe(rec)})")
+        elif not isinstance(seq, int) or seq != prev_seq + 1:
+            problem(i, f"line {i} has seq {seq} after {prev_seq} (chain recomputed around a deleted or inserted line)")
+        rec_hmac = rec.get("hmac")
+        if rec_hmac is not None:
+            signed += 1
+            if first_signed is None:
+                first_signed = i
+        if key is not None:
+            if rec_hmac is not None:
+                if not isinstance(rec_hash, str) or not hmac_mod.compare_digest(
+                    str(rec_hmac), chain_hmac(key, prev_hmac, rec_hash)
+                ):
+                    problem(i, f"line {i} HMAC mismatch (written or altered without the key; {_describe(rec)})")
+            elif first_signed is not None:
+                problem(i, f"line {i} has no HMAC after signed records (appended without the key; {_describe(rec)})")
+        prev_hmac = rec_hmac if isinstance(rec_hmac, str) else ZERO
+        prev_line, prev_edited = line, edited
+        if isinstance(seq, int):
+            prev_seq = seq
+
+    if key is not None and first_signed is not None and first_signed > 1:
+        notes.append(f"lines 1-{first_signed - 1} predate the HMAC key (covered by the chain into line {first_signed})")
+    keyed = key is not None and not any("HMAC" in p for p in problems) and (signed > 0 or not entries)
+    integ = Integrity(
+        ok=not problems,
+        problems=problems,
+        keyed=keyed,
+        records=len(entries),
+        signed=signed,
+        key_given=key is not None,
+        notes=notes,
+        bad_lines=bad,
+        first_signed_line=first_signed,
+    )
+    return Scan(entries, integ, data)
+
+
+def _describe(rec: dict) -> str:
+    parts = [f"seq {rec.get('seq')}", str(rec.get("kind"))]
+    if rec.get("unit"):
+        parts.append(str(rec["unit"]))
+    if rec.get("attempt") is not None:
+        parts.append(f"attempt {rec['attempt']}")
+    return " ".join(parts)
+
+
+def _repair_fields(rel: str, torn: bytes, reason: str) -> dict:
+    return {"reason": reason, "torn_file": rel, "torn_bytes": len(torn), "torn_sha256": sha256_hex(torn)}
+
+
+def _is_record_missing_newline(torn: bytes) -> bool:
+    if torn.endswith(b"\n"):
+        return False
+    try:
+        rec = json.loads(torn)
+    except ValueError:
+        return False
+    return isinstance(rec, dict) and isinstance(rec.get("hash"), str) and rec.get("hash") == record_hash(rec)
+
+
+def _complete_lines(data: bytes) -> list[bytes]:
+    lines = data.split(b"\n")
+    lines.pop()  # the torn tail, or b"" after the final newline
+    return lines
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def _fsync_dir(path: Path) -> None:
+    dfd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def _tail_bytes(fd: int, size: int, want_lines: int) -> tuple[int, bytes]:
+    """At least `want_lines` newline-separated pieces from the end: (offset, bytes)."""
+    chunk = 65536
+    start = size
+    buf = b""
+    while start > 0:
+        step = min(chunk, start)
+        start -= step
+        buf = os.pread(fd, step, start) + buf
+        if buf.count(b"\n") > want_lines:
+            break
+        chunk *= 2
+    return start, buf
+
+
+def _last_line(fd: int) -> bytes | None:
+    """The last complete line (without its newline), or None for an empty ledger."""
+    size = os.fstat(fd).st_size
+    if size == 0:
+        return None
+    start, buf = _tail_bytes(fd, size, 1)
+    body = buf[:-1] if buf.endswith(b"\n") else buf
+    nl = body.rfind(b"\n")
+    return body[nl + 1 :] if nl >= 0 else body
+
+
+def _torn_tail(fd: int, size: int) -> tuple[int, bytes | None]:
+    """(offset where the intact ledger ends, torn bytes) or (size, None) when the tail is whole."""
+    start, buf = _tail_bytes(fd, size, 1)
+    if not buf.endswith(b"\n"):
+        nl = buf.rfind(b"\n")
+        cut = start + nl + 1 if nl >= 0 else 0  # no newline read means start == 0: all torn
+        return cut, buf[cut - start :]
+    body = buf[:-1]
+    nl = body.rfind(b"\n")
+    last = body[nl + 1 :]
+    try:
+        rec = json.loads(last)
+        if isinstance(rec, dict):
+            return size, None
+    except ValueError:
+        pass
+    cut = start + nl + 1
+    return cut, buf[cut - start :]

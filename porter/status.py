@@ -1,0 +1,606 @@
+"""`porter status`: every unit's state, derived, never read from a stored verdict.
+
+The inputs are exactly four, and nothing else in the workspace is opened (a
+hand-written runs/status.json or PROGRESS.md cannot change the answer):
+
+1. the ledger, re-verified on every call (hash chain, HMAC when keyed);
+2. the evidence files its step records name (each must hash to its own name);
+3. the git history: commits carrying Porter-* trailers, read in one `git log`,
+   and the ledger as committed at HEAD (one `git cat-file`);
+4. the unit files as they are now: sha256, the placeholder marker, and the
+   static gate when porter.gates.static is installed.
+
+Per unit the state is the first that holds of:
+
+  tampered   a ledger line of the unit fails the chain; an evidence file is
+             missing, edited or swapped; a commit trailer names a step or
+             evidence the ledger does not hold (or that disagrees with it); a
+             committed step record has no commit; or the evidence claims a
+             placeholder passed
+  stale      the unit file's sha256 differs from the candidate of its latest
+             step (edited, stubbed or deleted after it was built/verified), or
+             the static gate now rejects it
+  verified   latest step is "verified" and one of its evidence files is a
+             passing parity gate whose candidate_sha256 is the file's sha256
+  built      the same with a passing build gate
+  exhausted  its attempts ran out (an "exhausted" record after the last attempt)
+  failing    attempts were made, none produced a step
+  unported   no attempt is recorded (whatever the file holds)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from porter.errors import PorterError
+from porter.evidence import check_evidence
+from porter.ledger import Ledger, load_key, sha256_hex
+from porter.target import Target, load_target
+
+STATES = ("verified", "built", "stale", "tampered", "failing", "exhausted", "unported")
+CRITICAL_TIERS = ("runtime", "prefill")
+PLACEHOLDER = "// porter:placeholder"
+# The gate whose passing evidence makes a step of each state true.
+STATE_GATE = {"verified": "parity", "built": "build"}
+_AUTO = object()
+
+
+# ---- git --------------------------------------------------------------------
+
+
+@dataclass
+class Commit:
+    sha: str
+    subject: str
+    trailers: dict[str, list[str]]  # lower-cased key -> values in order
+
+    def first(self, key: str) -> str | None:
+        values = self.trailers.get(key.lower())
+        return values[0] if values else None
+
+
+@dataclass
+class GitView:
+    available: bool
+    reason: str | None = None
+    commits: list[Commit] = field(default_factory=list)  # newest first
+    ledger_blob: str | None = None  # git blob id of ledger/ledger.jsonl at HEAD (None: not committed)
+    ledger_size: int = 0
+    workspace: Path | None = None
+    ledger_rel: str | None = None
+
+    def committed_ledger(self) -> bytes:
+        """The ledger as committed at HEAD (one `git cat-file`; only needed when it is not a prefix of ours)."""
+        r = subprocess.run(["git", "cat-file", "blob", f"HEAD:{self.ledger_rel}"], cwd=self.workspace, capture_output=True)
+        return r.stdout if r.returncode == 0 else b""
+
+    def committed_prefix(self, data: bytes) -> bool:
+        """Whether the committed ledger is byte for byte the start of `data` (hashing, not reading, the blob)."""
+        if self.ledger_blob is None or self.ledger_size > len(data):
+            return False
+        head = b"blob %d\0" % self.ledger_size
+        return hashlib.sha1(head + data[: self.ledger_size]).hexdigest() == self.ledger_blob
+
+
+def read_git(workspace: Path, ledger_file: Path) -> GitView:
+    """Porter commits (one `git log`) and the committed ledger's blob id and size (one `git ls-tree`)."""
+    try:
+        import git
+    except ImportError as exc:  # pragma: no cover - gitpython is a dependency
+        return GitView(False, f"gitpython unavailable: {exc}")
+    try:
+        repo = git.Repo(workspace, search_parent_directories=True)
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        return GitView(False, "the workspace is not a git repository: no step can have a commit")
+    try:
+        if not repo.head.is_valid():
+            return GitView(True, "no commits yet")
+        raw = repo.git.log("--format=%H%x1f%s%x1f%(trailers:only,unfold)%x1e", "HEAD")
+        commits = []
+        for chunk in raw.split("\x1e"):
+            chunk = chunk.lstrip("\n")
+            if not chunk:
+                continue
+            sha, subject, trailer_text = (chunk.split("\x1f") + ["", ""])[:3]
+            trailers: dict[str, list[str]] = {}
+            for line in trailer_text.splitlines():
+                key, sep, value = line.partition(":")
+                if sep and key.strip().lower().startswith("porter-"):
+                    trailers.setdefault(key.strip().lower(), []).append(value.strip())
+            if trailers:
+                commits.append(Commit(sha, subject, trailers))
+        root = Path(repo.working_tree_dir).resolve()
+        rel = Path(ledger_file).resolve().relative_to(root).as_posix()
+        view = GitView(True, None, commits, workspace=root, ledger_rel=rel)
+        entry = repo.git.ls_tree("-l", "HEAD", "--", rel).strip()
+        if entry:  # "<mode> blob <id> <size>\t<path>"
+            meta = entry.split("\t", 1)[0].split()
+            if len(meta) == 4 and meta[1] == "blob":
+                view.ledger_blob, view.ledger_size = meta[2], int(meta[3])
+        return view
+    finally:
+        repo.close()
+
+
+# ---- the report ---------------------------------------------------------------
+
+
+@dataclass
+class UnitStatus:
+    unit: str
+    state: str
+    reason: str
+    attempts: int = 0
+    candidate_sha256: str | None = None  # sha256 of the unit file as it is now (None: no file)
+    evidence: list[str] = field(default_factory=list)  # evidence of the latest step
+    commit: str | None = None  # commit of the latest step
+    tier: str | None = None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class StatusReport:
+    target: str
+    units: list[UnitStatus]
+    counts: dict
+    critical_path: dict
+    ledger: dict
+    notes: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # tampering not tied to one unit
+
+    @property
+    def tampered(self) -> bool:
+        return bool(self.problems) or not self.ledger["ok"] or any(u.state == "tampered" for u in self.units)
+
+    @property
+    def exit_code(self) -> int:
+        return 3 if self.tampered else 0
+
+    def unit(self, name: str) -> UnitStatus:
+        for u in self.units:
+            if u.unit == name:
+                return u
+        raise KeyError(name)
+
+    def to_json(self) -> dict:
+        return {
+            "target": self.target,
+            "units": [u.to_json() for u in self.units],
+            "counts": self.counts,
+            "critical_path": self.critical_path,
+            "ledger": self.ledger,
+            "problems": self.problems,
+            "notes": self.notes,
+        }
+
+
+def _count(units: list[UnitStatus]) -> dict:
+    counts = {s: 0 for s in STATES}
+    for u in units:
+        counts[u.state] += 1
+    counts["total"] = len(units)
+    return counts
+
+
+def _ranking(target: Target) -> tuple[dict[str, tuple[str, int]] | None, str | None]:
+    try:
+        from porter.plan import ranked_units
+    except ImportError:
+        return None, "ranking unavailable (porter.plan is not installed)"
+    try:
+        ranked = ranked_units(target)
+    except Exception as exc:  # a broken or partial scan must not take status down
+        return None, f"ranking unavailable ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
+    return {r.unit: (r.tier, r.rank) for r in ranked}, None
+
+
+def _static_gate():
+    try:
+        from porter.gates import static
+    except ImportError:
+        return None
+    return getattr(static, "check", None)
+
+
+def _first(items: list[str]) -> str:
+    return items[0] + (f" (+{len(items) - 1} more)" if len(items) > 1 else "")
+
+
+def _is_placeholder(text: str) -> bool:
+    return any(line.strip() == PLACEHOLDER for line in text.splitlines()[:5])
+
+
+def _short(sha: str | None, n: int = 12) -> str:
+    return sha[:n] if isinstance(sha, str) else "-"
+
+
+def _resolve_target_name(workspace: Path, name: str | None) -> str:
+    if name:
+        return name
+    found = sorted(p.parent.name for p in (workspace / "targets").glob("*/target.toml"))
+    if len(found) == 1:
+        return found[0]
+    raise PorterError(
+        f"pass --target (targets in {workspace / 'targets'}: {', '.join(found) or 'none'})"
+    )
+
+
+def derive(
+    workspace: Path,
+    target_name: str | None = None,
+    source: str | Path | None = None,
+    key=_AUTO,
+    use_static: bool = True,
+    target: Target | None = None,
+) -> StatusReport:
+    """Derive every unit's state from the ledger, evidence, git history and current files."""
+    workspace = Path(workspace).resolve()
+    if target is None:
+        target = load_target(workspace, _resolve_target_name(workspace, target_name), source)
+    if key is _AUTO:
+        key = load_key(workspace)
+    ledger = Ledger(workspace, key)
+    scan = ledger.scan()
+    integ = scan.integrity
+    gitv = read_git(workspace, ledger.path)
+    notes = list(integ.notes)
+    if gitv.reason:
+        notes.append(gitv.reason)
+
+    ledger_problems = list(integ.problems)
+    committed_lines = 0
+    if gitv.ledger_blob is not None:
+        if gitv.committed_prefix(scan.data):
+            committed_lines = scan.data[: gitv.ledger_size].count(b"\n")
+        else:
+            ours, theirs = scan.data.split(b"\n"), gitv.committed_ledger().split(b"\n")
+            n = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+            ledger_problems.append(
+                f"ledger.jsonl differs from the one committed at HEAD from line {n + 1} (committed lines rewritten or removed)"
+            )
+            committed_lines = n
+
+    # -- index the ledger -------------------------------------------------------
+    by_line: dict[int, dict] = {}
+    per_unit: dict[str, list[tuple[int, dict]]] = defaultdict(list)
+    steps: dict[str, tuple[int, dict]] = {}
+    reconciled: set[str] = set()
+    for lineno, rec in scan.entries:
+        by_line[lineno] = rec
+        if rec.get("target", target.name) != target.name:
+            continue
+        kind = rec.get("kind")
+        if kind == "reconcile" and isinstance(rec.get("step"), str):
+            reconciled.add(rec["step"])
+        unit = rec.get("unit")
+        if isinstance(unit, str):
+            per_unit[unit].append((lineno, rec))
+            if kind == "step" and isinstance(rec.get("hash"), str):
+                steps[rec["hash"]] = (lineno, rec)
+
+    issues: dict[str, list[str]] = defaultdict(list)  # unit -> why it is tampered
+    problems: list[str] = []  # tampering that names no unit of this target
+    units = set(target.units)
+
+    def flag(unit: str | None, text: str) -> None:
+        if unit in units:
+            issues[unit].append(text)
+        else:
+            problems.append(text if unit is None else f"{unit}: {text}")
+
+    for lineno, text in integ.bad_lines.items():
+        rec = by_line.get(lineno)
+        if rec is not None and rec.get("target", target.name) == target.name and isinstance(rec.get("unit"), str):
+            flag(rec["unit"], f"ledger {text}")
+
+    evidence_cache: dict[str, tuple[dict | None, str | None]] = {}
+
+    def evidence(sha: str) -> tuple[dict | None, str | None]:
+        if sha not in evidence_cache:
+            evidence_cache[sha] = check_evidence(workspace, sha)
+        return evidence_cache[sha]
+
+    # -- commits against step records ------------------------------------------------
+    commit_of_step: dict[str, Commit] = {}
+    for c in gitv.commits:  # newest first
+        unit = c.first("Porter-Unit")
+        ctarget = c.first("Porter-Target")
+        if unit is None and c.first("Porter-Step") is None:
+            continue  # not a step commit (other Porter-* trailers may come later)
+        if ctarget is not None and ctarget != target.name:
+            continue
+        if ctarget is None and unit not in units:
+            continue
+        where = f"commit {c.sha[:10]}"
+        step_hash = c.first("Porter-Step")
+        entry = steps.get(step_hash) if step_hash else None
+        if entry is None:
+            flag(unit, f"{where} names step {_short(step_hash)} that is not in the ledger (step record deleted or trailer rewritten)")
+            continue
+        commit_of_step.setdefault(step_hash, c)
+        _, step = entry
+        for label, got, want in (
+            ("Porter-Unit", unit, step.get("unit")),
+            ("Porter-State", c.first("Porter-State"), step.get("state")),
+            ("Porter-Candidate", c.first("Porter-Candidate"), step.get("candidate_sha256")),
+        ):
+            if got != want:
+                flag(step.get("unit"), f"{where} trailer {label}: {_short(got)} disagrees with its step record ({_short(want)})")
+        trailer_ev = c.trailers.get("porter-evidence", [])
+        step_ev = step.get("evidence") or []
+        if sorted(trailer_ev) != sorted(step_ev):
+            extra = [e for e in trailer_ev if e not in step_ev]
+            what = f"names evidence {_short(extra[0])} not in its step record" if extra else "lacks evidence its step record names"
+            flag(step.get("unit"), f"{where} trailer Porter-Evidence {what} (trailer rewritten?)")
+        for sha in trailer_ev:
+            _, problem = evidence(sha)
+            if problem:
+                flag(step.get("unit"), f"{where}: {problem}")
+
+    # -- step records against commits and evidence ------------------------------------
+    for step_hash, (lineno, step) in steps.items():
+        unit = step["unit"]
+        if step_hash in reconciled:
+            continue
+        if step_hash not in commit_of_step and lineno <= committed_lines:
+            flag(unit, f"step record at ledger line {lineno} (attempt {step.get('attempt')}, {step.get('state')}) has no commit (commit dropped?)")
+        for sha in step.get("evidence") or []:
+            data, problem = evidence(sha)
+            if problem:
+                flag(unit, problem)
+                continue
+            if data.get("unit") != unit or data.get("target") != target.name:
+                flag(unit, f"evidence {sha[:12]} is for {data.get('target')}/{data.get('unit')}, not this unit (swapped)")
+            elif data.get("candidate_sha256") != step.get("candidate_sha256"):
+                flag(unit, f"evidence {sha[:12]} judged candidate {_short(data.get('candidate_sha256'))}, not the step's {_short(step.get('candidate_sha256'))}")
+
+    # -- per unit -----------------------------------------------------------------
+    ranking, ranking_reason = _ranking(target)
+    static_check = _static_gate() if use_static else None
+    if use_static and static_check is None:
+        notes.append("static gate unavailable (porter.gates.static not installed): unit files checked for the placeholder marker only")
+
+    results: list[UnitStatus] = []
+    for unit in target.units:
+        recs = per_unit.get(unit, [])
+        attempt_lines = [ln for ln, r in recs if r.get("kind") == "attempt"]
+        attempts = len(attempt_lines)
+        unit_steps = [(ln, r) for ln, r in recs if r.get("kind") == "step" and r.get("hash") not in reconciled]
+        exhausted_lines = [ln for ln, r in recs if r.get("kind") == "exhausted"]
+        failures = [r for _, r in recs if r.get("kind") == "failure"]
+
+        path = target.unit_path(unit)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            data = None
+        sha = sha256_hex(data) if data is not None else None
+        text = data.decode("utf-8", "replace") if data is not None else None
+        placeholder = text is not None and _is_placeholder(text)
+        static_problem = None
+        if static_check is not None and text is not None and not placeholder:
+            try:
+                res = static_check(target, unit, text)
+                if not res.ok and not res.skipped:
+                    static_problem = res.summary
+            except Exception as exc:  # a gate bug must not hide the other units
+                static_problem = f"static gate error: {type(exc).__name__}: {exc}"
+
+        st = UnitStatus(unit=unit, state="unported", reason="", attempts=attempts, candidate_sha256=sha)
+        if ranking is not None and unit in ranking:
+            st.tier = ranking[unit][0]
+        latest = unit_steps[-1] if unit_steps else None
+        if latest is not None:
+            st.evidence = list(latest[1].get("evidence") or [])
+            commit = commit_of_step.get(latest[1].get("hash"))
+            st.commit = commit.sha if commit else None
+
+        if issues.get(unit):
+            st.state, st.reason = "tampered", _first(issues[unit])
+        elif latest is not None:
+            _derive_from_step(st, latest, attempt_lines, data, sha, placeholder, static_problem, evidence, commit_of_step)
+        elif attempts == 0:
+            st.state = "unported"
+            if data is None:
+                st.reason = "no unit file, no attempt"
+            elif placeholder:
+                st.reason = "placeholder, no attempt"
+            elif static_problem:
+                st.reason = f"no attempt recorded; the file fails the static gate: {static_problem}"
+            else:
+                st.reason = "the file is not a placeholder but no attempt is recorded (hand-written: unverified)"
+        else:
+            last = failures[-1] if failures else None
+            why = (
+                f"attempt {last.get('attempt')}: {last.get('gate')}: {last.get('summary')}"
+                if last
+                else "no gate result recorded (run in progress or interrupted)"
+            )
+            if exhausted_lines and exhausted_lines[-1] > attempt_lines[-1]:
+                st.state, st.reason = "exhausted", f"{attempts} attempts used up; last {why}"
+            else:
+                st.state, st.reason = "failing", f"{attempts} attempt{'s' if attempts != 1 else ''}; last {why}"
+        st.reason = " ".join(st.reason.split())  # one line, whatever a summary carried
+        results.append(st)
+
+    if ranking is not None:
+        results.sort(key=lambda u: (ranking.get(u.unit, ("~", 1 << 30))[1]))
+        critical_units = [u for u in results if u.tier in CRITICAL_TIERS]
+        critical = {
+            "available": True,
+            "reason": None,
+            "tiers": list(CRITICAL_TIERS),
+            "units": [u.unit for u in critical_units],
+            "counts": _count(critical_units),
+        }
+    else:
+        critical = {"available": False, "reason": ranking_reason, "tiers": list(CRITICAL_TIERS), "units": [], "counts": None}
+
+    ledger_info = {
+        "records": integ.records,
+        "ok": not ledger_problems,
+        "keyed": integ.keyed,
+        "key": integ.key_state(),
+        "problems": ledger_problems,
+        "notes": list(integ.notes),
+        "committed_records": committed_lines,
+    }
+    return StatusReport(
+        target=target.name,
+        units=results,
+        counts=_count(results),
+        critical_path=critical,
+        ledger=ledger_info,
+        notes=notes,
+        problems=problems,
+    )
+
+
+def _derive_from_step(st, latest, attempt_lines, data, sha, placeholder, static_problem, evidence, commit_of_step) -> None:
+    ln, step = latest
+    state = step.get("state")
+    cand = step.get("candidate_sha256")
+    when = f"attempt {step.get('attempt')}"
+    if state not in STATE_GATE:
+        st.state, st.reason = "tampered", f"step record at ledger line {ln} has unknown state {state!r}"
+        return
+    if data is None:
+        st.state, st.reason = "stale", f"unit file deleted after it was {state} ({when})"
+        return
+    if sha != cand:
+        now = "now a placeholder" if placeholder else (f"now fails the static gate: {static_problem}" if static_problem else "edited")
+        st.state = "stale"
+        st.reason = f"unit file changed after it was {state} ({when}): {now}; file {sha[:12]} != evidence candidate {_short(cand)}"
+        return
+    if placeholder:
+        st.state, st.reason = "tampered", f"evidence says a placeholder was {state} ({when})"
+        return
+    if static_problem:
+        st.state, st.reason = "stale", f"the static gate now rejects the {state} candidate: {static_problem}"
+        return
+    gate = STATE_GATE[state]
+    proof = None
+    for ev_sha in step.get("evidence") or []:
+        ev, problem = evidence(ev_sha)
+        if ev and ev.get("gate") == gate and ev.get("ok") is True and ev.get("candidate_sha256") == sha:
+            proof = ev_sha
+            break
+    if proof is None:
+        st.state, st.reason = "tampered", f"step claims {state} ({when}) but none of its evidence is a passing {gate} gate for this file"
+        return
+    st.state = state
+    st.reason = f"{gate} evidence {proof[:12]} matches the current file ({when})"
+    if state == "built":
+        st.reason += "; no parity evidence yet"
+    later = [a for a in attempt_lines if a > ln]
+    if later:
+        st.reason += f"; {len(later)} later attempt{'s' if len(later) != 1 else ''} without a step"
+    if step.get("hash") not in commit_of_step:
+        st.reason += "; not committed yet (run in progress or interrupted)"
+
+
+# ---- CLI ------------------------------------------------------------------------
+
+_STYLE = {
+    "verified": "bold green",
+    "built": "green",
+    "stale": "yellow",
+    "tampered": "bold red",
+    "failing": "red",
+    "exhausted": "magenta",
+    "unported": "dim",
+}
+
+
+def counts_line(counts: dict) -> str:
+    return ", ".join(f"{counts[s]} {s}" for s in STATES if counts.get(s)) or "none"
+
+
+def render(report: StatusReport, console=None) -> None:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    if console is None:
+        console = Console()
+        if not console.is_terminal:  # logs and pipes: keep one unit per line
+            console.width = max(console.width, 200)
+    ranked = report.critical_path["available"]
+    table = Table(title=f"porter status: {report.target}", title_justify="left", box=box.SIMPLE_HEAD)
+    table.add_column("unit", no_wrap=True)
+    if ranked:
+        table.add_column("tier", no_wrap=True)
+    table.add_column("state", no_wrap=True)
+    table.add_column("att", justify="right", no_wrap=True)
+    table.add_column("commit", no_wrap=True)
+    table.add_column("reason", overflow="fold")
+    for u in report.units:
+        row = [Text(u.unit)] + ([Text(u.tier or "")] if ranked else [])
+        row += [Text(u.state, style=_STYLE[u.state]), Text(str(u.attempts)), Text(u.commit[:10] if u.commit else ""),
+                Text(u.reason)]  # Text, not markup: reasons quote ledger and compiler text
+        table.add_row(*row)
+    console.print(table)
+
+    def say(text: str, style: str | None = None) -> None:
+        console.print(text, style=style, markup=False, highlight=False)
+
+    say(f"units ({report.counts['total']}): {counts_line(report.counts)}")
+    cp = report.critical_path
+    if cp["available"]:
+        say(f"critical path ({'+'.join(cp['tiers'])}, {cp['counts']['total']} units): {counts_line(cp['counts'])}")
+    else:
+        say(f"critical path: {cp['reason']}")
+    led = report.ledger
+    if led["ok"]:
+        say(f"ledger: {led['records']} records, chain ok, {led['key']}")
+    else:
+        more = f" (+{len(led['problems']) - 1} more)" if len(led["problems"]) > 1 else ""
+        say(f"ledger: {led['records']} records, TAMPERED: {led['problems'][0]}{more}", "bold red")
+    for p in report.problems:
+        say(f"tampered: {p}", "bold red")
+    for n in report.notes:
+        say(f"note: {n}", "dim")
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--json", action="store_true", help="machine-readable output (stable schema)")
+    parser.add_argument("--reverify", action="store_true", help="re-run the gates on the current files now")
+
+
+def _reverify_message() -> str:
+    try:
+        from porter.gates import parity
+    except ImportError:
+        return "--reverify is not available yet: the parity gate (porter.gates.parity) is not installed"
+    try:
+        ok, reason = parity.available()
+    except Exception as exc:
+        return f"--reverify is not available: {type(exc).__name__}: {exc}"
+    if not ok:
+        return f"--reverify is not available here: {reason}"
+    return "--reverify is not available yet: status reports the recorded evidence (use `porter run` to re-run gates)"
+
+
+def run(args) -> int:
+    workspace = Path(getattr(args, "workspace", None) or Path.cwd())
+    report = derive(workspace, getattr(args, "target", None), getattr(args, "source", None))
+    reverify_note = _reverify_message() if getattr(args, "reverify", False) else None
+    if getattr(args, "json", False):
+        out = report.to_json()
+        if reverify_note:
+            out["reverify"] = reverify_note
+        sys.stdout.write(json.dumps(out, indent=2, sort_keys=False) + "\n")
+    else:
+        render(report)
+        if reverify_note:
+            print(reverify_note)
+    return report.exit_code

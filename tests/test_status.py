@@ -1,0 +1,271 @@
+"""`porter status`: every state derived from ledger + evidence + git + current files."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+import types
+
+import pytest
+from rich.console import Console
+
+from porter import status as status_mod
+from porter.errors import PorterError
+from porter.gates.result import GateResult
+from porter.status import STATES, derive, render
+from ws_builder import SOURCES, STUB, TARGET, make_workspace
+
+
+@pytest.fixture(autouse=True)
+def _no_key(monkeypatch, tmp_path):
+    monkeypatch.delenv("PORTER_LEDGER_KEY", raising=False)
+    monkeypatch.delenv("PORTER_LEDGER_KEY_FILE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+
+
+@pytest.fixture
+def ws(tmp_path):
+    return make_workspace(tmp_path / "ws")
+
+
+def state(report, unit):
+    u = report.unit(unit)
+    return u.state, u.reason
+
+
+def run_status(ws, *, json_out=True, capsys=None, **extra):
+    args = argparse.Namespace(workspace=ws.root, target=TARGET, json=json_out, reverify=False, source=None, **extra)
+    code = status_mod.run(args)
+    out = capsys.readouterr().out if capsys else None
+    return code, out
+
+
+def test_fresh_workspace_is_all_unported(ws):
+    r = derive(ws.root, TARGET)
+    assert r.counts["unported"] == 24 and r.counts["total"] == 24
+    assert all(u.reason == "placeholder, no attempt" for u in r.units)
+    assert r.ledger["ok"] and r.ledger["records"] == 0 and r.exit_code == 0
+
+
+def test_each_state(ws):
+    ws.port("mini_gpu_synchronize")  # verified
+    ws.port("mini_gpu_tensor_bytes", state="built")
+    ws.fail("mini_gpu_swiglu_tensor", 1)
+    ws.fail("mini_gpu_swiglu_tensor", 2, gate="static", summary="stub body: it only returns -1")
+    ws.fail("mini_gpu_add_tensor", 1)
+    ws.exhaust("mini_gpu_add_tensor", 1)
+    ws.write_unit("mini_gpu_tensor_free", '#include "mini_cuda.cuh"\nextern "C" void mini_gpu_tensor_free(mini_gpu_tensor *t) { if (t) { if (t->owner) cudaFree(t->data); delete t; } }\n')
+    ws.unit_path("mini_gpu_init").unlink()
+    r = derive(ws.root, TARGET)
+
+    assert state(r, "mini_gpu_synchronize")[0] == "verified"
+    assert "parity evidence" in state(r, "mini_gpu_synchronize")[1]
+    assert r.unit("mini_gpu_synchronize").commit is not None
+    assert len(r.unit("mini_gpu_synchronize").evidence) == 3
+    assert state(r, "mini_gpu_tensor_bytes") == (
+        "built", state(r, "mini_gpu_tensor_bytes")[1]) and "no parity evidence" in state(r, "mini_gpu_tensor_bytes")[1]
+    s, why = state(r, "mini_gpu_swiglu_tensor")
+    assert s == "failing" and why.startswith("2 attempts; last attempt 2: static: stub body")
+    s, why = state(r, "mini_gpu_add_tensor")
+    assert s == "exhausted" and "1 attempts used up" in why
+    s, why = state(r, "mini_gpu_tensor_free")
+    assert s == "unported" and "hand-written: unverified" in why
+    assert state(r, "mini_gpu_init") == ("unported", "no unit file, no attempt")
+    assert r.counts == {"verified": 1, "built": 1, "stale": 0, "tampered": 0, "failing": 1, "exhausted": 1,
+                        "unported": 20, "total": 24}
+    assert r.exit_code == 0
+
+
+def test_attempts_after_exhaustion_are_failing_again(ws):
+    ws.fail("mini_gpu_add_tensor", 1)
+    ws.exhaust("mini_gpu_add_tensor", 1)
+    ws.fail("mini_gpu_add_tensor", 2)
+    assert state(derive(ws.root, TARGET), "mini_gpu_add_tensor")[0] == "failing"
+
+
+def test_attempt_without_gate_result(ws):
+    ws.attempt("mini_gpu_add_tensor", 1, "x")
+    s, why = state(derive(ws.root, TARGET), "mini_gpu_add_tensor")
+    assert s == "failing" and "run in progress or interrupted" in why
+
+
+def test_verified_then_rebuilt_counts_latest_step(ws):
+    ws.port("mini_gpu_swiglu_tensor", 1)
+    ws.port("mini_gpu_swiglu_tensor", 2, state="built", source=SOURCES["mini_gpu_swiglu_tensor"] + "// v2\n")
+    assert state(derive(ws.root, TARGET), "mini_gpu_swiglu_tensor")[0] == "built"
+
+
+def test_uncommitted_step_is_not_tampering(ws):
+    ws.port("mini_gpu_swiglu_tensor", commit=False)
+    s, why = state(derive(ws.root, TARGET), "mini_gpu_swiglu_tensor")
+    assert s == "verified" and "not committed yet" in why
+
+
+def test_reconciled_step_without_commit(ws):
+    step, _ = ws.port("mini_gpu_swiglu_tensor", commit=False)
+    ws.ledger.append("reconcile", target=TARGET, unit="mini_gpu_swiglu_tensor", step=step["hash"],
+                     action="abandoned: commit failed")
+    ws.write_unit("mini_gpu_swiglu_tensor", "// porter:placeholder\n")
+    ws.commit_all("commit the ledger with the reconciled step")
+    s, _ = state(derive(ws.root, TARGET), "mini_gpu_swiglu_tensor")
+    assert s == "failing"
+
+
+def test_stub_with_forged_step_caught_by_the_static_gate(ws, monkeypatch):
+    """A hand-stubbed file whose sha256 a forged step claims: the static scan still says no."""
+    ws.port("mini_gpu_swiglu_tensor", source=STUB["mini_gpu_swiglu_tensor"])
+
+    def fake_static(target, unit, source):
+        stub = "return -1;" in source and "<<<" not in source
+        return GateResult("static", not stub, "stub body: it only returns -1" if stub else "ok")
+
+    monkeypatch.setattr(status_mod, "_static_gate", lambda: fake_static)
+    s, why = state(derive(ws.root, TARGET), "mini_gpu_swiglu_tensor")
+    assert s == "stale" and "static gate now rejects" in why and "stub" in why
+
+
+def test_real_static_gate_when_installed(ws):
+    pytest.importorskip("porter.gates.static")
+    ws.port("mini_gpu_swiglu_tensor")
+    ws.port("mini_gpu_add_tensor")
+    r = derive(ws.root, TARGET)
+    assert state(r, "mini_gpu_swiglu_tensor")[0] == "verified"
+    ws.write_unit("mini_gpu_swiglu_tensor", STUB["mini_gpu_swiglu_tensor"])
+    s, why = state(derive(ws.root, TARGET), "mini_gpu_swiglu_tensor")
+    assert s == "stale" and "static gate" in why
+
+
+def test_placeholder_claimed_verified_is_tampered(ws):
+    ws.port("mini_gpu_swiglu_tensor", source="// porter:placeholder\nint x;\n")
+    s, why = state(derive(ws.root, TARGET, use_static=False), "mini_gpu_swiglu_tensor")
+    assert s == "tampered" and "placeholder" in why
+
+
+def test_verified_step_without_parity_evidence_is_tampered(ws):
+    cand = ws.write_unit("mini_gpu_add_tensor", SOURCES["mini_gpu_add_tensor"])
+    ws.attempt("mini_gpu_add_tensor", 1, SOURCES["mini_gpu_add_tensor"])
+    _, build_ev = ws.gate("mini_gpu_add_tensor", 1, "build", True, cand)
+    step = ws.ledger.append("step", target=TARGET, unit="mini_gpu_add_tensor", attempt=1, state="verified",
+                            candidate_sha256=cand, unit_file=ws.rel(ws.unit_path("mini_gpu_add_tensor")),
+                            evidence=[build_ev])
+    ws.commit_step(step)
+    r = derive(ws.root, TARGET)
+    s, why = state(r, "mini_gpu_add_tensor")
+    assert s == "tampered" and "no" in why and "passing parity" in why
+    assert r.exit_code == 3
+
+
+def test_json_schema_and_exit_code(ws, capsys):
+    ws.port("mini_gpu_synchronize")
+    code, out = run_status(ws, capsys=capsys)
+    data = json.loads(out)
+    assert code == 0
+    assert list(data)[:5] == ["target", "units", "counts", "critical_path", "ledger"]
+    assert data["target"] == TARGET and len(data["units"]) == 24
+    u = next(x for x in data["units"] if x["unit"] == "mini_gpu_synchronize")
+    assert set(u) >= {"unit", "state", "reason", "attempts", "candidate_sha256", "evidence", "commit"}
+    assert u["state"] == "verified" and u["attempts"] == 1 and len(u["commit"]) == 40
+    assert set(data["counts"]) == set(STATES) | {"total"}
+    assert set(data["ledger"]) >= {"records", "ok", "keyed", "problems"}
+    assert data["ledger"]["ok"] is True and data["ledger"]["keyed"] is False
+
+
+def test_text_rendering(ws, capsys):
+    ws.port("mini_gpu_synchronize")
+    code, out = run_status(ws, json_out=False, capsys=capsys)
+    assert code == 0
+    assert "mini_gpu_synchronize" in out and "verified" in out
+    assert "units (24): 1 verified, 23 unported" in out
+    assert "ledger: 5 records, chain ok, UNKEYED" in out
+    assert "critical path" in out
+
+
+def test_keyed_ledger_line(ws, monkeypatch, capsys):
+    monkeypatch.setenv("PORTER_LEDGER_KEY", "k")
+    ws.ledger.key = b"k"
+    ws.port("mini_gpu_synchronize")
+    code, out = run_status(ws, json_out=False, capsys=capsys)
+    assert code == 0 and "chain ok, HMAC-keyed" in out
+
+
+def test_critical_path_counted_apart(ws, monkeypatch):
+    ranked = []
+    for i, unit in enumerate(ws.target.units):
+        tier = "runtime" if unit in ws.target.runtime_units else ("prefill" if "swiglu" in unit or "add" in unit else "decode")
+        ranked.append(types.SimpleNamespace(unit=unit, tier=tier, rank=i, reasons=[], kernels=[], quant_types=[]))
+    fake = types.ModuleType("porter.plan")
+    fake.ranked_units = lambda target: ranked
+    monkeypatch.setitem(sys.modules, "porter.plan", fake)
+    ws.port("mini_gpu_swiglu_tensor")
+    r = derive(ws.root, TARGET)
+    cp = r.critical_path
+    assert cp["available"] and cp["counts"]["total"] == 12 and cp["counts"]["verified"] == 1
+    assert r.unit("mini_gpu_swiglu_tensor").tier == "prefill"
+    buf = io.StringIO()
+    render(r, Console(file=buf, width=200))
+    assert "critical path (runtime+prefill, 12 units): 1 verified, 11 unported" in buf.getvalue()
+
+
+def test_ranking_unavailable_is_said(ws, monkeypatch):
+    fake = types.ModuleType("porter.plan")
+
+    def broken(target):
+        raise FileNotFoundError("mini_metal.m")
+
+    fake.ranked_units = broken
+    monkeypatch.setitem(sys.modules, "porter.plan", fake)
+    r = derive(ws.root, TARGET)
+    assert not r.critical_path["available"] and "ranking unavailable" in r.critical_path["reason"]
+
+
+def test_target_defaults_to_the_only_one(ws):
+    assert derive(ws.root, None).target == TARGET
+
+
+def test_unknown_target(ws):
+    with pytest.raises(PorterError):
+        derive(ws.root, "nope")
+
+
+def test_reverify_says_what_it_can_do(ws, capsys):
+    code, out = run_status(ws, json_out=True, capsys=capsys)
+    args = argparse.Namespace(workspace=ws.root, target=TARGET, json=True, reverify=True, source=None)
+    assert status_mod.run(args) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert "reverify" in data and "not available" in data["reverify"]
+
+
+def test_not_a_git_repository(tmp_path):
+    ws = make_workspace(tmp_path / "ws")
+    ws.port("mini_gpu_synchronize", commit=False)
+    import shutil
+
+    shutil.rmtree(ws.root / ".git")
+    r = derive(ws.root, TARGET)
+    assert any("not a git repository" in n for n in r.notes)
+    s, why = state(r, "mini_gpu_synchronize")
+    assert s == "verified" and "not committed" in why
+
+
+def test_add_arguments():
+    p = argparse.ArgumentParser()
+    status_mod.add_arguments(p)
+    a = p.parse_args(["--json", "--reverify"])
+    assert a.json and a.reverify
+
+
+def test_reasons_are_not_rich_markup(ws, capsys):
+    ws.fail("mini_gpu_add_tensor", 1, gate="parity", summary="parity not run: pip install 'porter[gpu]'")
+    code, out = run_status(ws, json_out=False, capsys=capsys)
+    assert "porter[gpu]" in out
+
+
+def test_benchmark_runs_small(capsys):
+    """The benchmark itself (timed at 10,000 records by hand, not here) works end to end."""
+    from porter import bench_status
+
+    assert bench_status.main(["--records", "300", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("status over ") and "target < 1 s" in out
