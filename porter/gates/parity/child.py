@@ -1,0 +1,372 @@
+"""The parity child: loads a candidate backend library and calls one unit.
+
+    python child.py PLAN_DIR
+
+Runs in its own process (porter.gates.parity.runner starts it with a time
+limit), so a hang, a segfault or a dead CUDA context costs one failed attempt,
+never the harness.  It imports numpy, ctypes, cupy and its two siblings
+(device.py, compare.py) by file path: nothing of porter, pydantic or gguf.
+
+PLAN_DIR/plan.json says what to call (see runner.write_plan); PLAN_DIR/inputs.npz
+holds every input of every call.  The child writes, as it goes:
+  progress.jsonl  one line before each step (so a crash names its case and step)
+  results.json    facts per call: return code, descriptor/guard/const/stream
+                  observations, timings, device facts (rewritten after each case)
+  outputs.npz     the raw output bytes of every call, read right after the
+                  unit's stream was synchronized
+It compares nothing with references: the parent does, so the child never sees
+an expected answer.
+
+Per call (a "pass"; every valid case runs two passes in the SAME buffers with
+different inputs):
+  1. inputs written; outputs pre-filled with the sentinel (a NaN bit pattern);
+     the model map is a fresh host buffer, mini_cuda_forget_models() is called
+     and the map is uploaded again before the call;
+  2. the unit's stream (mini_cuda_stream()) is held by a timed spin kernel, the
+     unit is called, and while the hold lasts the outputs are read on an
+     unrelated non-blocking stream: a unit that orders its work on its stream
+     cannot have written anything yet;
+  3. the unit's stream is synchronized and the outputs copied on it (what the
+     API promises a caller); then the whole device is synchronized and the
+     outputs read again: a difference means work landed after the unit's
+     stream said it was done;
+  4. descriptors, guard bytes, const inputs, the host map and the device copy of
+     the map are compared with what they were.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import compare  # noqa: E402  (sibling module, loaded by path on purpose)
+import device as devmod  # noqa: E402
+
+EXIT_DONE, EXIT_BAD_PLAN, EXIT_CUDA, EXIT_LOAD = 0, 2, 3, 4
+
+_CTYPES = {
+    "u32": ctypes.c_uint32, "u64": ctypes.c_uint64, "i32": ctypes.c_int32, "i64": ctypes.c_int64,
+    "f32": ctypes.c_float, "f64": ctypes.c_double,
+}
+
+
+class Tensor(ctypes.Structure):
+    """struct mini_gpu_tensor (the target's conventions header): {void *data; uint64_t bytes; int32_t owner}."""
+
+    _fields_ = [("data", ctypes.c_void_p), ("bytes", ctypes.c_uint64), ("owner", ctypes.c_int32)]
+
+
+class Fatal(Exception):
+    def __init__(self, check: str, detail: str):
+        super().__init__(detail)
+        self.check = check
+        self.detail = detail
+
+
+class Child:
+    def __init__(self, plan_dir: Path):
+        self.dir = plan_dir
+        self.plan = json.loads((plan_dir / "plan.json").read_text())
+        self.progress = open(plan_dir / "progress.jsonl", "a", buffering=1)
+        self.results: dict = {"cases": [], "fatal": None, "complete": False, "device": None}
+        self.outputs: dict[str, np.ndarray] = {}
+
+    # -- bookkeeping -----------------------------------------------------
+    def step(self, **fields) -> None:
+        self.progress.write(json.dumps(fields) + "\n")
+        self.progress.flush()
+
+    def save(self) -> None:
+        tmp = self.dir / "results.json.tmp"
+        tmp.write_text(json.dumps(self.results))
+        os.replace(tmp, self.dir / "results.json")
+
+    def save_outputs(self) -> None:
+        np.savez(self.dir / "outputs.npz", **self.outputs)
+
+    # -- setup -----------------------------------------------------------
+    def load_library(self):
+        plan = self.plan
+        self.step(step="load", library=plan["library"])
+        try:
+            lib = ctypes.CDLL(plan["library"], mode=os.RTLD_NOW | os.RTLD_LOCAL)
+        except OSError as exc:
+            raise Fatal("load", f"cannot load {Path(plan['library']).name}: {exc}") from None
+        try:
+            fn = getattr(lib, plan["unit"])
+        except AttributeError:
+            raise Fatal("load", f"{Path(plan['library']).name} does not export {plan['unit']}") from None
+        argtypes = []
+        for p in plan["params"]:
+            k = p["kind"]
+            if k == "tensor":
+                argtypes.append(ctypes.POINTER(Tensor))
+            elif k == "map":
+                argtypes.append(ctypes.c_void_p)
+            else:
+                argtypes.append(_CTYPES[k])
+        fn.argtypes = argtypes
+        fn.restype = ctypes.c_int if plan.get("restype", "int") == "int" else None
+        self.lib, self.fn = lib, fn
+        h = plan.get("harness", {})
+        self.h_stream = self._opt(h.get("stream") if h.get("stream") != "legacy" else None, ctypes.c_void_p, [])
+        self.h_model = self._opt(h.get("model_ptr"), ctypes.c_void_p,
+                                 [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64])
+        self.h_forget = self._opt(h.get("forget_models"), None, [])
+        self.h_last_error = self._opt("cudaGetLastError", ctypes.c_int, [])
+        self.h_error_name = self._opt("cudaGetErrorName", ctypes.c_char_p, [ctypes.c_int])
+        init = self._opt(h.get("init"), ctypes.c_int, [])
+        if init is not None:
+            self.step(step="init")
+            self.results["init_rc"] = int(init())
+
+    def _opt(self, name, restype, argtypes):
+        if not name:
+            return None
+        f = getattr(self.lib, name, None)
+        if f is not None:
+            f.restype = restype
+            f.argtypes = argtypes
+        return f
+
+    def launch_error(self) -> str | None:
+        if self.h_last_error is None:
+            return None
+        err = int(self.h_last_error())
+        if err == 0:
+            return None
+        name = self.h_error_name(err) if self.h_error_name is not None else None
+        return f"{name.decode() if name else 'cudaError'} ({err})"
+
+    # -- one case ----------------------------------------------------------
+    def run_case(self, case: dict, arrays) -> dict:
+        dev, plan = self.dev, self.plan
+        guard = int(plan.get("guard_bytes", devmod.GUARD_BYTES))
+        crec = {"id": case["id"], "passes": []}
+        self.results["cases"].append(crec)
+        bufs = {name: devmod.Fenced(dev, b["nbytes"], guard) for name, b in case["buffers"].items()}
+        structs = {name: Tensor(buf.ptr, buf.nbytes, 0) for name, buf in bufs.items()}
+        try:
+            for p, pdata in enumerate(case["passes"]):
+                crec["passes"].append(self.run_pass(case, p, pdata, arrays, bufs, structs))
+                self.save()
+            if case.get("timed") and int(plan.get("timing_reps", 0)) > 0 and case["expect"] == "ok":
+                crec["timing"] = self.time_case(case, case["passes"][-1], arrays, bufs, structs)
+        finally:
+            for b in bufs.values():
+                try:
+                    b.free()
+                except devmod.DeviceError:
+                    pass
+        return crec
+
+    def _map_for(self, pdata, arrays):
+        m = pdata.get("map")
+        if m is None:
+            return None
+        if "file" in m:
+            return np.fromfile(m["file"], dtype=np.uint8)  # a fresh host buffer every call
+        return np.array(arrays[m["npz"]], dtype=np.uint8, copy=True)
+
+    def _args(self, case, pdata, structs, host_map):
+        args = []
+        for p in self.plan["params"]:
+            k, name = p["kind"], p["name"]
+            if k == "tensor":
+                args.append(ctypes.byref(structs[case["bind"][name]]))
+            elif k == "map":
+                args.append(ctypes.c_void_p(host_map.ctypes.data if host_map is not None else None))
+            else:
+                args.append(_CTYPES[k](pdata["scalars"][name]))
+        return args
+
+    def run_pass(self, case, p, pdata, arrays, bufs, structs) -> dict:
+        dev, plan = self.dev, self.plan
+        cid = case["id"]
+        rec: dict = {"pass": p}
+        self.step(case=cid, pass_=p, step="prepare")
+        initial = {}
+        for name, b in case["buffers"].items():
+            if b["role"] == "out":
+                data = compare.sentinel_bytes(b["nbytes"])
+            else:
+                data = np.ascontiguousarray(arrays[pdata["data"][name]]).view(np.uint8).tobytes()
+            bufs[name].write(data)
+            initial[name] = data
+        for name, s in structs.items():  # a previous call may have rewritten a descriptor
+            s.data, s.bytes, s.owner = bufs[name].ptr, bufs[name].nbytes, 0
+        host_map = self._map_for(pdata, arrays)
+        map_bytes = host_map.tobytes() if host_map is not None else None
+        if self.h_forget is not None:
+            self.h_forget()
+        dev_map = None
+        if host_map is not None and self.h_model is not None:
+            dev_map = self.h_model(host_map.ctypes.data, host_map.size, 0, host_map.size)
+            rec["model_uploaded"] = bool(dev_map)
+        args = self._args(case, pdata, structs, host_map)
+        before_structs = {n: (s.data, s.bytes, s.owner) for n, s in structs.items()}
+        dev.synchronize()
+
+        probe_cfg = plan.get("probe") or {}
+        token = None
+        outs = case["outputs"]  # compared param -> buffer
+        watched = sorted({b for b in outs.values()} | {n for n, b in case["buffers"].items() if b["role"] != "in"})
+        if probe_cfg.get("enabled") and self.stream is not None:
+            dev.reserve(max([bufs[n].nbytes for n in watched] + [0]))
+            token = dev.hold(self.stream, int(probe_cfg.get("hold_ms", 15) * 1e6))
+        self.step(case=cid, pass_=p, step="call")
+        t0 = time.perf_counter()
+        rc = self.fn(*args)
+        rec["call_ms"] = round((time.perf_counter() - t0) * 1e3, 3)
+        rec["rc"] = None if rc is None else int(rc)
+        rec["launch_error"] = self.launch_error()
+
+        if token is not None:
+            self.step(case=cid, pass_=p, step="probe")
+            probe = {"status": "inconclusive", "changed": []}
+            devmod.sleep_ms(float(probe_cfg.get("delay_ms", 5)))
+            if dev.held(token):
+                snap = {n: dev.read_side(bufs[n].ptr, bufs[n].nbytes) for n in watched}
+                if dev.held(token):
+                    probe["changed"] = [n for n in watched if snap[n] != initial[n]]
+                    probe["status"] = "changed" if probe["changed"] else "clean"
+                else:
+                    probe["note"] = "the hold ended during the probe read"
+            else:
+                probe["note"] = "the call returned after the hold ended (it waits on its stream)"
+            dev.release(token)
+            rec["probe"] = probe
+        self.step(case=cid, pass_=p, step="sync")
+        immediate = {n: dev.read_after_stream(bufs[n].ptr, bufs[n].nbytes, self.stream or 0) for n in watched}
+        dev.synchronize()
+        settled = {n: bufs[n].read() for n in watched}
+        rec["settle_changed"] = [n for n in watched if settled[n] != immediate[n]]
+
+        self.step(case=cid, pass_=p, step="check")
+        rec["struct_changed"] = [
+            {"tensor": n, "before": list(before_structs[n]), "after": [s.data, s.bytes, s.owner]}
+            for n, s in structs.items() if (s.data, s.bytes, s.owner) != before_structs[n]
+        ]
+        rec["guard_damage"] = [dict(tensor=n, **d) for n, b in bufs.items() for d in b.guard_damage()]
+        const = []
+        for name, b in case["buffers"].items():
+            if b["role"] == "in":
+                n_diff, first = compare.byte_diff(initial[name], bufs[name].read())
+                if n_diff:
+                    const.append({"tensor": name, "n_bytes": n_diff, "first": first})
+        if host_map is not None:
+            if host_map.tobytes() != map_bytes:
+                n_diff, first = compare.byte_diff(map_bytes, host_map.tobytes())
+                const.append({"tensor": "model_map (host)", "n_bytes": n_diff, "first": first})
+            if dev_map:
+                again = self.h_model(host_map.ctypes.data, host_map.size, 0, host_map.size)
+                if again:
+                    got = dev.read(again, host_map.size)
+                    if got != map_bytes:
+                        n_diff, first = compare.byte_diff(map_bytes, got)
+                        const.append({"tensor": "model_map (device copy)", "n_bytes": n_diff, "first": first})
+        rec["const_changed"] = const
+        for param, buf in outs.items():
+            key = f"{cid}.{p}.{param}"
+            self.outputs[key] = np.frombuffer(immediate[buf], dtype=np.uint8).copy()
+        return rec
+
+    def time_case(self, case, pdata, arrays, bufs, structs) -> dict:
+        host_map = self._map_for(pdata, arrays)
+        if self.h_forget is not None:
+            self.h_forget()
+        if host_map is not None and self.h_model is not None:
+            self.h_model(host_map.ctypes.data, host_map.size, 0, host_map.size)
+        args = self._args(case, pdata, structs, host_map)
+        self.step(case=case["id"], step="timing")
+        for _ in range(2):
+            self.fn(*args)
+        self.dev.synchronize()
+        reps = int(self.plan.get("timing_reps", 10))
+        times = self.dev.time_calls(lambda: self.fn(*args), self.stream or 0, reps)
+        self.dev.synchronize()
+        med, p90 = devmod.median_p90(times)
+        return {"reps": reps, "median_ms": med, "p90_ms": p90, "clock": "cuda-events" if self.dev.kind == "cuda" else "host"}
+
+    # -- main ----------------------------------------------------------------
+    def run(self) -> int:
+        plan = self.plan
+        try:
+            self.dev = devmod.make_device(plan["mode"])
+            self.results["device"] = self.dev.facts()
+            self.load_library()
+            self.stream = None  # None: no stream probe (e.g. the host stand-in)
+            if (plan.get("harness") or {}).get("stream") == "legacy":
+                self.stream = 0  # the backend launches on the legacy default stream
+            elif self.h_stream is not None:
+                self.stream = self.h_stream() or 0
+            if self.stream is not None:
+                self.results["unit_stream"] = hex(self.stream)
+            arrays = np.load(self.dir / "inputs.npz")
+            for case in plan["cases"]:
+                self.run_case(case, arrays)
+                self.save()
+            self.results["complete"] = True
+            return EXIT_DONE
+        except Fatal as exc:
+            self.results["fatal"] = {"check": exc.check, "detail": exc.detail, "at": self._last_step()}
+            return EXIT_LOAD if exc.check == "load" else EXIT_CUDA
+        except devmod.DeviceError as exc:
+            self.results["fatal"] = {"check": "cuda-error", "detail": str(exc), "at": self._last_step()}
+            return EXIT_CUDA
+        finally:
+            self.save()
+            try:
+                self.save_outputs()
+            except Exception:  # noqa: BLE001 - outputs are best effort after a fatal error
+                pass
+
+    def _last_step(self):
+        try:
+            lines = (self.dir / "progress.jsonl").read_text().splitlines()
+            return json.loads(lines[-1]) if lines else None
+        except (OSError, ValueError):
+            return None
+
+
+def call_only(plan_dir: Path, plan: dict) -> int:
+    """mode "call": load a library and call one `int f(void)` symbol (tests of the runner)."""
+    (plan_dir / "progress.jsonl").write_text(json.dumps({"step": "call", "symbol": plan["symbol"]}) + "\n")
+    lib = ctypes.CDLL(plan["library"], mode=os.RTLD_NOW | os.RTLD_LOCAL)
+    f = getattr(lib, plan["symbol"])
+    f.restype = ctypes.c_int
+    f.argtypes = []
+    rc = f()
+    (plan_dir / "results.json").write_text(json.dumps({"complete": True, "rc": rc}))
+    return EXIT_DONE
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: child.py PLAN_DIR", file=sys.stderr)
+        return EXIT_BAD_PLAN
+    plan_dir = Path(argv[1])
+    try:
+        plan = json.loads((plan_dir / "plan.json").read_text())
+    except (OSError, ValueError) as exc:
+        print(f"parity child: unreadable plan: {exc}", file=sys.stderr)
+        return EXIT_BAD_PLAN
+    if plan.get("mode") == "call":
+        return call_only(plan_dir, plan)
+    try:
+        return Child(plan_dir).run()
+    except Exception:  # noqa: BLE001 - a harness bug: say so on stderr, exit distinctly
+        traceback.print_exc()
+        return 5
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,332 @@
+"""Device access for the parity child: fenced raw buffers, the unit's stream, events.
+
+Imported by the child process by file path, so it needs numpy, ctypes and (for
+CUDA) cupy only -- never porter, pydantic or gguf.
+
+Two devices share one interface:
+
+  CudaDevice  raw cudaMalloc buffers through cupy's runtime bindings (no memory
+              pool: a buffer's neighbours are our guards, not recycled arrays),
+              the unit's stream held by a timed kernel for the stream probe,
+              CUDA-event timing, device facts (name, peak bandwidth).
+  HostDevice  plain host memory, for CI: a C library built with cc stands in for
+              the backend, and every check that is not about streams runs the
+              same code path without a GPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import statistics
+import time
+
+import numpy as np
+
+GUARD_BYTES = 16384  # per side; cudaMalloc alignment (256) is kept for the payload
+H2D, D2H = 1, 2
+CUDA_ERROR_NOT_READY = 600
+STREAM_NON_BLOCKING = 1
+EVENT_DISABLE_TIMING = 2
+ATTR_MEMORY_CLOCK_KHZ = 36  # cudaDevAttrMemoryClockRate
+ATTR_BUS_WIDTH_BITS = 37  # cudaDevAttrGlobalMemoryBusWidth
+
+_HOLD_SRC = r"""
+extern "C" __global__ void porter_parity_hold(unsigned long long ns) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        __nanosleep(1000);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < ns);
+}
+"""
+
+
+class DeviceError(Exception):
+    """A CUDA runtime error; after one the context may be unusable."""
+
+
+class Fenced:
+    """One allocation laid out as [guard | payload | guard]; the unit sees the payload.
+
+    The guard bytes are fresh random bytes (os.urandom) per buffer, so no
+    candidate can know them, and any write just outside the payload shows."""
+
+    def __init__(self, dev: "Device", nbytes: int, guard: int = GUARD_BYTES):
+        self.dev = dev
+        self.nbytes = int(nbytes)
+        self.guard = int(guard)
+        self.base = dev.malloc(self.nbytes + 2 * self.guard)
+        self.ptr = self.base + self.guard
+        self.before = os.urandom(self.guard)
+        self.after = os.urandom(self.guard)
+        dev.write(self.base, self.before)
+        dev.write(self.ptr + self.nbytes, self.after)
+
+    def write(self, data: bytes) -> None:
+        if len(data) != self.nbytes:
+            raise ValueError(f"buffer holds {self.nbytes} bytes, got {len(data)}")
+        if self.nbytes:
+            self.dev.write(self.ptr, data)
+
+    def read(self) -> bytes:
+        return self.dev.read(self.ptr, self.nbytes) if self.nbytes else b""
+
+    def guard_damage(self) -> list[dict]:
+        """[{side, n_bytes, first}] for each guard that changed (first: distance from the payload)."""
+        out = []
+        got_b = self.dev.read(self.base, self.guard)
+        got_a = self.dev.read(self.ptr + self.nbytes, self.guard)
+        if got_b != self.before:
+            a = np.frombuffer(self.before, np.uint8)
+            b = np.frombuffer(got_b, np.uint8)
+            d = np.flatnonzero(a != b)
+            out.append({"side": "before", "n_bytes": int(d.size), "first": int(self.guard - 1 - d[-1])})
+        if got_a != self.after:
+            a = np.frombuffer(self.after, np.uint8)
+            b = np.frombuffer(got_a, np.uint8)
+            d = np.flatnonzero(a != b)
+            out.append({"side": "after", "n_bytes": int(d.size), "first": int(d[0])})
+        return out
+
+    def free(self) -> None:
+        self.dev.free(self.base)
+
+
+class Device:
+    kind = "abstract"
+
+    def malloc(self, n: int) -> int: ...
+    def free(self, ptr: int) -> None: ...
+    def write(self, ptr: int, data: bytes) -> None: ...
+    def read(self, ptr: int, n: int) -> bytes: ...
+    def synchronize(self) -> None: ...
+    def facts(self) -> dict: ...
+
+    # stream probe and timing; the host device has no streams
+    def read_after_stream(self, ptr: int, n: int, stream: int) -> bytes:
+        return self.read(ptr, n)
+
+    def reserve(self, n: int) -> None:
+        """Make reads of up to n bytes allocation-free (the stream probe must not block)."""
+
+    def hold(self, stream: int, ns: int):
+        return None
+
+    def held(self, token) -> bool:
+        return False
+
+    def read_side(self, ptr: int, n: int) -> bytes:
+        return self.read(ptr, n)
+
+    def time_calls(self, call, stream: int, reps: int) -> list[float]:
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            call()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return times
+
+
+class HostDevice(Device):
+    """Host memory standing in for device memory (CI, no GPU)."""
+
+    kind = "host"
+
+    def __init__(self):
+        self._arrays: dict[int, np.ndarray] = {}
+
+    def malloc(self, n: int) -> int:
+        a = np.empty(max(int(n), 1) + 256, dtype=np.uint8)
+        ptr = (a.ctypes.data + 255) // 256 * 256
+        self._arrays[ptr] = a
+        return ptr
+
+    def free(self, ptr: int) -> None:
+        self._arrays.pop(ptr, None)
+
+    def write(self, ptr: int, data: bytes) -> None:
+        ctypes.memmove(ptr, bytes(data), len(data))
+
+    def read(self, ptr: int, n: int) -> bytes:
+        return ctypes.string_at(ptr, n)
+
+    def synchronize(self) -> None:
+        pass
+
+    def facts(self) -> dict:
+        return {"kind": "host", "name": "host memory (no GPU: CI stand-in)", "peak_gbps": None}
+
+
+class CudaDevice(Device):
+    """cupy's runtime bindings; one device (the current one, respecting CUDA_VISIBLE_DEVICES)."""
+
+    kind = "cuda"
+
+    def __init__(self):
+        import cupy
+
+        self.cp = cupy
+        self.rt = cupy.cuda.runtime
+        self.device_id = self.rt.getDevice()
+        self._call(self.rt.free, 0)  # create the primary context now, not inside the first timed call
+        self.side = self._call(self.rt.streamCreateWithFlags, STREAM_NON_BLOCKING)
+        self._pinned = 0
+        self._pinned_size = 0
+        self._hold = None
+
+    def _call(self, fn, *args):
+        try:
+            return fn(*args)
+        except self.cp.cuda.runtime.CUDARuntimeError as exc:
+            raise DeviceError(str(exc)) from exc
+
+    def malloc(self, n: int) -> int:
+        return self._call(self.rt.malloc, max(int(n), 1))
+
+    def free(self, ptr: int) -> None:
+        self._call(self.rt.free, ptr)
+
+    def write(self, ptr: int, data: bytes) -> None:
+        buf = np.frombuffer(bytes(data), dtype=np.uint8)
+        if buf.size:
+            self._call(self.rt.memcpy, ptr, buf.ctypes.data, buf.size, H2D)
+
+    def read(self, ptr: int, n: int) -> bytes:
+        out = np.empty(int(n), dtype=np.uint8)
+        if n:
+            self._call(self.rt.memcpy, out.ctypes.data, ptr, int(n), D2H)
+        return out.tobytes()
+
+    def synchronize(self) -> None:
+        self._call(self.rt.deviceSynchronize)
+
+    def _pinned_buf(self, n: int) -> int:
+        if n > self._pinned_size:
+            if self._pinned:
+                self._call(self.rt.freeHost, self._pinned)
+            self._pinned = self._call(self.rt.hostAlloc, max(n, 4096), 0)
+            self._pinned_size = max(n, 4096)
+        return self._pinned
+
+    def reserve(self, n: int) -> None:
+        # cudaHostAlloc can synchronize the device: never let it happen while the stream is held
+        self._pinned_buf(int(n))
+
+    def _read_on(self, ptr: int, n: int, stream: int) -> bytes:
+        if not n:
+            return b""
+        host = self._pinned_buf(n)
+        self._call(self.rt.memcpyAsync, host, ptr, int(n), D2H, stream)
+        self._call(self.rt.streamSynchronize, stream)
+        return ctypes.string_at(host, n)
+
+    def read_after_stream(self, ptr: int, n: int, stream: int) -> bytes:
+        """Synchronize `stream`, then copy on it: what a caller ordering on that stream sees."""
+        self._call(self.rt.streamSynchronize, stream)
+        return self._read_on(ptr, n, stream)
+
+    def read_side(self, ptr: int, n: int) -> bytes:
+        """Copy on a private non-blocking stream: ordered after nothing the unit enqueued."""
+        return self._read_on(ptr, n, self.side)
+
+    def hold(self, stream: int, ns: int):
+        """Occupy `stream` with a kernel that spins for `ns` nanoseconds; returns an event
+        recorded behind it (done = the hold is over)."""
+        if self._hold is None:
+            self._hold = self.cp.RawKernel(_HOLD_SRC, "porter_parity_hold")
+        if stream:
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # ExternalStream: deprecated name, same object
+                ext = self.cp.cuda.ExternalStream(int(stream))
+        else:
+            ext = self.cp.cuda.Stream.null  # the legacy default stream
+        try:
+            with ext:
+                self._hold((1,), (1,), (np.uint64(ns),))
+        except self.cp.cuda.runtime.CUDARuntimeError as exc:
+            raise DeviceError(str(exc)) from exc
+        ev = self._call(self.rt.eventCreateWithFlags, EVENT_DISABLE_TIMING)
+        self._call(self.rt.eventRecord, ev, stream)
+        return ev
+
+    def held(self, token) -> bool:
+        status = self.rt.eventQuery(token)
+        if status == CUDA_ERROR_NOT_READY:
+            return True
+        if status != 0:
+            raise DeviceError(f"cudaEventQuery: error {status}")
+        return False
+
+    def release(self, token) -> None:
+        self._call(self.rt.eventSynchronize, token)
+        self._call(self.rt.eventDestroy, token)
+
+    def time_calls(self, call, stream: int, reps: int) -> list[float]:
+        start = self._call(self.rt.eventCreate)
+        end = self._call(self.rt.eventCreate)
+        times = []
+        try:
+            for _ in range(reps):
+                self._call(self.rt.eventRecord, start, stream)
+                call()
+                self._call(self.rt.eventRecord, end, stream)
+                self._call(self.rt.eventSynchronize, end)
+                times.append(float(self._call(self.rt.eventElapsedTime, start, end)))
+        finally:
+            self.rt.eventDestroy(start)
+            self.rt.eventDestroy(end)
+        return times
+
+    def facts(self) -> dict:
+        props = self.rt.getDeviceProperties(self.device_id)
+        name = props.get("name", b"?")
+        name = name.decode(errors="replace") if isinstance(name, bytes) else str(name)
+
+        def attr(code, key):
+            try:
+                return int(self.rt.deviceGetAttribute(code, self.device_id))
+            except Exception:  # noqa: BLE001 - older/newer runtimes drop some attributes
+                v = props.get(key)
+                return int(v) if v else None
+
+        clock_khz = attr(ATTR_MEMORY_CLOCK_KHZ, "memoryClockRate")
+        bus_bits = attr(ATTR_BUS_WIDTH_BITS, "memoryBusWidth")
+        peak = 2.0 * clock_khz * 1e3 * (bus_bits / 8) / 1e9 if clock_khz and bus_bits else None
+        return {
+            "kind": "cuda",
+            "name": name,
+            "compute_capability": f"{props.get('major')}.{props.get('minor')}",
+            "multiprocessors": props.get("multiProcessorCount"),
+            "memory_bytes": props.get("totalGlobalMem"),
+            "memory_clock_khz": clock_khz,
+            "memory_bus_bits": bus_bits,
+            "peak_gbps": round(peak, 1) if peak else None,
+            "driver_api_version": self.rt.driverGetVersion(),
+            "runtime_version": self.rt.runtimeGetVersion(),
+            "cupy": self.cp.__version__,
+        }
+
+
+def median_p90(times: list[float]) -> tuple[float, float]:
+    s = sorted(times)
+    return statistics.median(s), s[min(len(s) - 1, int(round(0.9 * (len(s) - 1))))]
+
+
+def make_device(kind: str) -> Device:
+    if kind == "cuda":
+        return CudaDevice()
+    if kind == "host":
+        return HostDevice()
+    raise ValueError(f"unknown device kind {kind!r}")
+
+
+def sleep_ms(ms: float) -> None:
+    time.sleep(ms / 1e3)
+
+
+def urandom_seed() -> int:
+    return int.from_bytes(os.urandom(8), "little")

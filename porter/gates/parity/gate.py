@@ -1,0 +1,604 @@
+"""The parity gate proper: spec -> inputs and references -> child run -> verdict.
+
+The parent (this module) builds every input and every reference output before
+the child starts, with two seeds drawn from os.urandom at verify time; the
+child (child.py) only calls the library and reports what it saw; the verdict
+is made here, from the child's facts and the references, check by check (the
+names are in compare.CHECK_ORDER).  Seeds go into the evidence, never into the
+summary or diagnostics (those feed the next prompt).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from porter.gates.parity import compare, runner
+from porter.gates.parity.compare import Failure
+from porter.gates.parity.spec import (Call, Context, Exact, In, InOut, Map, Out, Same, Shape, SpecError, Tol,
+                                      UnitSpec, header_params, validate_call)
+from porter.gates.result import GateResult
+
+DEFAULT_TIMEOUT_S = 90.0
+PROBE = {"enabled": True, "hold_ms": 15, "delay_ms": 5}
+
+
+# ---------------------------------------------------------------------------
+# Preparing the calls
+# ---------------------------------------------------------------------------
+
+@dataclass
+class PreparedCase:
+    id: str
+    shape: Shape
+    calls: list[Call]  # one per pass (2 for valid shapes, 1 for error shapes)
+    seeds: list[int]
+    layout: dict = field(default_factory=dict)
+
+
+def _layout(spec: UnitSpec, params: list[dict], call: Call) -> dict:
+    """Buffers, bindings and scalars of one call: both passes of a case must agree."""
+    buffers, bind, scalars, outputs = {}, {}, {}, {}
+    map_info = None
+    for p in params:
+        a = call.args[p["name"]]
+        if isinstance(a, In):
+            buffers[p["name"]] = {"role": "in", "nbytes": a.array.nbytes, "dtype": a.dtype}
+            bind[p["name"]] = p["name"]
+        elif isinstance(a, InOut):
+            buffers[p["name"]] = {"role": "inout", "nbytes": a.array.nbytes, "dtype": a.dtype}
+            bind[p["name"]] = p["name"]
+        elif isinstance(a, Out):
+            buffers[p["name"]] = {"role": "out", "nbytes": a.nbytes, "dtype": a.dtype}
+            bind[p["name"]] = p["name"]
+        elif isinstance(a, Map):
+            map_info = {"size": a.size, "file": a.file}
+        elif not isinstance(a, Same):
+            scalars[p["name"]] = float(a) if p["kind"] in ("f32", "f64") else int(a)
+    for p in params:
+        a = call.args[p["name"]]
+        if isinstance(a, Same):
+            bind[p["name"]] = bind[a.param]
+    for name in spec.outputs:
+        outputs[name] = bind[name]
+    return {"buffers": buffers, "bind": bind, "scalars": scalars, "outputs": outputs, "map": map_info}
+
+
+def prepare(spec: UnitSpec, api_fn, ctx: Context, seeds: list[int]) -> list[PreparedCase]:
+    params = header_params(api_fn)
+    cases = []
+    for i, shape in enumerate(spec.shapes):
+        n_pass = 2 if shape.expect == "ok" else 1
+        calls, layouts = [], []
+        for p in range(n_pass):
+            rng = np.random.default_rng([seeds[p] & (2**64 - 1), i])
+            try:
+                call = spec.build(shape, ctx, rng)
+            except SpecError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a spec/reference bug, reported as such
+                raise SpecError(f"{spec.unit} shape {shape.label!r}: building inputs failed: "
+                                f"{type(exc).__name__}: {exc}") from exc
+            validate_call(spec, api_fn, shape, call)
+            calls.append(call)
+            layouts.append(_layout(spec, params, call))
+        if len(layouts) == 2:
+            a, b = dict(layouts[0]), dict(layouts[1])
+            if a["map"] and b["map"]:
+                a["map"], b["map"] = a["map"]["size"], b["map"]["size"]
+            if a != b:
+                raise SpecError(f"{spec.unit} shape {shape.label!r}: the two seeds give different layouts "
+                                "(sizes and scalars must depend on the shape only)")
+        cases.append(PreparedCase(f"c{i}", shape, calls, seeds[:n_pass], layouts[0]))
+    return cases
+
+
+def harness_names(target) -> dict:
+    """Target-owned helper symbols the child calls (targets/<t>/parity/harness.toml)."""
+    path = target.dir / "parity" / "harness.toml"
+    if path.is_file():
+        return dict(tomllib.loads(path.read_text()).get("harness", {}))
+    base = target.symbol_prefix.replace("_gpu_", "_cuda_")
+    return {"stream": f"{base}stream", "model_ptr": f"{base}model_ptr", "forget_models": f"{base}forget_models",
+            "success": "zero"}
+
+
+def write_plan(plan_dir: Path, spec: UnitSpec, api_fn, cases: list[PreparedCase], library: Path, *,
+               mode: str, harness: dict, probe: dict | None, timing_reps: int) -> None:
+    params = [{"name": p["name"], "kind": p["kind"]} for p in header_params(api_fn)]
+    arrays: dict[str, np.ndarray] = {}
+    plan_cases = []
+    for c in cases:
+        passes = []
+        for p, call in enumerate(c.calls):
+            data, mp = {}, None
+            for name, buf in c.layout["buffers"].items():
+                a = call.args[name]
+                if isinstance(a, (In, InOut)):
+                    key = f"{c.id}.{p}.{name}"
+                    arrays[key] = a.array
+                    data[name] = key
+            for pinfo in params:
+                a = call.args[pinfo["name"]]
+                if isinstance(a, Map):
+                    if a.file:
+                        mp = {"file": a.file}
+                    else:
+                        key = f"{c.id}.{p}.map"
+                        arrays[key] = a.array
+                        mp = {"npz": key}
+            scalars = _layout(spec, header_params(api_fn), call)["scalars"]
+            passes.append({"data": data, "map": mp, "scalars": scalars})
+        plan_cases.append({
+            "id": c.id, "label": c.shape.label, "expect": c.shape.expect, "timed": c.shape.timed,
+            "buffers": {n: {"role": b["role"], "nbytes": b["nbytes"]} for n, b in c.layout["buffers"].items()},
+            "bind": c.layout["bind"], "outputs": c.layout["outputs"], "passes": passes,
+        })
+    plan = {
+        "version": 1, "mode": mode, "library": str(Path(library).resolve()), "unit": spec.unit,
+        "restype": "int" if api_fn.return_type.strip() == "int" else "void",
+        "params": params, "harness": harness, "guard_bytes": 16384,
+        "probe": probe or {"enabled": False}, "timing_reps": timing_reps, "cases": plan_cases,
+    }
+    plan_dir.mkdir(parents=True, exist_ok=True)
+    (plan_dir / "plan.json").write_text(json.dumps(plan, indent=1))
+    np.savez(plan_dir / "inputs.npz", **arrays)
+
+
+# ---------------------------------------------------------------------------
+# Judging
+# ---------------------------------------------------------------------------
+
+def _out_arg(call: Call, name: str):
+    a = call.args[name]
+    return call.args[a.param] if isinstance(a, Same) else a
+
+
+def _decode(raw: np.ndarray, arg, ref: np.ndarray) -> np.ndarray:
+    dt = np.dtype("<i4") if getattr(arg, "dtype", "f32") == "i32" else np.dtype("<f4")
+    vals = np.frombuffer(raw.tobytes(), dtype=dt)
+    return vals[: ref.size].reshape(ref.shape)
+
+
+def _value_failures(spec: UnitSpec, case: PreparedCase, p: int, call: Call, outputs, metrics: dict) -> list[Failure]:
+    """sentinel / exact / tie-rule / values failures of one call's outputs."""
+    fails = []
+    for name, tol in spec.outputs.items():
+        key = f"{case.id}.{p}.{name}"
+        if key not in outputs:
+            fails.append(Failure("crash", case.shape.label, p, f"no output {name!r} came back"))
+            continue
+        raw = outputs[key]
+        ref = np.asarray(call.expect[name])
+        n_sent, first = compare.sentinel_count(raw)
+        if n_sent:
+            idx = tuple(int(v) for v in np.unravel_index(first, ref.shape)) if first < ref.size else (first,)
+            fails.append(Failure("sentinel", case.shape.label, p,
+                                 f"{name}: {n_sent} of {ref.size} elements never written (first at {idx})"))
+            metrics[name] = {"unwritten": n_sent}
+            continue
+        got = _decode(raw, _out_arg(call, name), ref)
+        if isinstance(tol, Exact):
+            res = compare.compare_exact(got, ref, call.keys.get(name))
+            metrics[name] = {"mismatch_rows": res.n_mismatch_rows, "rows": res.n_rows}
+            if not res.ok:
+                check = "tie-rule" if res.tie_only else "exact"
+                extra = f" ({tol.tie_rule})" if check == "tie-rule" and tol.tie_rule else ""
+                fails.append(Failure(check, case.shape.label, p,
+                                     f"{name}: {res.n_mismatch_rows} of {res.n_rows} rows differ, {res.first}{extra}"))
+        else:
+            m = compare.float_metrics(got, ref)
+            metrics[name] = {k: m[k] for k in ("max_abs", "max_rel", "nmse", "max_err_rms", "n_nonfinite")}
+            why = compare.tolerance_violations(m, tol.nmse, tol.max_err_rms, tol.max_abs)
+            if why:
+                ex = compare.mismatch_examples(got, ref, ref.shape, limit=3)
+                fails.append(Failure("values", case.shape.label, p,
+                                     f"{name}: {'; '.join(why)}" + (f" (e.g. {ex[0]})" if ex else "")))
+    return fails
+
+
+def _recalled(spec: UnitSpec, case: PreparedCase, outputs) -> bool:
+    """Call 2 returned call 1's answer (or nothing at all) where call 1 was right."""
+    for name, tol in spec.outputs.items():
+        k0, k1 = f"{case.id}.0.{name}", f"{case.id}.1.{name}"
+        if k0 not in outputs or k1 not in outputs:
+            return False
+        r0, r1 = outputs[k0], outputs[k1]
+        if r0.tobytes() == r1.tobytes():
+            continue
+        n_sent, _ = compare.sentinel_count(r1)
+        if n_sent * 4 == r1.size:
+            continue
+        ref0 = np.asarray(case.calls[0].expect[name])
+        got1 = _decode(r1, _out_arg(case.calls[1], name), ref0)
+        if isinstance(tol, Exact):
+            if not np.array_equal(got1, ref0):
+                return False
+        else:
+            m = compare.float_metrics(got1, ref0)
+            if compare.tolerance_violations(m, tol.nmse, tol.max_err_rms, tol.max_abs):
+                return False
+    return True
+
+
+VALUE_CHECKS = {"sentinel", "exact", "tie-rule", "values"}
+
+
+def evaluate(spec: UnitSpec, cases: list[PreparedCase], results: dict, outputs,
+             success: str = "zero") -> tuple[list[Failure], list[dict]]:
+    """Failures by check, and a report per case.  `success`: the API's convention for a
+    successful return ("zero", as mini_gpu.h; "nonzero", as ds4_gpu.h)."""
+    def succeeded(rc) -> bool:
+        if rc is None:
+            return True
+        return rc == 0 if success == "zero" else rc != 0
+
+    failures: list[Failure] = []
+    reports = []
+    by_id = {c["id"]: c for c in (results or {}).get("cases", [])}
+    for case in cases:
+        crec = by_id.get(case.id)
+        rep = {"id": case.id, **case.shape.facts(), "passes": []}
+        reports.append(rep)
+        if crec is None:
+            continue
+        value_fail = {}
+        for prec in crec.get("passes", []):
+            p = prec["pass"]
+            call = case.calls[p]
+            label = case.shape.label
+            metrics: dict = {}
+            f: list[Failure] = []
+            rc = prec.get("rc")
+            if prec.get("launch_error"):
+                f.append(Failure("cuda-error", label, p, f"CUDA error left after the call: {prec['launch_error']}"))
+            if case.shape.expect == "ok" and not succeeded(rc):
+                f.append(Failure("rc", label, p, f"returned {rc} (failure) on valid inputs"))
+            if case.shape.expect == "error" and succeeded(rc):
+                why = f" ({case.shape.why})" if case.shape.why else ""
+                f.append(Failure("error-return", label, p, f"returned {rc} (success) on an invalid call{why}"))
+            for s in prec.get("struct_changed", []):
+                f.append(Failure("struct", label, p, f"descriptor of {s['tensor']} changed from "
+                                 f"(data={_hx(s['before'][0])}, bytes={s['before'][1]}, owner={s['before'][2]}) to "
+                                 f"(data={_hx(s['after'][0])}, bytes={s['after'][1]}, owner={s['after'][2]})"))
+            for g in prec.get("guard_damage", []):
+                f.append(Failure("guard", label, p, f"{g['n_bytes']} guard bytes {g['side']} {g['tensor']} were "
+                                 f"written (nearest {g['first']} bytes from its {'start' if g['side'] == 'before' else 'end'})"))
+            for c in prec.get("const_changed", []):
+                f.append(Failure("const", label, p, f"const input {c['tensor']} changed ({c['n_bytes']} bytes, "
+                                 f"first at byte {c['first']})"))
+            probe = prec.get("probe") or {}
+            if probe.get("status") == "changed":
+                f.append(Failure("stream", label, p, f"{', '.join(probe['changed'])} written while mini_cuda_stream() "
+                                 "was still held by the harness: the work did not run on the unit's stream"))
+            if prec.get("settle_changed"):
+                f.append(Failure("stream", label, p, f"{', '.join(prec['settle_changed'])} still changing after "
+                                 "mini_cuda_stream() was synchronized: work left running on another stream"))
+            if case.shape.expect == "ok" and succeeded(rc):
+                vf = _value_failures(spec, case, p, call, outputs, metrics)
+                value_fail[p] = vf
+                f.extend(vf)
+            rep["passes"].append({"seed_index": p, "rc": rc, "metrics": metrics,
+                                  "probe": probe.get("status"), "call_ms": prec.get("call_ms")})
+            failures.extend(f)
+        # a second call that fails only on values where the first was right: remembered answer?
+        if value_fail.get(1) and not value_fail.get(0) and 0 in value_fail and _recalled(spec, case, outputs):
+            failures = [x for x in failures if not (x.case == case.shape.label and x.pass_index == 1
+                                                    and x.check in VALUE_CHECKS)]
+            failures.append(Failure("repeat", case.shape.label, 1, "the second call (same buffers, fresh inputs) "
+                                    "returned the first call's answer (or left the outputs untouched)"))
+        if "timing" in crec:
+            rep["timing"] = crec["timing"]
+    return failures, reports
+
+
+def _hx(v) -> str:
+    return hex(v) if isinstance(v, int) else str(v)
+
+
+# ---------------------------------------------------------------------------
+# Toolchain facts
+# ---------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def nvcc_version() -> str | None:
+    exe = shutil.which("nvcc")
+    if not exe:
+        return None
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r"release [^\n]*", out)
+    return m.group(0) if m else out.strip().splitlines()[-1:][0] if out.strip() else None
+
+
+@functools.lru_cache(maxsize=None)
+def driver_facts() -> dict:
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return {}
+    try:
+        out = subprocess.run([exe, "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout.strip().splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    if not out:
+        return {}
+    name, _, drv = out[0].partition(",")
+    return {"gpu": name.strip(), "driver": drv.strip()}
+
+
+def _sha_file(path: Path | None) -> str | None:
+    if path is None or not Path(path).is_file():
+        return None
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _reference_sha(spec: UnitSpec) -> str | None:
+    mod = spec.reference.rsplit(".", 1)[0]
+    try:
+        import importlib
+
+        m = importlib.import_module(mod)
+        return _sha_file(Path(m.__file__))
+    except Exception:  # noqa: BLE001 - evidence only
+        return None
+
+
+def _clean(obj):
+    """JSON-safe evidence: no NaN/inf (canonical JSON must be standard JSON)."""
+    if isinstance(obj, float):
+        return obj if np.isfinite(obj) else None
+    if isinstance(obj, (np.floating,)):
+        return _clean(float(obj))
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+# ---------------------------------------------------------------------------
+# Running a spec
+# ---------------------------------------------------------------------------
+
+def fresh_seeds(n: int = 2) -> list[int]:
+    return [int.from_bytes(os.urandom(8), "little") for _ in range(n)]
+
+
+def run_spec(target, spec: UnitSpec, library: Path, **kw) -> GateResult:
+    """Run `spec` against `library` and judge it (see _run_spec for the options).
+
+    Whatever the candidate does happens in the child; an exception here is a
+    harness fault, reported as a skipped gate (the unit stays "built"), never
+    as a verdict on the candidate and never as a crashed run."""
+    try:
+        return _run_spec(target, spec, library, **kw)
+    except Exception as exc:  # noqa: BLE001
+        import traceback
+
+        return GateResult("parity", False, f"parity skipped: harness error: {type(exc).__name__}: {exc}"[:300],
+                          diagnostics=traceback.format_exc()[-4000:], skipped=True,
+                          evidence={"target": target.name, "unit": spec.unit, "gate": "parity", "ok": False,
+                                    "candidate_sha256": kw.get("candidate_sha256"), "harness_error": repr(exc)[:500]})
+
+
+def _run_spec(target, spec: UnitSpec, library: Path, *, workspace: Path | None = None, seeds: list[int] | None = None,
+              sanitize: bool = False, timeout: float | None = None, mode: str = "cuda", timing_reps: int = 10,
+              candidate_sha256: str | None = None, probe: dict | None = None, keep: bool | None = None,
+              calibration: dict | None = None, ctx: Context | None = None) -> GateResult:
+    t_start = time.monotonic()
+    library = Path(library)
+    api_fn = target.api_function(spec.unit)
+    seeds = list(seeds) if seeds else fresh_seeds(2)
+    if len(seeds) < 2:
+        raise ValueError("parity needs at least two seeds")
+    try:
+        ctx = ctx or Context.for_target(target)
+        cases = prepare(spec, api_fn, ctx, seeds)
+    except SpecError as exc:
+        return GateResult("parity", False, f"parity skipped: spec error: {exc}", skipped=True)
+    t_prepared = time.monotonic()
+    base = Path(workspace) / "runs" / "parity" if workspace else Path(tempfile.gettempdir()) / "porter-parity"
+    base.mkdir(parents=True, exist_ok=True)
+    plan_dir = Path(tempfile.mkdtemp(prefix=f"{spec.unit}-", dir=base))
+    keep = keep if keep is not None else bool(os.environ.get("PORTER_PARITY_KEEP"))
+    harness = harness_names(target)
+    try:
+        write_plan(plan_dir, spec, api_fn, cases, library, mode=mode, harness=harness,
+                   probe=(probe if probe is not None else PROBE) if mode == "cuda" else None, timing_reps=timing_reps)
+        limit = timeout or float(os.environ.get("PORTER_PARITY_TIMEOUT", DEFAULT_TIMEOUT_S))
+        outcome = runner.run_child(plan_dir, limit)
+        outputs = _load_outputs(plan_dir)
+        failures, reports = evaluate(spec, cases, outcome.results, outputs, success=harness.get("success", "zero"))
+        labels = {c.id: c.shape.label for c in cases}
+        failures = _outcome_failures(outcome, labels) + failures
+        san = None
+        if sanitize and mode == "cuda" and outcome.status == "done":
+            san = _sanitize(plan_dir, spec, api_fn, cases, library, target, limit)
+            if san["status"] != "done":
+                failures.append(Failure("sanitize", "all cases", None, san["detail"]))
+    finally:
+        if not keep:
+            shutil.rmtree(plan_dir, ignore_errors=True)
+    t_done = time.monotonic()
+    return _result(target, spec, library, cases, seeds, outcome, failures, reports, mode=mode, sanitize=san,
+                   candidate_sha256=candidate_sha256, calibration=calibration,
+                   timings={"prepare_s": t_prepared - t_start, "child_s": outcome.elapsed_s,
+                            "total_s": t_done - t_start},
+                   plan_dir=plan_dir if keep else None)
+
+
+def _sanitize(plan_dir, spec, api_fn, cases, library, target, limit) -> dict:
+    sdir = plan_dir / "sanitize"
+    write_plan(sdir, spec, api_fn, cases, library, mode="cuda", harness=harness_names(target), probe=None,
+               timing_reps=0)
+    o = runner.run_child(sdir, limit * 10, argv=runner.child_argv(sdir, sanitize=True))
+    return {"status": o.status, "detail": o.detail, "elapsed_s": round(o.elapsed_s, 2)}
+
+
+def _load_outputs(plan_dir: Path) -> dict:
+    try:
+        with np.load(plan_dir / "outputs.npz") as z:
+            return {k: z[k] for k in z.files}
+    except (OSError, ValueError):
+        return {}
+
+
+def _outcome_failures(o: runner.ChildOutcome, labels: dict | None = None) -> list[Failure]:
+    where = runner.describe_step(o.last_step)
+    case = (o.last_step or {}).get("case", "-")
+    case = (labels or {}).get(case, case)
+    if o.status == "done":
+        return []
+    if o.status == "timeout":
+        return [Failure("timeout", case, None, o.detail)]
+    if o.status == "crash":
+        return [Failure("crash", case, None, o.detail)]
+    if o.status == "sanitize":
+        return [Failure("sanitize", case, None, o.detail)]
+    if o.status == "fatal":
+        f = (o.results or {}).get("fatal") or {}
+        check = f.get("check") if f.get("check") in compare.CHECK_ORDER else "crash"
+        return [Failure(check, case, None, f"{f.get('detail', o.detail)} {where}")]
+    return [Failure("crash", case, None, f"parity child failed: {o.detail}")]
+
+
+def _result(target, spec, library, cases, seeds, outcome, failures, reports, *, mode, sanitize, candidate_sha256,
+            calibration, timings, plan_dir) -> GateResult:
+    dev = (outcome.results or {}).get("device") or {}
+    drv = driver_facts() if mode == "cuda" else {}
+    ok = not failures
+    # timing: the timed case with the most bytes
+    timing = None
+    peak = dev.get("peak_gbps")
+    for c, rep in zip(cases, reports):
+        t = rep.get("timing")
+        if not t or not spec.bytes_moved:
+            continue
+        nbytes = int(spec.bytes_moved(c.shape))
+        gbps = nbytes / (t["median_ms"] * 1e-3) / 1e9 if t["median_ms"] > 0 else None
+        rep["timing"] = dict(t, bytes=nbytes, gbps=gbps)
+        if timing is None or nbytes > timing["bytes"]:
+            timing = {"case": c.shape.label, "bytes": nbytes, "median_ms": t["median_ms"], "p90_ms": t["p90_ms"],
+                      "reps": t["reps"], "gbps": gbps, "peak_gbps": peak,
+                      "pct_of_peak": (100.0 * gbps / peak) if gbps and peak else None, "clock": t.get("clock")}
+    worst = _worst(spec, reports)
+    checks_run = ["rc", "error-return", "struct", "guard", "const", "sentinel", "exact", "tie-rule", "values",
+                  "repeat"] + (["stream"] if mode == "cuda" else []) + (["sanitize"] if sanitize else [])
+    failed_checks = sorted({f.check for f in failures}, key=compare.check_rank)
+    evidence = {
+        "target": target.name, "unit": spec.unit, "gate": "parity", "ok": ok,
+        "candidate_sha256": candidate_sha256, "mode": mode,
+        "library": {"path": str(library), "sha256": _sha_file(library)},
+        "toolchain": {"nvcc": nvcc_version(), "gpu": dev.get("name") or drv.get("gpu"), "driver": drv.get("driver"),
+                      "driver_api_version": dev.get("driver_api_version"),
+                      "cuda_runtime": dev.get("runtime_version"), "cupy": dev.get("cupy"),
+                      "python": platform.python_version(), "numpy": np.__version__},
+        "device": dev,
+        "spec": {"file": str(spec.path.relative_to(target.workspace)) if spec.path and target.workspace in spec.path.parents
+                 else str(spec.path), "sha256": spec.sha256, "reference": spec.reference,
+                 "reference_sha256": _reference_sha(spec),
+                 "outputs": {k: v.describe() for k, v in spec.outputs.items()}},
+        "calibration": calibration,
+        "seeds": [f"{s & (2**64 - 1):016x}" for s in seeds],
+        "cases": reports,
+        "checks": {"run": checks_run, "failed": failed_checks},
+        "failures": [f.line() for f in failures[:50]],
+        "timing": timing,
+        "child": {"status": outcome.status, "elapsed_s": round(outcome.elapsed_s, 3), "detail": outcome.detail},
+        "sanitize": sanitize,
+        "harness_s": {k: round(v, 3) for k, v in timings.items()},
+    }
+    n_ok = sum(1 for c in cases if c.shape.expect == "ok")
+    n_err = len(cases) - n_ok
+    if ok:
+        w = f"; worst NMSE {worst[0]:.1e} ({worst[1]})" if worst else ""
+        t = ""
+        if timing and timing.get("gbps"):
+            pct = f", {timing['pct_of_peak']:.1f}% of peak" if timing.get("pct_of_peak") else ""
+            t = f"; {timing['gbps']:.1f} GB/s{pct} ({timing['case']})"
+        summary = (f"parity ok: {n_ok} cases x 2 seeds + {n_err} error cases vs {spec.reference}{w}{t}")
+    else:
+        first = compare.first_failure(failures)
+        more = f" (+{len(failures) - 1} more; failed: {', '.join(failed_checks)})" if len(failures) > 1 else ""
+        summary = f"parity failed [{first.check}]: {first.case}: {first.detail}"[:400] + more
+    diagnostics = _diagnostics(spec, failures, reports, outcome, timing, plan_dir)
+    metrics = {"ok": ok, "failed_checks": failed_checks, "n_failures": len(failures), "cases": len(cases),
+               "worst_nmse": worst[0] if worst else None}
+    if timing:
+        metrics.update({k: timing[k] for k in ("median_ms", "p90_ms", "gbps", "pct_of_peak")})
+    return GateResult("parity", ok, summary, diagnostics, _clean(metrics), _clean(evidence))
+
+
+def _worst(spec, reports):
+    worst = None
+    for rep in reports:
+        for p in rep["passes"]:
+            for name, m in p["metrics"].items():
+                v = m.get("nmse") if isinstance(m, dict) else None
+                if v is not None and (worst is None or v > worst[0]):
+                    worst = (v, f"{name}, {rep['label']}")
+    return worst
+
+
+def _diagnostics(spec, failures, reports, outcome, timing, plan_dir) -> str:
+    lines = []
+    if failures:
+        lines.append(f"{len(failures)} parity failure(s), first by check order:")
+        for f in sorted(failures, key=lambda x: compare.check_rank(x.check))[:20]:
+            lines.append(f"  {f.line()}")
+        lines.append("")
+        lines.append("what the checks mean:")
+        for c in sorted({f.check for f in failures}, key=compare.check_rank):
+            lines.append(f"  {c}: {compare.CHECK_DOC[c]}")
+        lines.append("")
+    lines.append(f"reference: {spec.reference}; tolerances: " +
+                 "; ".join(f"{k}: {v.describe()}" for k, v in spec.outputs.items()))
+    lines.append("cases (inputs drawn fresh at verify time):")
+    for rep in reports:
+        ms = []
+        for p in rep["passes"]:
+            for name, m in p["metrics"].items():
+                if "nmse" in m:
+                    ms.append(f"{name} nmse={_f(m['nmse'])} max_abs={_f(m['max_abs'])}")
+                elif "unwritten" in m:
+                    ms.append(f"{name} unwritten={m['unwritten']}")
+                else:
+                    ms.append(f"{name} mismatch_rows={m.get('mismatch_rows')}")
+            break
+        rc = [p["rc"] for p in rep["passes"]]
+        lines.append(f"  {rep['label']:<44} [{rep['source']}] expect={rep['expect']} rc={rc} {'; '.join(ms)}")
+    if timing:
+        lines.append(f"timing ({timing['case']}): median {timing['median_ms']:.4f} ms, p90 {timing['p90_ms']:.4f} ms, "
+                     f"{_f(timing['gbps'])} GB/s vs peak {timing['peak_gbps']}")
+    if outcome.stderr_tail.strip():
+        lines.append("child stderr (tail):")
+        lines.extend("  " + ln for ln in outcome.stderr_tail.strip().splitlines()[-15:])
+    if plan_dir:
+        lines.append(f"plan kept at {plan_dir}")
+    return "\n".join(lines)
+
+
+def _f(v) -> str:
+    return "-" if v is None else f"{v:.3g}"

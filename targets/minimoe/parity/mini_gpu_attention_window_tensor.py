@@ -1,0 +1,61 @@
+"""Parity spec: mini_gpu_attention_window_tensor (causal sliding window, one shared KV
+head, a learned per-head sink logit that takes probability mass).
+
+Real cases read the fixture's sinks (blk.*.attn_sinks.weight) at their real
+offsets with the engine's sizes (4 heads, head_dim 64, window 32, scale 1/8):
+a prefill from position 0, a chunk at pos0 40 whose window no longer starts at
+key 0, a decode step at position 63.  Synthetic cases use other head counts,
+window 1, a window longer than the context, and larger sinks so that the sink's
+share of the mass is large (a kernel without the sink fails by far)."""
+import numpy as np
+
+from porter.gates.parity.spec import Call, Context, In, Out, Shape, Tol, UnitSpec
+from reference import minimoe_ops as ops
+
+
+def build(shape, ctx, rng):
+    d = shape.dims
+    n_tokens, pos0, n_head, head_dim, window = d["n_tokens"], d["pos0"], d["n_head"], d["head_dim"], d["window"]
+    scale = float(np.float32(d.get("scale", 1.0 / np.sqrt(head_dim))))
+    if shape.fixture_tensors:
+        t = ctx.tensor(shape.fixture_tensors[0])
+        m, off = ctx.fixture_map(), t.offset
+    else:
+        sinks = rng.uniform(-1.0, 3.0, n_head).astype("<f4")
+        m, (off,) = Context.synthetic_map([sinks], rng)
+    n_pos = pos0 + n_tokens
+    q = rng.standard_normal((n_tokens, n_head, head_dim)).astype(np.float32)
+    k = rng.standard_normal((n_pos, head_dim)).astype(np.float32)
+    v = rng.standard_normal((n_pos, head_dim)).astype(np.float32)
+    ref = ops.attention_window(q, k, v, m.array, off, n_tokens, pos0, n_head, head_dim, window, scale)
+    return Call(
+        args={"out": Out("f32", (n_tokens, n_head, head_dim)), "q": In(q), "k_cache": In(k), "v_cache": In(v),
+              "model_map": m, "model_size": m.size, "sinks_offset": off, "n_tokens": n_tokens, "pos0": pos0,
+              "n_head": n_head, "head_dim": head_dim, "window": window, "scale": scale},
+        expect={"out": ref},
+    )
+
+
+REAL = {"n_head": 4, "head_dim": 64, "window": 32}
+
+SPEC = UnitSpec(
+    unit="mini_gpu_attention_window_tensor",
+    reference="reference.minimoe_ops.attention_window",
+    outputs={"out": Tol(nmse=1e-7, max_err_rms=1e-3)},
+    shapes=[
+        Shape("prefill 7 tokens at pos0 0", dict(REAL, n_tokens=7, pos0=0), source="fixture:blk.0.attn_sinks.weight"),
+        Shape("3 tokens at pos0 40 (window cut)", dict(REAL, n_tokens=3, pos0=40),
+              source="fixture:blk.1.attn_sinks.weight"),
+        Shape("decode 1 token at pos0 63", dict(REAL, n_tokens=1, pos0=63), source="fixture:blk.0.attn_sinks.weight"),
+        Shape("odd: 3 heads, head_dim 24, window 5, pos0 2, 7 tokens",
+              {"n_tokens": 7, "pos0": 2, "n_head": 3, "head_dim": 24, "window": 5, "scale": 0.3}),
+        Shape("window 1 (self only), head_dim 128, pos0 9",
+              {"n_tokens": 1, "pos0": 9, "n_head": 2, "head_dim": 128, "window": 1}),
+        Shape("window 100 > context, 5 tokens", {"n_tokens": 5, "pos0": 0, "n_head": 4, "head_dim": 64, "window": 100}),
+        Shape("prefill 128 tokens (timing)", dict(REAL, n_tokens=128, pos0=0), source="fixture:blk.1.attn_sinks.weight",
+              timed=True),
+    ],
+    build=build,
+    bytes_moved=lambda s: 4 * s.dims["head_dim"] * (2 * s.dims["n_tokens"] * s.dims["n_head"]
+                                                    + 2 * (s.dims["pos0"] + s.dims["n_tokens"])),
+)

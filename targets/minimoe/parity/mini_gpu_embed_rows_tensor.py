@@ -1,0 +1,51 @@
+"""Parity spec: mini_gpu_embed_rows_tensor (F16 rows of the token table widened to
+float32: bit-exact).  Real cases read the fixture's token_embd at its real
+offset and always include token 0 and token n_vocab-1; a token id outside
+[0, n_vocab) must be an error, not a clamp."""
+import numpy as np
+
+from porter.gates.parity.spec import Call, Context, In, Out, Shape, Tol, UnitSpec
+from reference import minimoe_ops as ops
+
+
+def build(shape, ctx, rng):
+    d = shape.dims
+    n = d["n_tokens"]
+    if shape.fixture_tensors:
+        t = ctx.tensor(shape.fixture_tensors[0])
+        m, off = ctx.fixture_map(), t.offset
+        n_vocab, n_embd = t.shape
+    else:
+        n_vocab, n_embd = d["n_vocab"], d["n_embd"]
+        table = rng.standard_normal((n_vocab, n_embd)).astype("<f2")
+        m, (off,) = Context.synthetic_map([table], rng)
+    tokens = rng.integers(0, n_vocab, n).astype(np.int32)
+    if n >= 2:
+        tokens[0], tokens[-1] = 0, n_vocab - 1
+    if "bad_token" in d:
+        tokens[n // 2] = n_vocab if d["bad_token"] == "n_vocab" else int(d["bad_token"])
+    args = {"out": Out("f32", (n, n_embd)), "tokens": In(tokens), "model_map": m, "model_size": m.size,
+            "weight_offset": off, "n_vocab": n_vocab, "n_embd": n_embd, "n_tokens": n}
+    if shape.expect == "error":
+        return Call(args=args)
+    return Call(args=args, expect={"out": ops.embed_rows(tokens, m.array, off, n_vocab, n_embd, n)})
+
+
+SPEC = UnitSpec(
+    unit="mini_gpu_embed_rows_tensor",
+    reference="reference.minimoe_ops.embed_rows",
+    outputs={"out": Tol(nmse=None, max_err_rms=None, max_abs=0.0)},
+    shapes=[
+        Shape("token_embd, 1 token", {"n_tokens": 1}, source="fixture:token_embd.weight"),
+        Shape("token_embd, 3 tokens", {"n_tokens": 3}, source="fixture:token_embd.weight"),
+        Shape("token_embd, 7 tokens", {"n_tokens": 7}, source="fixture:token_embd.weight"),
+        Shape("odd table 37x40, 5 tokens", {"n_tokens": 5, "n_vocab": 37, "n_embd": 40}),
+        Shape("token_embd, 1024 tokens (bandwidth)", {"n_tokens": 1024}, source="fixture:token_embd.weight", timed=True),
+        Shape("error: token id = n_vocab", {"n_tokens": 3, "bad_token": "n_vocab"}, source="fixture:token_embd.weight",
+              expect="error", why="a token id outside [0, n_vocab) is an error, not a clamp"),
+        Shape("error: token id = -1", {"n_tokens": 2, "bad_token": -1}, source="fixture:token_embd.weight",
+              expect="error", why="a token id outside [0, n_vocab) is an error, not a clamp"),
+    ],
+    build=build,
+    bytes_moved=lambda s: s.dims["n_tokens"] * (4 + 256 * 6),
+)

@@ -1,0 +1,68 @@
+"""Parity spec: mini_gpu_router_topk_tensor (softmax over n_expert logits, top_k by p
+descending, ties to the LOWER expert index; weights renormalised over the chosen).
+
+expert_ids must match exactly.  Real cases take router logits from the fixture
+(the F16 router of blk.* applied to random activations by the reference).
+Tie cases draw logits from a coarse grid (no near-ties whose order would
+depend on float rounding) and force exact ties at the top and across the
+top_k boundary; a kernel that breaks ties the other way fails as 'tie-rule'."""
+import numpy as np
+
+from porter.gates.parity.spec import Call, Exact, In, Out, Shape, Tol, UnitSpec
+from reference import minimoe_ops as ops
+
+TIE_RULE = "on equal p the lower expert index ranks first"
+
+
+def _tied_logits(rng, n_tokens, n_expert, top_k):
+    lg = rng.integers(-12, 13, (n_tokens, n_expert)).astype(np.float64) / 4.0
+    for t in range(n_tokens):
+        order = np.argsort(-lg[t], kind="stable")
+        if t % 2 == 0 and n_expert >= 2:  # tie at the top
+            lg[t, order[1]] = lg[t, order[0]]
+        elif top_k < n_expert:  # tie across the boundary: rank top_k-1 and top_k equal
+            lg[t, order[top_k]] = lg[t, order[top_k - 1]]
+    # the higher index of each tie placed first in memory order would be a different test; shuffle experts
+    return lg.astype(np.float32)
+
+
+def build(shape, ctx, rng):
+    d = shape.dims
+    n_tokens, n_expert, top_k = d["n_tokens"], d.get("n_expert"), d["top_k"]
+    if shape.fixture_tensors:
+        t = ctx.tensor(shape.fixture_tensors[0])
+        n_expert, n_embd = t.shape
+        x = rng.standard_normal((n_tokens, n_embd)).astype(np.float32)
+        logits = ops.matmul_f16(ctx.fixture_map().array, t.offset, n_embd, n_expert, x, n_tokens)
+    else:
+        logits = _tied_logits(rng, n_tokens, n_expert, min(top_k, n_expert))
+    args = {"expert_ids": Out("i32", (n_tokens, top_k)), "expert_weights": Out("f32", (n_tokens, top_k)),
+            "logits": In(logits), "n_expert": n_expert, "n_tokens": n_tokens, "top_k": top_k}
+    if shape.expect == "error":
+        return Call(args=args)
+    ids, w = ops.router_topk(logits, n_expert, n_tokens, top_k)
+    return Call(args=args, expect={"expert_ids": ids, "expert_weights": w}, keys={"expert_ids": logits})
+
+
+SPEC = UnitSpec(
+    unit="mini_gpu_router_topk_tensor",
+    reference="reference.minimoe_ops.router_topk",
+    outputs={"expert_ids": Exact(tie_rule=TIE_RULE, keys="logits"),
+             "expert_weights": Tol(nmse=1e-10, max_err_rms=1e-5)},
+    shapes=[
+        Shape("real router logits, 1 token", {"n_tokens": 1, "top_k": 2}, source="fixture:blk.0.ffn_gate_inp.weight"),
+        Shape("real router logits, 3 tokens", {"n_tokens": 3, "top_k": 2}, source="fixture:blk.1.ffn_gate_inp.weight"),
+        Shape("real router logits, 7 tokens", {"n_tokens": 7, "top_k": 2}, source="fixture:blk.0.ffn_gate_inp.weight"),
+        Shape("ties: 8 experts, top 2, 16 tokens", {"n_tokens": 16, "n_expert": 8, "top_k": 2}),
+        Shape("ties: 5 experts, top 3, 7 tokens", {"n_tokens": 7, "n_expert": 5, "top_k": 3}),
+        Shape("ties: 8 experts, top 1, 9 tokens", {"n_tokens": 9, "n_expert": 8, "top_k": 1}),
+        Shape("ties: 64 experts, top 6, 5 tokens", {"n_tokens": 5, "n_expert": 64, "top_k": 6}),
+        Shape("all: 8 experts, top 8, 2 tokens", {"n_tokens": 2, "n_expert": 8, "top_k": 8}),
+        Shape("real router logits, 512 tokens (timing)", {"n_tokens": 512, "top_k": 2},
+              source="fixture:blk.1.ffn_gate_inp.weight", timed=True),
+        Shape("error: top_k 9 > n_expert 8", {"n_tokens": 2, "n_expert": 8, "top_k": 9}, expect="error",
+              why="top_k must not exceed n_expert"),
+    ],
+    build=build,
+    bytes_moved=lambda s: s.dims["n_tokens"] * (4 * 8 + 8 * s.dims["top_k"]),
+)
