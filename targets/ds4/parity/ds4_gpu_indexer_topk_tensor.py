@@ -1,0 +1,62 @@
+"""Parity spec: ds4_gpu_indexer_topk_tensor (per token, the top_k of n_comp indexer
+scores: indices in descending score order, equal scores -> lower index first).
+
+ds4 asks for the top 512 compressed rows (DS4_N_INDEXER_TOP_K) out of n_comp =
+context/4, so n_comp runs from hundreds to many thousands: the shapes cover
+n_comp <= 1024, <= 2048, = 4096, <= 8192 and > 8192 (the sizes where a kernel
+switches strategy), odd sizes, a small top_k, and rows whose scores take only
+a handful of values, so the tie rule decides which indices make the cut and in
+which order.  A mismatch confined to equal scores is reported as 'tie-rule'."""
+import numpy as np
+
+from porter.gates.parity.spec import Call, Exact, In, Out, Shape, UnitSpec
+from reference import ds4_ops as ops
+
+TIE_RULE = "descending score; equal scores rank the lower index first (ds4.c's strict '>' scan)"
+
+
+def build(shape, ctx, rng):
+    d = shape.dims
+    n_comp, n_tokens, top_k = d["n_comp"], d["n_tokens"], d["top_k"]
+    if d.get("levels"):  # heavy ties: scores drawn from a few values
+        levels = np.sort(rng.standard_normal(d["levels"])).astype(np.float32)
+        scores = levels[rng.integers(0, d["levels"], (n_tokens, n_comp))]
+    else:
+        scores = (rng.standard_normal((n_tokens, n_comp)) * 3.0).astype(np.float32)
+    args = {"selected": Out("i32", (n_tokens, top_k)), "scores": In(scores), "n_comp": n_comp,
+            "n_tokens": n_tokens, "top_k": top_k}
+    if shape.expect == "error":
+        return Call(args=args)
+    return Call(args=args, expect={"selected": ops.indexer_topk(scores, n_comp, n_tokens, top_k)},
+                keys={"selected": scores})
+
+
+K = ops.INDEXER_TOP_K
+
+SPEC = UnitSpec(
+    unit="ds4_gpu_indexer_topk_tensor",
+    reference="reference.ds4_ops.indexer_topk",
+    outputs={"selected": Exact(tie_rule=TIE_RULE, keys="scores")},
+    shapes=[
+        Shape("decode: 1 token, 1024 rows, top 512", {"n_tokens": 1, "n_comp": 1024, "top_k": K}),
+        Shape("3 tokens, 2000 rows, top 512", {"n_tokens": 3, "n_comp": 2000, "top_k": K}),
+        Shape("2 tokens, 4096 rows, top 512", {"n_tokens": 2, "n_comp": 4096, "top_k": K}),
+        Shape("1 token, 6001 rows, top 512", {"n_tokens": 1, "n_comp": 6001, "top_k": K}),
+        Shape("2 tokens, 10000 rows (beyond 8192), top 512", {"n_tokens": 2, "n_comp": 10000, "top_k": K}),
+        Shape("5 tokens, 37 rows, top 5", {"n_tokens": 5, "n_comp": 37, "top_k": 5}),
+        Shape("top_k = n_comp = 512, 1 token", {"n_tokens": 1, "n_comp": K, "top_k": K}),
+        Shape("ties: 3 tokens, 1024 rows of 8 values, top 512", {"n_tokens": 3, "n_comp": 1024, "top_k": K,
+                                                                  "levels": 8}),
+        Shape("ties: 2 tokens, 2000 rows of 16 values, top 512", {"n_tokens": 2, "n_comp": 2000, "top_k": K,
+                                                                   "levels": 16}),
+        Shape("ties: 1 token, 4096 rows of 5 values, top 512", {"n_tokens": 1, "n_comp": 4096, "top_k": K,
+                                                                 "levels": 5}),
+        Shape("ties: 4 tokens, 37 rows of 3 values, top 7", {"n_tokens": 4, "n_comp": 37, "top_k": 7, "levels": 3}),
+        Shape("prefill: 7 tokens, 8192 rows, top 512 (timing)", {"n_tokens": 7, "n_comp": 8192, "top_k": K},
+              timed=True),
+        Shape("error: top_k > n_comp", {"n_tokens": 1, "n_comp": 100, "top_k": 101}, expect="error",
+              why="top_k must not exceed n_comp"),
+    ],
+    build=build,
+    bytes_moved=lambda s: 4 * s.dims["n_tokens"] * (s.dims["n_comp"] + s.dims["top_k"]),
+)
