@@ -422,7 +422,7 @@ class Run:
                                      evidence={"reason": self.parity_reason, "candidate_sha256": cand_sha})
                 else:
                     library = Path(results[-1].evidence["library"])
-                    res = self.parity.check(target, unit, library, self.ws)
+                    res = self._parity_check(unit, library, cand_sha)
             else:
                 res = extract
             if gate != "extract":
@@ -456,6 +456,19 @@ class Run:
         outcome.ok, outcome.state, outcome.commit = True, state, sha
         outcome.summary = results[-1].summary
         return outcome
+
+    def _parity_check(self, unit: str, library: Path, cand_sha: str) -> GateResult:
+        """The parity gate on the freshly linked library; it is told which candidate that library holds
+        (the unit file on disk is still the previous version until the step is recorded)."""
+        import inspect
+
+        try:
+            takes_sha = "candidate_sha256" in inspect.signature(self.parity.check).parameters
+        except (TypeError, ValueError):
+            takes_sha = False
+        if takes_sha:
+            return self.parity.check(self.target, unit, library, self.ws, candidate_sha256=cand_sha)
+        return self.parity.check(self.target, unit, library, self.ws)
 
     def _usage(self, unit: str, completion) -> None:
         """A "usage" record for a provider call (a Completion, or a ProviderError carrying .usage)."""

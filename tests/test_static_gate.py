@@ -177,6 +177,11 @@ def test_device_copy_counts_as_device_work(target):
     assert verdict(target, unit_with_body(body)).ok
 
 
+def test_composing_other_op_units_counts_as_device_work(target):
+    body = "    if (mini_gpu_swiglu_tensor(out, a, b, n) != 0) return -1;\n    return 0;"
+    assert verdict(target, unit_with_body(body)).ok
+
+
 def test_runtime_units_need_no_kernel(target):
     src = '#include "mini_cuda.cuh"\nextern "C" uint64_t mini_gpu_tensor_bytes(const mini_gpu_tensor *tensor) {\n' \
           "    return tensor ? tensor->bytes : 0;\n}\n"

@@ -300,7 +300,10 @@ class _Body:
         value = self.constant_return(cons)
         if value is None:
             return None
-        return value, self.value(stmt.child_by_field_name("condition"))
+        cond = stmt.child_by_field_name("condition")
+        if any(_callee(c) not in _LOGGING for c in _descendants(cond, "call_expression")):
+            return None  # `if (do_the_work() != 0) return -1;` does work, it is no argument check
+        return value, self.value(cond)
 
     def stub_reason(self, body: ts.Node, returns_void: bool) -> str | None:
         stmts = self.statements(body)
@@ -351,8 +354,10 @@ def _descendants(node: ts.Node, type_: str):
         stack.extend(n.named_children)
 
 
-def _does_device_work(root: ts.Node, unit: str, macros: _Macros) -> bool:
-    """Is a kernel launch or a device-work CUDA call reachable from `unit` through functions of this file?"""
+def _does_device_work(root: ts.Node, unit: str, macros: _Macros, other_ops: set[str] = frozenset()) -> bool:
+    """Is a kernel launch or a device-work CUDA call reachable from `unit` through functions of this file?
+
+    A call to another op unit of the API counts: that unit is held to this same rule."""
     defs = _find_definitions(root)
     calls: dict[str, set[str]] = {}
     work: dict[str, bool] = {}
@@ -364,7 +369,8 @@ def _does_device_work(root: ts.Node, unit: str, macros: _Macros) -> bool:
         names |= {_text(i) for i in _descendants(body, "identifier") if _text(i) in macros.values}
         launched = any(True for _ in _descendants(body, "kernel_call_syntax"))
         calls.setdefault(name, set()).update(names)
-        work[name] = work.get(name, False) or launched or any(_WORK_CALL.match(n) for n in names)
+        work[name] = work.get(name, False) or launched or any(_WORK_CALL.match(n) for n in names) \
+            or bool(names & other_ops)
     macro_work = {m for m, rep in macros.values.items() if _WORK_TEXT.search(rep)}
     seen, todo = set(), [unit]
     while todo:
@@ -454,7 +460,8 @@ def check(target, unit: str, source: str) -> GateResult:
         return result(False, f"{unit}: {stub}")
 
     if unit not in target.runtime_units:
-        tree_says = _does_device_work(tree.root_node, unit, macros)
+        other_ops = set(target.units) - set(target.runtime_units) - {unit}
+        tree_says = _does_device_work(tree.root_node, unit, macros, other_ops)
         text_says = bool(_WORK_TEXT.search(strip_comments_and_strings(live)))
         if not tree_says and not (text_says and _has_parse_errors(tree)):
             return result(
