@@ -89,10 +89,14 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
             epilog="example: porter init ~/port-minimoe --target minimoe")
     p.add_argument("directory", metavar="DIR", help="new or empty directory")
     p.add_argument("--target", default="minimoe", metavar="NAME", help="bundled target to copy (default: minimoe)")
+    p.add_argument("--source", metavar="DIR", help="the target's source checkout, for targets without one bundled "
+                   "(ds4: a clone of antirez/ds4); its API header gives the placeholders' signatures")
 
     p = add("run", "port units: prompt, extract, gate, commit each passing step (one run at a time)",
             epilog="examples:\n  porter run --provider scripted --max-attempts 6\n"
-                   "  porter run --provider anthropic --unit mini_gpu_add_tensor --time-budget 20m")
+                   "  porter run --provider anthropic --unit mini_gpu_add_tensor --time-budget 20m\n\n"
+                   "Safe to start from cron: a second run while one is active prints who holds the lock and exits 0;\n"
+                   "a run killed at any point is repaired by the next one before it does anything else.")
     p.add_argument("--provider", help="scripted (replays targets/<t>/scripted; the default), anthropic, openai "
                    "(default: $PORTER_PROVIDER, target.toml [provider] name, scripted)")
     p.add_argument("--model", help="model name for the provider (default: the provider's)")
@@ -128,9 +132,11 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 def _cmd_init(args) -> int:
     from porter.workspace import init_workspace
 
-    ws = init_workspace(args.directory, [args.target])
+    ws = init_workspace(args.directory, [args.target], source=args.source)
     print(f"porter: new workspace {ws} (target {args.target}, every unit a placeholder)")
-    print(f"next: cd {ws} && porter units && porter run --provider scripted")
+    scripted = (ws / "targets" / args.target / "scripted" / "manifest.toml").is_file()
+    provider = "scripted" if scripted else "anthropic"
+    print(f"next: cd {ws} && porter units && porter run --provider {provider}")
     return 0
 
 

@@ -78,11 +78,11 @@ def default_target(workspace: Path) -> str:
     raise PorterError(f"workspace has several targets ({', '.join(names)}): pass --target NAME")
 
 
-def write_placeholders(workspace: Path, target_name: str, only_missing: bool = True) -> list[Path]:
+def write_placeholders(workspace: Path, target_name: str, only_missing: bool = True, source=None) -> list[Path]:
     """Generate the placeholder file of every unit (those without a file, unless only_missing=False)."""
     from porter.target import load_target
 
-    target = load_target(workspace, target_name)
+    target = load_target(workspace, target_name, source)
     written = []
     for unit in target.units:
         path = target.unit_path(unit)
@@ -94,7 +94,7 @@ def write_placeholders(workspace: Path, target_name: str, only_missing: bool = T
     return written
 
 
-def init_workspace(directory: str | Path, target_names: list[str]) -> Path:
+def init_workspace(directory: str | Path, target_names: list[str], source: str | Path | None = None) -> Path:
     """Create a workspace at `directory` holding copies of the bundled `target_names`."""
     dest = Path(directory).expanduser().resolve()
     if dest.exists() and not dest.is_dir():
@@ -119,7 +119,7 @@ def init_workspace(directory: str | Path, target_names: list[str]) -> Path:
         (dest / "runs" / "README.md").write_text(RUNS_README)
         (dest / ".gitignore").write_text(GITIGNORE)
         for name in target_names:
-            write_placeholders(dest, name)
+            write_placeholders(dest, name, source=source)
         gitops.git(dest, "add", "-A")
         gitops.git(dest, "commit", "-q", "--no-verify", "-m",
                    f"porter: new workspace for {', '.join(target_names)} (all units placeholders)")
