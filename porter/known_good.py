@@ -163,6 +163,11 @@ def _nvcc_version(nvcc: str) -> str:
         return "unknown"
 
 
+def _toolkit_lib_dirs(nvcc: str) -> list[Path]:
+    root = Path(nvcc).resolve().parent.parent
+    return [d for d in (root / "lib64", root / "targets" / "x86_64-linux" / "lib") if d.is_dir()]
+
+
 def _first_error(log: str) -> str:
     for line in log.splitlines():
         if " error" in line or line.startswith("error") or "fatal" in line:
@@ -214,7 +219,11 @@ def build_library(target, mutation: Mutation | None = None, out_dir: Path | None
         else:
             src_paths.append(checkout / f)
     tmp = lib_dir / f".{os.getpid()}.{time.monotonic_ns()}.so"
-    cmd = [nvcc, *flags, "-I", str(checkout), "-o", str(tmp), *map(str, src_paths), *map(str, harness), *recipe.libs]
+    # the toolkit's library folder as rpath: the parity child dlopens the library, and
+    # libcublas must resolve there even when the loader's path does not name the toolkit
+    rpath = [a for d in _toolkit_lib_dirs(nvcc) for a in ("-Xlinker", "-rpath", "-Xlinker", str(d))]
+    cmd = [nvcc, *flags, "-I", str(checkout), "-o", str(tmp), *map(str, src_paths), *map(str, harness), *rpath,
+           *recipe.libs]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -257,10 +266,30 @@ def _row(unit, kind, name, expect, res, ok, seconds) -> dict:
             "failures": ev.get("failures", [])[:10], "diagnostics": (res.diagnostics or "")[-3000:]}
 
 
+def bool_params_as_u32() -> bool:
+    """Let the parity harness bind C `bool` parameters (ds4_gpu_rope_tail_tensor's
+    `inverse`) while porter.gates.parity.spec has no kind for them: bind them as
+    u32 0/1, which the x86-64 calling convention passes exactly as a bool (the
+    value sits zero-extended in the argument register).  A no-op once the harness
+    knows `bool` itself.  Returns True when it patched."""
+    from porter.gates.parity import spec as specmod
+
+    if specmod.param_kind("bool") != "unknown":
+        return False
+    original = specmod.param_kind
+
+    def param_kind(type_text: str) -> str:
+        return "u32" if " ".join(type_text.split()) in ("bool", "_Bool") else original(type_text)
+
+    specmod.param_kind = param_kind
+    return True
+
+
 def calibrate(target, args, out=print) -> dict:
     from porter.gates.parity.gate import run_spec
     from porter.gates.parity.spec import load_specs
 
+    bool_params_as_u32()
     specs = load_specs(target)
     units = args.unit or sorted(specs)
     unknown = [u for u in units if u not in specs]
