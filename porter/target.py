@@ -72,6 +72,7 @@ class TargetSpec(_Strict):
     fixture: FixtureSpec | None = None
     scripted: ScriptedSpec = Field(default_factory=ScriptedSpec)
     provider: dict = Field(default_factory=dict)  # provider defaults, see porter.providers
+    census: dict = Field(default_factory=dict)  # tensor-name rules -> units, see porter.scan.census
 
 
 class Target:

@@ -202,7 +202,7 @@ def read_header(path: str | Path) -> tuple[str | None, list[TensorInfo], bool]:
 
 
 def load_rules(target) -> tuple[list[CensusRule], str]:
-    """The target's census table: target.toml [census], else targets/<t>/census.toml, else the built-in one."""
+    """The target's census table: target.toml [census], else targets/<t>/census.toml."""
     toml_path = Path(target.dir) / "target.toml"
     sources = []
     try:
@@ -218,8 +218,6 @@ def load_rules(target) -> tuple[list[CensusRule], str]:
         except tomllib.TOMLDecodeError as exc:
             raise PorterError(f"malformed {side}: {exc}") from exc
         sources.append((raw.get("rule", []), str(side)))
-    if not sources and target.name in BUILTIN_RULES:
-        return [CensusRule(**r) for r in BUILTIN_RULES[target.name]], f"built-in census table for {target.name}"
     if not sources:
         return [], "no census table"
     rules_raw, where = sources[0]
@@ -235,37 +233,6 @@ def load_rules(target) -> tuple[list[CensusRule], str]:
         rules.append(CensusRule(pattern=pat, units=tuple(r["units"]), expect=tuple(r.get("expect", ())),
                                 role=str(r.get("role", ""))))
     return rules, where
-
-
-# minimoe works without a [census] section in its target.toml (see CONTRACTS: tensors of the fixture).
-BUILTIN_RULES: dict[str, list[dict]] = {
-    "minimoe": [
-        {"pattern": "token_embd.weight", "units": ("mini_gpu_embed_rows_tensor",), "expect": ("F16",),
-         "role": "token embeddings"},
-        {"pattern": "blk.*.attn_norm.weight", "units": ("mini_gpu_rms_norm_weight_rows_tensor",), "expect": ("F32",),
-         "role": "attention norm"},
-        {"pattern": "blk.*.ffn_norm.weight", "units": ("mini_gpu_rms_norm_weight_rows_tensor",), "expect": ("F32",),
-         "role": "ffn norm"},
-        {"pattern": "output_norm.weight", "units": ("mini_gpu_rms_norm_weight_rows_tensor",), "expect": ("F32",),
-         "role": "output norm"},
-        {"pattern": "blk.*.attn_[qkv].weight", "units": ("mini_gpu_matmul_q8_0_tensor",), "expect": ("Q8_0",),
-         "role": "q/k/v projections"},
-        {"pattern": "blk.*.attn_output.weight", "units": ("mini_gpu_matmul_q8_0_tensor",), "expect": ("Q8_0",),
-         "role": "attention output projection"},
-        {"pattern": "output.weight", "units": ("mini_gpu_matmul_q8_0_tensor",), "expect": ("Q8_0",),
-         "role": "vocabulary projection"},
-        {"pattern": "blk.*.attn_sinks.weight", "units": ("mini_gpu_attention_window_tensor",), "expect": ("F32",),
-         "role": "attention sinks"},
-        {"pattern": "blk.*.ffn_gate_inp.weight", "units": ("mini_gpu_matmul_f16_tensor",), "expect": ("F16",),
-         "role": "router"},
-        {"pattern": "blk.*.ffn_gate_exps.weight", "units": ("mini_gpu_routed_gate_up_iq2_xxs_tensor",),
-         "expect": ("IQ2_XXS",), "role": "routed expert gate"},
-        {"pattern": "blk.*.ffn_up_exps.weight", "units": ("mini_gpu_routed_gate_up_iq2_xxs_tensor",),
-         "expect": ("IQ2_XXS",), "role": "routed expert up"},
-        {"pattern": "blk.*.ffn_down_exps.weight", "units": ("mini_gpu_routed_down_q2_k_tensor",), "expect": ("Q2_K",),
-         "role": "routed expert down"},
-    ],
-}
 
 
 # ---------------------------------------------------------------- the census
