@@ -51,7 +51,9 @@ def build(shape, ctx, rng):
     gate_raw, g_per, g_rb = _experts(rng, "IQ2_XXS", mid_dim, in_dim, chosen)
     up_raw, _, _ = _experts(rng, "IQ2_XXS", mid_dim, in_dim, chosen)
     down_raw, d_per, d_rb = _experts(rng, "Q2_K", out_dim, mid_dim, chosen)
-    m, (g_off, u_off, d_off) = Context.synthetic_map([gate_raw, up_raw, down_raw], rng)
+    # 8 KiB between tensors: no host page holds bytes of two tensors (ds4's GGUF keeps its
+    # expert tensors megabytes apart; a backend may register each weight range's pages)
+    m, (g_off, u_off, d_off) = Context.synthetic_map([gate_raw, up_raw, down_raw], rng, gap=8192)
     if d.get("down_past_end"):
         d_off = m.size - d_per * 8  # only 8 of the 256 down experts fit: the call must fail
     weights = rng.uniform(0.05, 0.6, n_expert).astype(np.float32)

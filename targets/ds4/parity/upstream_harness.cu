@@ -4,19 +4,39 @@
 // file with the user's checkout of ds4_cuda.cu into a calibration-only library
 // under runs/known-good/ds4/.  It uses ds4_gpu.h's public API only.
 //
-// Why it exists: the upstream backend caches device views of the model map
-// keyed by (host pointer, offset) -- registered host ranges, Q8->F16 expanded
-// weights, a scratch buffer -- and the parity child hands every call a FRESH
-// host copy of the map, which may land at the address of the previous one.
-// Serving the new call from the old cache would read stale weights, so before
-// every call the harness drops everything the backend holds
-// (targets/ds4/parity/harness.toml: forget_models) and starts it again.
+// The child calls, before every call of a unit (targets/ds4/parity/harness.toml):
+//   forget_models  porter_ds4_forget_models(): the upstream backend caches device
+//                  views of the model map keyed by (host pointer, offset) --
+//                  registered host ranges, Q8->F16 expanded weights, scratch --
+//                  and the child hands every call a FRESH host copy of the map,
+//                  which may land at the previous copy's address.  Serving the
+//                  new call from the old cache would read stale weights, so the
+//                  backend drops everything and starts again.
+//   model_ptr      porter_ds4_model_ptr(map, size, offset, bytes): what ds4's
+//                  engine does once per model, ds4_gpu_set_model_map(map, size)
+//                  (the whole map registered for device access).  Without it
+//                  the backend registers each weight range on its own, and two
+//                  tensors sharing a host page make the second registration and
+//                  its copy fallback fail.  Returns NULL: the backend reads the
+//                  registered host pages themselves (zero-copy), so there is no
+//                  separate device copy to compare; the child's check of the
+//                  host map covers those bytes.
 #include <stdint.h>
+#include <stddef.h>
 
 extern "C" int ds4_gpu_init(void);
 extern "C" void ds4_gpu_cleanup(void);
+extern "C" int ds4_gpu_set_model_map(const void *model_map, uint64_t model_size);
 
 extern "C" void porter_ds4_forget_models(void) {
     ds4_gpu_cleanup();        // synchronizes, unregisters and frees every cached model range
     (void)ds4_gpu_init();     // cuBLAS handle again, as after the child's first init
+}
+
+extern "C" const void *porter_ds4_model_ptr(const void *model_map, uint64_t model_size, uint64_t offset,
+                                            uint64_t bytes) {
+    (void)offset;
+    (void)bytes;
+    (void)ds4_gpu_set_model_map(model_map, model_size);
+    return NULL;
 }
