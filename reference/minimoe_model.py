@@ -1,6 +1,6 @@
 """Full numpy forward of the minimoe engine, for end-to-end cross-checks.
 
-It follows CONTRACTS.md "Engine forward" op by op, calling the op references
+It follows targets/minimoe/README.md "Engine forward" op by op, calling the op references
 of ``reference.minimoe_ops`` on the weights of a GGUF read with
 ``gguf.GGUFReader`` (offsets into the file's bytes, as the engine reads its
 memory map).  Every activation is stored as float32 between ops, as the engine

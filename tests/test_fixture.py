@@ -32,7 +32,7 @@ def _load_make_fixture():
 
 mf = _load_make_fixture()
 
-# The census, written out again from .notes/CONTRACTS.md (row-major [out][in]),
+# The census, written out again from targets/minimoe/README.md (row-major [out][in]),
 # independently of make_fixture's own table.
 CONTRACT_TENSORS = {"token_embd.weight": ("F16", (512, 256)),
                     "output_norm.weight": ("F32", (256,)),

@@ -65,7 +65,7 @@ class TensorInfo:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        """Outermost first ([n_expert][out][in]), as CONTRACTS writes shapes."""
+        """Outermost first ([n_expert][out][in]), as targets/minimoe/README.md writes shapes."""
         return tuple(reversed(self.ne))
 
 

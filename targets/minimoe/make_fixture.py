@@ -5,7 +5,7 @@
 
 or, from Python, ``write_fixture(path, seed=0) -> Path``.
 
-Tensors, types and metadata are exactly those of .notes/CONTRACTS.md ("minimoe
+Tensors, types and metadata are exactly those of targets/minimoe/README.md ("The
 model"): F16 embeddings and router, Q8_0 attention/output projections, IQ2_XXS
 routed gate/up experts, Q2_K routed down experts, F32 norms and sinks.  About
 1.6 MB, written in well under a second.
@@ -44,7 +44,7 @@ from gguf import GGMLQuantizationType as QT
 
 ARCH = "minimoe"
 
-#: Model dimensions (CONTRACTS.md).
+#: Model dimensions (targets/minimoe/README.md, "The model").
 DIMS = {
     "n_vocab": 512, "n_embd": 256, "n_head": 4, "head_dim": 64, "n_rot": 16,
     "n_layer": 2, "n_expert": 8, "top_k": 2, "n_ff": 256, "window": 32,
