@@ -516,7 +516,7 @@ def run(args) -> int:
 
     ws: Path = args.workspace
     target = load_target(ws, args.target, getattr(args, "source", None))
-    explicit = list(getattr(args, "unit", None) or [])
+    explicit = list(dict.fromkeys(getattr(args, "unit", None) or []))  # repeated --unit: once
     for u in explicit:
         target.api_function(u)  # unknown unit -> one-line error
         if u not in target.units:
