@@ -308,30 +308,40 @@ def calibrate(target, args, out=print) -> dict:
     out_dir = Path(args.out_dir) if args.out_dir else None
 
     t0 = time.monotonic()
-    jobs = [None, *mutations]
+    prebuilt = getattr(args, "library", None)
+    jobs = ([] if prebuilt else [None]) + list(mutations)
     built: dict[str, Path | Exception] = {}
-    with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
+    with ThreadPoolExecutor(max_workers=max(1, min(len(jobs) or 1, os.cpu_count() or 1))) as pool:
         for m, r in zip(jobs, pool.map(lambda m: _try_build(target, m, out_dir), jobs)):
             built[m.name if m else "upstream"] = r
-    good = built["upstream"]
+    good = Path(prebuilt) if prebuilt else built["upstream"]
     if isinstance(good, Exception):
         raise good
-    out(f"known-good: upstream {target.name} backend from {target.checkout} -> {good} "
+    if not Path(good).is_file():
+        raise PorterError(f"known-good library {good} does not exist")
+    out(f"known-good: {'prebuilt library' if prebuilt else f'upstream {target.name} backend from {target.checkout}'}"
+        f" -> {good} "
         f"({time.monotonic() - t0:.1f} s to build {len(jobs)} libraries)")
 
     rows = []
+    records: dict[str, dict] = {}  # per unit, for the ledger's "calibration" records
     kw = {"workspace": Path(args.workspace), "timeout": args.timeout, "mode": args.mode,
           "timing_reps": args.timing_reps}
     for unit in units:
         t1 = time.monotonic()
         res = run_spec(target, specs[unit], good, **kw)
+        records[unit] = {"ok": res.ok, "summary": res.summary[:300], "known_good_ok": res.ok, "mutants": 0,
+                         "mutants_rejected": 0, "evidence": res.evidence, "spec": specs[unit]}
         rows.append(_row(unit, "known-good", "upstream", "pass", res, res.ok, time.monotonic() - t1))
         out(f"  {'ok ' if res.ok else 'BAD'} {unit}: {res.summary}")
         if not res.ok:
             out("\n".join("      " + ln for ln in (res.diagnostics or "").splitlines()[:40]))
     for m in mutations:
         lib = built[m.name]
+        rec = records[m.unit]
+        rec["mutants"] += 1
         if isinstance(lib, Exception):
+            rec["ok"] = False
             rows.append({"unit": m.unit, "kind": "mutant", "name": m.name, "expect": m.must_fail_check,
                          "got": "build-error", "ok": False, "summary": str(lib), "seconds": 0.0})
             out(f"      BUILD-ERROR {m.name}: {lib}")
@@ -340,11 +350,25 @@ def calibrate(target, args, out=print) -> dict:
         res = run_spec(target, specs[m.unit], lib, **kw)
         got = first_check(res)
         ok = got == m.must_fail_check
+        rec["mutants_rejected"] += int(ok)
+        rec["ok"] = rec["ok"] and ok
         rows.append(_row(m.unit, "mutant", m.name, m.must_fail_check, res, ok, time.monotonic() - t2))
         out(f"      {'ok ' if ok else 'BAD'} mutant {m.name}: want [{m.must_fail_check}], got [{got}]: "
             f"{res.summary[:240]}")
-    return {"target": target.name, "known_good": f"upstream {target.name} backend ({target.checkout})",
-            "library": str(good), "rows": rows, "seconds": round(time.monotonic() - t0, 1)}
+    desc = f"prebuilt library {Path(good).name}" if prebuilt else f"upstream {target.name} backend ({target.checkout})"
+    report = {"target": target.name, "known_good": desc,
+              "library": str(good), "rows": rows, "seconds": round(time.monotonic() - t0, 1)}
+    if getattr(args, "ledger", False):
+        record(target, args, records, report)
+    return report
+
+
+def record(target, args, records: dict, report: dict) -> None:
+    """One ledger "calibration" record per unit (what `porter calibrate` writes), so the parity
+    gate's evidence names these specs as calibrated -- against upstream AND its mutants."""
+    from porter.calibrate import _record  # the ledger format is porter calibrate's; reuse it as is
+
+    _record(target, args, records, report["known_good"], Path(report["library"]))
 
 
 def _try_build(target, m, out_dir):
@@ -368,9 +392,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--all-mutants", action="store_true", help="build every mutant of targets/<t>/mutants.toml")
     p.add_argument("--calibrate", action="store_true", help="run every parity spec against the builds")
     p.add_argument("--unit", action="append", metavar="UNIT", help="only this unit's spec (with --calibrate)")
+    p.add_argument("--library", metavar="SO", help="with --calibrate: a prebuilt known-good library instead of "
+                   "building upstream (mutants are still built from the checkout)")
     p.add_argument("--timeout", type=float, default=120.0, help="time limit per parity child (default 120 s)")
     p.add_argument("--timing-reps", type=int, default=10)
     p.add_argument("--report", metavar="FILE", help="write the calibration report as JSON")
+    p.add_argument("--no-ledger", dest="ledger", action="store_false",
+                   help="do not append calibration records to the ledger (with --calibrate)")
     p.add_argument("--mode", choices=("cuda", "host"), default="cuda", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.workspace = Path(args.workspace).resolve()

@@ -133,6 +133,124 @@ def test_ds4_specs_validate_and_build_both_seeds(target):
 
 
 # ---------------------------------------------------------------------------
+# the specs end to end in host mode (no GPU): a C stand-in of three ops
+# ---------------------------------------------------------------------------
+
+# Our own plain-C versions of three ds4 ops (written for this test from the
+# semantics in reference/ds4_ops.py), with switchable faults: the parity child
+# runs them in host memory ("host" mode), so the specs, the C `bool` binding,
+# ds4's non-zero-success convention and the checks meant to catch each fault
+# are exercised in CI.
+STAND_IN_C = r"""
+#include <stdint.h>
+#include <stdbool.h>
+#include <math.h>
+typedef struct { void *ptr; uint64_t bytes; int owner; } T;
+int ds4_gpu_init(void) { return 1; }
+int ds4_gpu_swiglu_tensor(T *out, const T *gate, const T *up, uint32_t n, float clamp, float weight) {
+  float *o = out->ptr; const float *g = gate->ptr, *u = up->ptr;
+  for (uint32_t i = 0; i < n; i++) { float a = g[i], b = u[i];
+    if (clamp > 1e-6f) { a = fminf(a, clamp); b = fminf(fmaxf(b, -clamp), clamp); }
+    o[i] = a / (1.0f + expf(-a)) * b * weight; }
+  return 1;
+}
+int ds4_gpu_rope_tail_tensor(T *x, uint32_t n_tok, uint32_t n_head, uint32_t head_dim, uint32_t n_rot,
+    uint32_t pos0, uint32_t n_ctx_orig, bool inverse, float freq_base, float freq_scale, float ext_factor,
+    float attn_factor, float beta_fast, float beta_slow) {
+  if (n_rot > head_dim || (n_rot & 1)) return 0;
+  double lo = 0, hi = 0, pi = 3.14159265358979323846;
+  if (ext_factor != 0) { double den = 2 * log(freq_base);
+    lo = fmax(0, floor(n_rot * log(n_ctx_orig / (beta_fast * 2 * pi)) / den));
+    hi = fmin(n_rot - 1, ceil(n_rot * log(n_ctx_orig / (beta_slow * 2 * pi)) / den)); }
+  for (uint32_t t = 0; t < n_tok; t++) for (uint32_t h = 0; h < n_head; h++) for (uint32_t i = 0; i < n_rot; i += 2) {
+    double te = (double)(pos0 + t) * pow(freq_base, -(double)i / n_rot), ti = freq_scale * te, th = ti, ms = attn_factor;
+    if (ext_factor != 0) { double r = (1 - fmin(1, fmax(0, ((i / 2) - lo) / fmax(0.001, hi - lo)))) * ext_factor;
+      th = ti * (1 - r) + te * r; ms *= 1 + 0.1 * log(1.0 / freq_scale); }
+#ifdef FAULT_INVERSE_IGNORED
+    double c = cos(th) * ms, s = sin(th) * ms;
+#else
+    double c = cos(th) * ms, s = sin(th) * ms * (inverse ? -1 : 1);
+#endif
+    float *tail = (float *)x->ptr + ((uint64_t)t * n_head + h) * head_dim + head_dim - n_rot;
+    double x0 = tail[i], x1 = tail[i + 1]; tail[i] = x0 * c - x1 * s; tail[i + 1] = x0 * s + x1 * c; }
+  return 1;
+}
+int ds4_gpu_indexer_topk_tensor(T *sel, const T *scores, uint32_t n_comp, uint32_t n_tokens, uint32_t top_k) {
+  if (!n_comp || !n_tokens || !top_k || top_k > n_comp) return 0;
+  for (uint32_t t = 0; t < n_tokens; t++) {
+    const float *r = (const float *)scores->ptr + (uint64_t)t * n_comp;
+    uint32_t *s = (uint32_t *)sel->ptr + (uint64_t)t * top_k;
+    for (uint32_t c = 0; c < n_comp; c++) for (uint32_t k = 0; k < top_k; k++)
+#ifdef FAULT_TIES_HIGHER_FIRST
+      if (k >= c || r[c] >= r[s[k]]) {
+#else
+      if (k >= c || r[c] > r[s[k]]) {
+#endif
+        for (uint32_t j = top_k - 1; j > k; j--) s[j] = s[j - 1];
+        s[k] = c; break; }
+  }
+  return 1;
+}
+"""
+
+
+def _stand_in(tmp_path, *defines) -> Path:
+    import subprocess
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler (cc) for the host stand-in")
+    src = tmp_path / "stand_in.c"
+    src.write_text(STAND_IN_C)
+    lib = tmp_path / ("libstand_in" + "".join(d.lower() for d in defines) + ".so")
+    subprocess.run([cc, "-O1", "-shared", "-fPIC", *[f"-D{d}" for d in defines], "-o", str(lib), str(src), "-lm"],
+                   check=True, capture_output=True)
+    return lib
+
+
+@needs_checkout
+@pytest.mark.parametrize("unit,fault,check", [
+    ("ds4_gpu_swiglu_tensor", None, "pass"),
+    ("ds4_gpu_rope_tail_tensor", None, "pass"),
+    ("ds4_gpu_indexer_topk_tensor", None, "pass"),
+    ("ds4_gpu_rope_tail_tensor", "FAULT_INVERSE_IGNORED", "values"),
+    ("ds4_gpu_indexer_topk_tensor", "FAULT_TIES_HIGHER_FIRST", "tie-rule"),
+])
+def test_specs_in_host_mode_accept_a_right_stand_in_and_name_the_fault(target, tmp_path, unit, fault, check):
+    from porter.gates.parity.gate import run_spec
+    from porter.gates.parity.spec import load_spec
+    from porter.known_good import bool_params_as_u32, first_check
+
+    bool_params_as_u32()  # no-op once the harness binds C bool itself
+    lib = _stand_in(tmp_path, *([fault] if fault else []))
+    res = run_spec(target, load_spec(target, unit), lib, workspace=tmp_path, mode="host", timing_reps=0)
+    assert first_check(res) == check, res.summary
+
+
+@needs_checkout
+def test_calibrate_driver_records_calibration_in_the_ledger(target, tmp_path):
+    """The driver end to end in host mode with a prebuilt stand-in: rows, then ledger
+    records that make the parity gate call these exact specs calibrated."""
+    from porter.calibrate import calibration_status
+    from porter.gates.parity.spec import load_spec
+    from porter.known_good import calibrate
+
+    lib = _stand_in(tmp_path)
+    units = ["ds4_gpu_indexer_topk_tensor", "ds4_gpu_swiglu_tensor"]
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    args = argparse.Namespace(workspace=ws, unit=units, mutant=None, all_mutants=False, timeout=60.0, timing_reps=0,
+                              mode="host", out_dir=None, library=str(lib), ledger=True)
+    rep = calibrate(target, args, out=lambda *a: None)
+    assert [(r["unit"], r["got"]) for r in rep["rows"]] == [(u, "pass") for u in units]
+    for u in units:
+        st = calibration_status(ws, "ds4", load_spec(target, u))
+        assert st["calibrated"], st
+    st = calibration_status(ws, "ds4", load_spec(target, "ds4_gpu_rope_tail_tensor"))
+    assert not st["calibrated"] and "never calibrated" in st["reason"]
+
+
+# ---------------------------------------------------------------------------
 # calibration on the GPU
 # ---------------------------------------------------------------------------
 
@@ -162,7 +280,8 @@ def report(target):
     from porter.known_good import calibrate
 
     args = argparse.Namespace(workspace=REPO, unit=None, mutant=None, all_mutants=True, timeout=180.0,
-                              timing_reps=10, mode="cuda", out_dir=os.environ.get("PORTER_KNOWN_GOOD_DIR"))
+                              timing_reps=10, mode="cuda", out_dir=os.environ.get("PORTER_KNOWN_GOOD_DIR"),
+                              library=None, ledger=False)
     rep = calibrate(target, args)
     print("\n" + table(rep))
     if os.environ.get("PORTER_DS4_REPORT"):
