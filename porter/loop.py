@@ -154,6 +154,16 @@ def done_state(records: list[dict], target, unit: str) -> str | None:
     return None
 
 
+def committed_candidate_refuted(records: list[dict], target: str, unit: str) -> bool:
+    """A parity/perf failure of the latest live step's own attempt, recorded after that step."""
+    steps = live_steps(records, target, unit)
+    if not steps:
+        return False
+    last = steps[-1]
+    return any(r.get("seq", 0) > last.get("seq", 0) and r.get("attempt") == last.get("attempt")
+               and r.get("gate") in ("parity", "perf") for r in _mine(records, target, unit, "failure"))
+
+
 def is_exhausted(records: list[dict], target: str, unit: str) -> bool:
     """An "exhausted" record newer than the unit's latest live step."""
     last_step = max((r.get("seq", 0) for r in live_steps(records, target, unit)), default=0)
@@ -376,7 +386,6 @@ class Run:
     # -- the attempt --
     def attempt(self, unit: str, attempt: int, failures: list[dict]) -> AttemptOutcome:
         from porter.extract import ExtractionError, extract_unit_source
-        from porter.gates import build, static
 
         target, out = self.target, self.out
         req = make_prompt(target, unit, attempt, failures)
@@ -407,12 +416,34 @@ class Run:
         )
         kill_point("after-attempt")
 
+        return self._gates_and_step(unit, attempt, source, cand_sha, extract)
+
+    def reverify(self, unit: str, step: dict) -> AttemptOutcome:
+        """Run parity (and perf) on a unit that was committed as 'built' before parity could run here.
+
+        The candidate is the unit file as committed; the gate records carry the step's attempt
+        number.  A pass lands a 'verified' step (a commit of the ledger only); a refusal is a
+        failure record of that attempt, so the next attempt starts from its diagnostics.
+        """
+        source = self.target.unit_path(unit).read_text()
+        cand_sha = sha256_bytes(source.encode())
+        return self._gates_and_step(unit, int(step.get("attempt", 0)), source, cand_sha, None,
+                                    gates=("build", "parity", "perf"))
+
+    def _gates_and_step(self, unit: str, attempt: int, source: str | None, cand_sha: str | None,
+                        extract: GateResult | None, gates=("extract", "static", "build", "parity", "perf"),
+                        ) -> AttemptOutcome:
+        from porter.gates import build, perf, static
+
+        target = self.target
         outcome = AttemptOutcome(ok=False)
         evidence: list[str] = []
-        results = [extract]
+        results: list[GateResult] = []
         parity_passed = False
-        for gate in ("extract", "static", "build", "parity"):
-            if gate == "static":
+        for gate in gates:
+            if gate == "extract":
+                res = extract
+            elif gate == "static":
                 res = static.check(target, unit, source)
             elif gate == "build":
                 res = build.check(target, unit, source, self.build_cache)
@@ -423,10 +454,11 @@ class Run:
                 else:
                     library = Path(results[-1].evidence["library"])
                     res = self._parity_check(unit, library, cand_sha)
-            else:
-                res = extract
-            if gate != "extract":
-                results.append(res)
+            else:  # perf: only on a candidate parity measured and passed
+                if not parity_passed:
+                    break
+                res = perf.check(target, unit, results[-1], self.ws)
+            results.append(res)
             if gate == "parity" and res.ok and not res.skipped:
                 parity_passed = True
             res.evidence.setdefault("candidate_sha256", cand_sha)
@@ -443,7 +475,8 @@ class Run:
         # Every gate that ran passed: write the unit file, record the step, commit them together.
         state = "verified" if parity_passed else "built"
         path = target.unit_path(unit)
-        gitops.write_atomic(path, source.encode())
+        if not path.is_file() or sha256_bytes(path.read_bytes()) != cand_sha:
+            gitops.write_atomic(path, source.encode())
         kill_point("after-unit-file")
         step = self.ledger.append(
             "step", target=target.name, unit=unit, attempt=attempt, state=state, candidate_sha256=cand_sha,
@@ -454,8 +487,19 @@ class Run:
         kill_point("after-commit")
         self.commits.append(sha)
         outcome.ok, outcome.state, outcome.commit = True, state, sha
-        outcome.summary = results[-1].summary
+        outcome.summary = next((r.summary for r in reversed(results) if not r.skipped), results[-1].summary)
         return outcome
+
+    def can_verify(self, unit: str) -> bool:
+        """Parity can run here and the unit has a spec (runtime units have none)."""
+        if self.parity is None:
+            return False
+        try:
+            from porter.gates.parity.spec import load_spec
+
+            return load_spec(self.target, unit) is not None
+        except PorterError:
+            return False
 
     def _parity_check(self, unit: str, library: Path, cand_sha: str) -> GateResult:
         """The parity gate on the freshly linked library; it is told which candidate that library holds
@@ -552,9 +596,17 @@ def run(args) -> int:
 
         records = ledger.records()
         order = explicit or ordered_units(target, out)
-        todo, skipped = [], []
+        r = Run(ws, target, provider, ledger, out, run_id, run_dir)
+        todo, skipped, reverify = [], [], set()
         for u in order:
             state = done_state(records, target, u)
+            if state == "built" and r.can_verify(u):
+                if not committed_candidate_refuted(records, target.name, u):
+                    # committed before parity could run here: verify the committed file first
+                    reverify.add(u)
+                    todo.append(u)
+                    continue
+                state = None  # its committed candidate failed parity or perf: port it again
             if state:
                 skipped.append(f"{u} ({state})")
             elif not explicit and is_exhausted(records, target.name, u):
@@ -566,7 +618,6 @@ def run(args) -> int:
         describe = provider.describe() if hasattr(provider, "describe") else getattr(provider, "name", "?")
         out.line(f"porter run {run_id}: target {target.name}, provider {describe}, "
                  f"{len(todo)} unit(s) to port, {len(skipped)} already done or skipped", "bold")
-        r = Run(ws, target, provider, ledger, out, run_id, run_dir)
         if r.parity is None:
             out.line(f"parity: not available here ({r.parity_reason}); passing units are committed as 'built'", "yellow")
         results: dict[str, str] = {}
@@ -578,6 +629,16 @@ def run(args) -> int:
             kind = "runtime" if unit in target.runtime_units else "op"
             out.line(f"[{i + 1}/{len(todo)}] {unit} ({kind})", "bold cyan")
             ended = None
+            if unit in reverify:
+                step = live_steps(ledger.records(), target.name, unit)[-1]
+                o = r.reverify(unit, step)
+                verdicts = " · ".join(o.verdicts)
+                if o.ok:
+                    out.line(f"  committed attempt {step.get('attempt')}: {verdicts} -> {o.state}, "
+                             f"committed {o.commit[:10]}", "green")
+                    results[unit] = o.state
+                    continue
+                out.line(f"  committed attempt {step.get('attempt')}: {verdicts} -> {o.gate}: {o.summary}", "red")
             for k in range(max_attempts):
                 if budget_s is not None and time.monotonic() - started > budget_s:
                     stop_reason = f"time budget {args.time_budget} spent"

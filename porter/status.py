@@ -407,6 +407,14 @@ def derive(
             st.state, st.reason = "tampered", _first(issues[unit])
         elif latest is not None:
             _derive_from_step(st, latest, attempt_lines, data, sha, placeholder, static_problem, evidence, commit_of_step)
+            refuted = [r for ln, r in recs if r.get("kind") == "failure" and ln > latest[0]
+                       and r.get("attempt") == latest[1].get("attempt") and r.get("gate") in ("parity", "perf")]
+            if st.state == "built" and refuted:
+                # committed before parity could run; parity (or perf) has since refused this very file
+                gone = exhausted_lines and exhausted_lines[-1] > latest[0]
+                st.state = "exhausted" if gone else "failing"
+                st.reason = (f"the built file (attempt {latest[1].get('attempt')}) failed {refuted[-1].get('gate')}: "
+                             f"{refuted[-1].get('summary')}" + ("; attempts used up" if gone else ""))
         elif attempts == 0:
             st.state = "unported"
             if data is None:

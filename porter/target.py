@@ -73,6 +73,7 @@ class TargetSpec(_Strict):
     scripted: ScriptedSpec = Field(default_factory=ScriptedSpec)
     provider: dict = Field(default_factory=dict)  # provider defaults, see porter.providers
     census: dict = Field(default_factory=dict)  # tensor-name rules -> units, see porter.scan.census
+    perf: dict = Field(default_factory=dict)  # {enabled, max_slowdown}, see porter.gates.perf
 
 
 class Target:

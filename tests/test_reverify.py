@@ -1,0 +1,124 @@
+"""Units committed as 'built' (no GPU at the time) are verified once parity can run.
+
+CI has no GPU, so the parity gate is replaced by a stand-in that refuses the
+candidates the scripted manifest says only parity can catch and passes the
+rest.  What is under test is the loop: a built unit is checked before any new
+answer is asked for; a pass lands a 'verified' step on the same file; a
+refusal is a failure of the committed attempt, and the next answer follows.
+"""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+
+from conftest import needs_nvcc
+from porter.cli import main
+from porter.extract import extract_unit_source
+from porter.gates.result import GateResult
+from porter.ledger import Ledger
+from porter.loop import sha256_bytes
+from porter.target import load_target
+
+ATTN = "mini_gpu_attention_window_tensor"  # scripted: no-sink answer (parity must refuse), then the good one
+ADD = "mini_gpu_add_tensor"  # scripted: only a good answer
+
+
+def _parity_bad_shas(target) -> set[str]:
+    manifest = tomllib.loads((target.scripted_dir / "manifest.toml").read_text())["answer"]
+    out = set()
+    for a in manifest:
+        if a["expect"] == "parity":
+            code = extract_unit_source((target.scripted_dir / a["file"]).read_text(), a["unit"], target)
+            out.add(sha256_bytes(code.encode()))
+    return out
+
+
+class StandInParity:
+    """Refuses exactly the candidates the manifest marks as parity failures."""
+
+    def __init__(self, bad: set[str]):
+        self.bad = bad
+        self.calls: list[tuple[str, str]] = []
+
+    def check(self, target, unit, library, workspace=None, *, candidate_sha256=None):
+        from porter.gates.parity.spec import load_spec
+
+        if load_spec(target, unit) is None:  # as the real gate: runtime units have no spec
+            return GateResult("parity", False, "parity skipped: no spec (stand-in)", skipped=True)
+        self.calls.append((unit, candidate_sha256))
+        ok = candidate_sha256 not in self.bad
+        return GateResult("parity", ok, "parity ok (stand-in)" if ok else "parity failed [values] (stand-in)",
+                          evidence={"candidate_sha256": candidate_sha256, "stand_in": True})
+
+
+def _run(ws, *args) -> int:
+    return main(["-C", str(ws), "run", "--target", "minimoe", "--provider", "scripted", *args])
+
+
+@needs_nvcc
+def test_built_units_are_verified_or_reported_once_parity_can_run(workspace, build_cache, monkeypatch):
+    import porter.loop as loop
+
+    target = load_target(workspace, "minimoe")
+    monkeypatch.setattr(loop, "parity_gate", lambda: (None, "no GPU in this test"))
+    assert _run(workspace, "--unit", ATTN, "--unit", ADD, "--max-attempts", "3") == 0
+    built = Ledger(workspace).records()
+    assert [r["state"] for r in built if r["kind"] == "step"] == ["built", "built"]
+    no_sink_sha = next(r["candidate_sha256"] for r in built if r["kind"] == "step" and r["unit"] == ATTN)
+    assert no_sink_sha in _parity_bad_shas(target)  # the no-sink answer was committed: CI could not tell
+
+    stand_in = StandInParity(_parity_bad_shas(target))
+    monkeypatch.setattr(loop, "parity_gate", lambda: (stand_in, None))
+    add_file = target.unit_path(ADD).read_bytes()
+    assert _run(workspace, "--unit", ATTN, "--unit", ADD, "--max-attempts", "3") == 0
+
+    records = Ledger(workspace).records()
+    new = records[len(built):]
+    # the committed no-sink candidate was checked first, refused, and recorded as a failure of attempt 1
+    fail = [r for r in new if r["kind"] == "failure" and r["unit"] == ATTN]
+    assert [(f["attempt"], f["gate"]) for f in fail] == [(1, "parity")]
+    assert stand_in.calls[0] == (ATTN, no_sink_sha)
+    # then the next scripted answer (the good one) was asked for and verified
+    steps = [r for r in new if r["kind"] == "step"]
+    assert [(s["unit"], s["attempt"], s["state"]) for s in steps] == [(ATTN, 2, "verified"), (ADD, 1, "verified")]
+    assert steps[0]["candidate_sha256"] != no_sink_sha
+    # the add unit was verified on its committed file, untouched
+    assert target.unit_path(ADD).read_bytes() == add_file
+    assert steps[1]["candidate_sha256"] == sha256_bytes(add_file)
+
+    # and a third run has nothing left to do for either unit
+    n = len(records)
+    assert _run(workspace, "--unit", ATTN, "--unit", ADD, "--max-attempts", "3") == 0
+    assert not [r for r in Ledger(workspace).records()[n:] if r.get("unit") in (ATTN, ADD) and r["kind"] != "usage"]
+
+
+@needs_nvcc
+def test_a_refuted_built_unit_is_not_rechecked_every_run(workspace, build_cache, monkeypatch):
+    import porter.loop as loop
+
+    target = load_target(workspace, "minimoe")
+    monkeypatch.setattr(loop, "parity_gate", lambda: (None, "no GPU in this test"))
+    assert _run(workspace, "--unit", ATTN, "--max-attempts", "1") == 0
+    stand_in = StandInParity(_parity_bad_shas(target))
+    monkeypatch.setattr(loop, "parity_gate", lambda: (stand_in, None))
+    # one attempt allowed: the committed candidate is refuted, the good answer is then refused too
+    stand_in.bad.add(sha256_bytes(extract_unit_source(
+        (target.scripted_dir / f"good/{ATTN}.md").read_text(), ATTN, target).encode()))
+    assert _run(workspace, "--unit", ATTN, "--max-attempts", "1") == 1
+    checked = [c for c in stand_in.calls if c[0] == ATTN]
+    assert len(checked) == 2  # the committed file once, the new answer once
+    from porter.status import derive
+
+    st = {u.unit: u for u in derive(workspace, target=target).units}[ATTN]
+    assert st.state == "exhausted" and "built file (attempt 1) failed parity" in st.reason
+    stand_in.calls.clear()
+    # without --unit the exhausted unit is left alone: the refuted file is not re-checked
+    monkeypatch.setattr(loop, "ordered_units", lambda target, out: [ATTN, ADD])
+    assert _run(workspace, "--max-attempts", "1") == 0
+    assert [c[0] for c in stand_in.calls] == [ADD]
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(pytest.main([__file__, "-q"]))
