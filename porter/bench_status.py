@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import shutil
 import statistics
@@ -124,7 +123,7 @@ def build_workspace(root: Path, records: int = 10_000, seed: int = 7) -> dict:
     current: dict[str, str] = {}
     pending: dict[str, bytes] = {}  # evidence files written since the last commit
     steps = 0
-    with mock.patch("porter.ledger.os.fsync"), mock.patch("porter.evidence.os.fsync"):
+    with mock.patch("porter.ledger.os.fsync"), mock.patch("porter.durable.os.fsync"):
         units = list(target.units)
         seq = 0
         while seq < records:

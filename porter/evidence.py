@@ -14,10 +14,10 @@ of the unit source the gate judged), toolchain {...}, plus the gate's own facts
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
+from porter.durable import write_atomic
 from porter.errors import PorterError
 from porter.ledger import LEDGER_DIR, canonical, sha256_hex
 
@@ -52,22 +52,7 @@ def store_evidence(workspace: Path, data: dict) -> str:
     path = evidence_path(workspace, sha)
     if path.is_file() and path.read_bytes() == body:
         return sha
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{sha}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(body)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    write_atomic(path, body)
     return sha
 
 

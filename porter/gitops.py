@@ -17,11 +17,11 @@ the ledger record it commits:
 
 from __future__ import annotations
 
-import os
 import subprocess
 from functools import lru_cache
 from pathlib import Path
 
+from porter.durable import write_atomic
 from porter.errors import PorterError
 
 # Used only when the user has no git identity configured (fresh CI boxes).
@@ -100,22 +100,6 @@ def restore(workspace: Path, rel: str) -> None:
         path.unlink(missing_ok=True)
         return
     write_atomic(path, blob)
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write via a temp file + fsync + rename, so a kill leaves the old or the new file, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 def step_message(target: str, unit: str, state: str, attempt: int, candidate_sha256: str,

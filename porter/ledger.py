@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from porter.durable import fsync_dir
 from porter.errors import PorterError
 
 ZERO = "0" * 64
@@ -210,7 +211,7 @@ class Ledger:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             if created:
-                _fsync_dir(self.dir)
+                fsync_dir(self.dir)
             yield fd
         finally:
             os.close(fd)  # releases the flock
@@ -303,7 +304,7 @@ class Ledger:
             os.fsync(tfd)
         finally:
             os.close(tfd)
-        _fsync_dir(self.dir)
+        fsync_dir(self.dir)
         return f"{LEDGER_DIR}/{path.name}"
 
     # ---- reading and verifying ---------------------------------------------
@@ -469,14 +470,6 @@ def _write_all(fd: int, data: bytes) -> None:
     while view:
         n = os.write(fd, view)
         view = view[n:]
-
-
-def _fsync_dir(path: Path) -> None:
-    dfd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 def _tail_bytes(fd: int, size: int, want_lines: int) -> tuple[int, bytes]:

@@ -47,9 +47,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from porter import gitops
+from porter.durable import write_atomic
 from porter.errors import PorterError
 from porter.gates.result import GateResult
-from porter.placeholder import is_placeholder
 
 KILL_POINTS = (
     "after-attempt", "after-evidence", "after-gate", "after-failure", "after-exhausted",
@@ -359,7 +359,7 @@ class Run:
         d.mkdir(parents=True, exist_ok=True)
         p = d / f"{sha}.txt"
         if not p.is_file():
-            gitops.write_atomic(p, data)
+            write_atomic(p, data)
         return sha
 
     def _record_gate(self, unit: str, attempt: int, res: GateResult) -> str:
@@ -387,7 +387,7 @@ class Run:
     def attempt(self, unit: str, attempt: int, failures: list[dict]) -> AttemptOutcome:
         from porter.extract import ExtractionError, extract_unit_source
 
-        target, out = self.target, self.out
+        target = self.target
         req = make_prompt(target, unit, attempt, failures)
         completion = self.provider.complete(req)
         prompt_text = f"<!-- system -->\n{req.system}\n\n<!-- prompt -->\n{req.prompt}\n"
@@ -476,7 +476,7 @@ class Run:
         state = "verified" if parity_passed else "built"
         path = target.unit_path(unit)
         if not path.is_file() or sha256_bytes(path.read_bytes()) != cand_sha:
-            gitops.write_atomic(path, source.encode())
+            write_atomic(path, source.encode())
         kill_point("after-unit-file")
         step = self.ledger.append(
             "step", target=target.name, unit=unit, attempt=attempt, state=state, candidate_sha256=cand_sha,

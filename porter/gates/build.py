@@ -220,7 +220,6 @@ def check(target, unit: str, source: str, build_dir: Path | None = None) -> Gate
     cache = Path(build_dir) if build_dir is not None else cache_dir(target.workspace)
     cache.mkdir(parents=True, exist_ok=True)
     cand_sha = sha256_bytes(source.encode())
-    flags = compile_flags(target)
     strip = [cache / "tu", target.workspace, target.checkout, target.cuda_dir, target.dir, str(Path(nvcc).parent.parent)]
     ev: dict = {
         "target": target.name,

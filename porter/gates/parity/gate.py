@@ -28,7 +28,7 @@ import numpy as np
 
 from porter.gates.parity import compare, runner
 from porter.gates.parity.compare import Failure
-from porter.gates.parity.spec import (Call, Context, Exact, In, InOut, Map, Out, Same, Shape, SpecError, Tol,
+from porter.gates.parity.spec import (Call, Context, Exact, In, InOut, Map, Out, Same, Shape, SpecError,
                                       UnitSpec, header_params, validate_call)
 from porter.gates.result import GateResult
 
