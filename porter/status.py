@@ -581,34 +581,33 @@ def render(report: StatusReport, console=None) -> None:
 
 def add_arguments(parser) -> None:
     parser.add_argument("--json", action="store_true", help="machine-readable output (stable schema)")
-    parser.add_argument("--reverify", action="store_true", help="re-run the gates on the current files now")
-
-
-def _reverify_message() -> str:
-    try:
-        from porter.gates import parity
-    except ImportError:
-        return "--reverify is not available yet: the parity gate (porter.gates.parity) is not installed"
-    try:
-        ok, reason = parity.available()
-    except Exception as exc:
-        return f"--reverify is not available: {type(exc).__name__}: {exc}"
-    if not ok:
-        return f"--reverify is not available here: {reason}"
-    return "--reverify is not available yet: status reports the recorded evidence (use `porter run` to re-run gates)"
+    parser.add_argument("--reverify", action="store_true", help="also run static, build and (with a GPU) parity on the current files now; exit 1 if that contradicts a recorded built/verified")
 
 
 def run(args) -> int:
     workspace = Path(getattr(args, "workspace", None) or Path.cwd())
     report = derive(workspace, getattr(args, "target", None), getattr(args, "source", None))
-    reverify_note = _reverify_message() if getattr(args, "reverify", False) else None
+    fresh = contradicted_units = None
+    if getattr(args, "reverify", False):
+        from porter.reverify import contradicted, reverify
+
+        target = load_target(workspace, report.target, getattr(args, "source", None))
+        fresh = reverify(target)
+        contradicted_units = contradicted({u.unit: u.state for u in report.units}, fresh)
     if getattr(args, "json", False):
         out = report.to_json()
-        if reverify_note:
-            out["reverify"] = reverify_note
+        if fresh is not None:
+            out["reverify"] = {"units": [r.to_json() for r in fresh], "contradicted": contradicted_units}
         sys.stdout.write(json.dumps(out, indent=2, sort_keys=False) + "\n")
     else:
         render(report)
-        if reverify_note:
-            print(reverify_note)
+        if fresh is not None:
+            from porter.reverify import render_lines
+
+            print("\nre-verified now (nothing recorded):")
+            print("\n".join(render_lines(fresh)))
+            if contradicted_units:
+                print(f"recorded state contradicted now: {', '.join(contradicted_units)}")
+    if report.exit_code == 0 and contradicted_units:
+        return 1
     return report.exit_code

@@ -229,12 +229,15 @@ def test_unknown_target(ws):
         derive(ws.root, "nope")
 
 
-def test_reverify_says_what_it_can_do(ws, capsys):
+def test_reverify_reports_a_fresh_verdict_per_unit(ws, capsys):
     code, out = run_status(ws, json_out=True, capsys=capsys)
     args = argparse.Namespace(workspace=ws.root, target=TARGET, json=True, reverify=True, source=None)
     assert status_mod.run(args) == 0
     data = json.loads(capsys.readouterr().out)
-    assert "reverify" in data and "not available" in data["reverify"]
+    fresh = data["reverify"]["units"]
+    assert len(fresh) == len(data["units"]) and data["reverify"]["contradicted"] == []
+    # every file of this workspace is a placeholder: nothing is claimed, nothing to check
+    assert all(u["ok"] is None and u["verdicts"] == [] for u in fresh)
 
 
 def test_not_a_git_repository(tmp_path):

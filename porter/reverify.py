@@ -1,0 +1,76 @@
+"""`porter status --reverify`: run the gates again, now, on the unit files as they are.
+
+Status normally derives each state from recorded evidence; --reverify measures
+instead.  It writes nothing to the ledger (status stays a read command): what
+it prints is a fresh verdict per unit beside the recorded state, and a unit
+whose recorded state is contradicted by a fresh refusal makes the command exit 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from porter.errors import PorterError
+from porter.placeholder import is_placeholder
+
+
+@dataclass
+class Reverdict:
+    unit: str
+    verdicts: list[str]  # "static ok", "build ok", "parity skipped", ...
+    ok: bool | None  # None: nothing to check (placeholder)
+    summary: str
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def reverify(target, build_dir=None) -> list[Reverdict]:
+    from porter.gates import build, static
+    from porter.loop import parity_gate
+
+    parity, parity_why = parity_gate()
+    out: list[Reverdict] = []
+    for unit in target.units:
+        path = target.unit_path(unit)
+        if not path.is_file():
+            out.append(Reverdict(unit, [], None, "no unit file"))
+            continue
+        source = path.read_text(errors="replace")
+        if is_placeholder(source):
+            out.append(Reverdict(unit, [], None, "placeholder: nothing to check"))
+            continue
+        verdicts: list[str] = []
+        result = None
+        for gate in ("static", "build", "parity"):
+            if gate == "static":
+                result = static.check(target, unit, source)
+            elif gate == "build":
+                result = build.check(target, unit, source, build_dir or build.cache_dir(target.workspace))
+            elif parity is None:
+                verdicts.append("parity skipped")
+                result = None
+                summary = f"parity not run: {parity_why}"
+                break
+            else:
+                result = parity.check(target, unit, result.evidence["library"], target.workspace)
+            verdicts.append(f"{gate} " + ("skipped" if result.skipped else "ok" if result.ok else "REFUSED"))
+            if not result.ok:
+                break
+        if result is not None:
+            summary = result.summary
+        refused = any(v.endswith("REFUSED") for v in verdicts)
+        out.append(Reverdict(unit, verdicts, not refused, summary))
+    return out
+
+
+def contradicted(recorded: dict[str, str], fresh: list[Reverdict]) -> list[str]:
+    """Units recorded as built/verified that a gate refuses now."""
+    return [r.unit for r in fresh if r.ok is False and recorded.get(r.unit) in ("built", "verified")]
+
+
+def render_lines(fresh: list[Reverdict]) -> list[str]:
+    if not fresh:
+        raise PorterError("no units to re-verify")
+    w = max(len(r.unit) for r in fresh)
+    return [f"  {r.unit:<{w}}  {' · '.join(r.verdicts) or '-':<40}  {r.summary}" for r in fresh]
