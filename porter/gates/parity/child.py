@@ -54,7 +54,7 @@ EXIT_DONE, EXIT_BAD_PLAN, EXIT_CUDA, EXIT_LOAD = 0, 2, 3, 4
 
 _CTYPES = {
     "u32": ctypes.c_uint32, "u64": ctypes.c_uint64, "i32": ctypes.c_int32, "i64": ctypes.c_int64,
-    "f32": ctypes.c_float, "f64": ctypes.c_double,
+    "f32": ctypes.c_float, "f64": ctypes.c_double, "bool": ctypes.c_bool,
 }
 
 

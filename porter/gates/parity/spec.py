@@ -24,6 +24,7 @@ Arguments, by the header's parameter types:
                            Same("other_param")        the same tensor object as another parameter
   const void *             Map(u8 array) | ctx.fixture_map()   the model map
   integers, float          Python numbers
+  bool                     True/False (or 0/1)
 
 Every spec is checked against the header (porter.cparse) before it runs:
 every parameter bound exactly once, with an argument of its kind.
@@ -407,7 +408,8 @@ def param_kind(type_text: str) -> str:
             return "map"
         return "pointer"
     scalar = {"uint32_t": "u32", "uint64_t": "u64", "int32_t": "i32", "int64_t": "i64", "int": "i32",
-              "unsigned": "u32", "unsigned int": "u32", "float": "f32", "double": "f64", "size_t": "u64"}
+              "unsigned": "u32", "unsigned int": "u32", "float": "f32", "double": "f64", "size_t": "u64",
+              "bool": "bool", "_Bool": "bool"}
     return scalar.get(t, "unknown")
 
 
@@ -473,6 +475,8 @@ def validate_call(spec: UnitSpec, api_fn, shape: Shape, call: Call) -> None:
                 lo, hi = {"u32": (0, 2**32 - 1), "u64": (0, 2**64 - 1), "i32": (-2**31, 2**31 - 1),
                           "i64": (-2**63, 2**63 - 1)}[k]
                 ok = lo <= int(a) <= hi
+        elif k == "bool":  # C bool (ds4_gpu_rope_tail_tensor's `inverse`): True/False or 0/1
+            ok = isinstance(a, (bool, np.bool_)) or (isinstance(a, (int, np.integer)) and int(a) in (0, 1))
         elif k in ("f32", "f64"):
             ok = isinstance(a, (int, float, np.floating, np.integer)) and not isinstance(a, bool)
         else:
