@@ -266,30 +266,10 @@ def _row(unit, kind, name, expect, res, ok, seconds) -> dict:
             "failures": ev.get("failures", [])[:10], "diagnostics": (res.diagnostics or "")[-3000:]}
 
 
-def bool_params_as_u32() -> bool:
-    """Let the parity harness bind C `bool` parameters (ds4_gpu_rope_tail_tensor's
-    `inverse`) while porter.gates.parity.spec has no kind for them: bind them as
-    u32 0/1, which the x86-64 calling convention passes exactly as a bool (the
-    value sits zero-extended in the argument register).  A no-op once the harness
-    knows `bool` itself.  Returns True when it patched."""
-    from porter.gates.parity import spec as specmod
-
-    if specmod.param_kind("bool") != "unknown":
-        return False
-    original = specmod.param_kind
-
-    def param_kind(type_text: str) -> str:
-        return "u32" if " ".join(type_text.split()) in ("bool", "_Bool") else original(type_text)
-
-    specmod.param_kind = param_kind
-    return True
-
-
 def calibrate(target, args, out=print) -> dict:
     from porter.gates.parity.gate import run_spec
     from porter.gates.parity.spec import load_specs
 
-    bool_params_as_u32()
     specs = load_specs(target)
     units = args.unit or sorted(specs)
     unknown = [u for u in units if u not in specs]

@@ -117,9 +117,6 @@ def test_build_refuses_a_checkout_without_the_backend(target, tmp_path):
 def test_ds4_specs_validate_and_build_both_seeds(target):
     from porter.gates.parity.gate import prepare
     from porter.gates.parity.spec import Context, load_specs
-    from porter.known_good import bool_params_as_u32
-
-    bool_params_as_u32()  # no-op once the harness binds C bool itself
     specs = load_specs(target)
     assert REQUIRED_UNITS <= set(specs)
     for unit, spec in specs.items():
@@ -130,6 +127,27 @@ def test_ds4_specs_validate_and_build_both_seeds(target):
         for c in ok:  # two seeds, two different inputs (the second call must not be answerable from the first)
             a, b = (c.calls[p].expect for p in (0, 1))
             assert any(not (a[k] == b[k]).all() for k in a), (unit, c.shape.label)
+
+
+@needs_checkout
+def test_rope_binds_inverse_as_a_c_bool(target):
+    """ds4_gpu_rope_tail_tensor's `bool inverse`: the harness binds it as a C bool and
+    accepts True/False (or 0/1) only."""
+    import numpy as np
+
+    from porter.gates.parity.spec import Call, InOut, SpecError, header_params, load_spec, validate_call
+
+    fn = target.api_function("ds4_gpu_rope_tail_tensor")
+    assert {p["name"]: p["kind"] for p in header_params(fn)}["inverse"] == "bool"
+    spec = load_spec(target, "ds4_gpu_rope_tail_tensor")
+    shape = next(s for s in spec.shapes if s.expect == "ok")
+    call = spec.build(shape, None, np.random.default_rng(0))
+    assert isinstance(call.args["inverse"], bool)
+    validate_call(spec, fn, shape, call)
+    for bad in (2, 0.5):
+        with pytest.raises(SpecError, match="inverse"):
+            validate_call(spec, fn, shape, Call(args={**call.args, "inverse": bad}, expect=call.expect))
+    assert isinstance(call.args["x"], InOut)
 
 
 # ---------------------------------------------------------------------------
@@ -219,9 +237,8 @@ def _stand_in(tmp_path, *defines) -> Path:
 def test_specs_in_host_mode_accept_a_right_stand_in_and_name_the_fault(target, tmp_path, unit, fault, check):
     from porter.gates.parity.gate import run_spec
     from porter.gates.parity.spec import load_spec
-    from porter.known_good import bool_params_as_u32, first_check
+    from porter.known_good import first_check
 
-    bool_params_as_u32()  # no-op once the harness binds C bool itself
     lib = _stand_in(tmp_path, *([fault] if fault else []))
     res = run_spec(target, load_spec(target, unit), lib, workspace=tmp_path, mode="host", timing_reps=0)
     assert first_check(res) == check, res.summary

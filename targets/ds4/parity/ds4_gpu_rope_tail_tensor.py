@@ -33,7 +33,7 @@ def build(shape, ctx, rng):
     d = dict(shape.dims)
     x = rng.standard_normal((d["n_tok"], d["n_head"], d["head_dim"])).astype(np.float32)
     args = {"x": InOut(x), **{k: d[k] for k in SCALARS}}
-    args["inverse"] = int(bool(d["inverse"]))  # C bool, passed as 0/1
+    args["inverse"] = bool(d["inverse"])  # a C bool
     if shape.expect == "error":
         return Call(args=args)
     ref = ops.rope_tail(x, *(d[k] for k in SCALARS))
