@@ -109,6 +109,20 @@ def test_build_refuses_a_checkout_without_the_backend(target, tmp_path):
         build_library(t, None, tmp_path / "out")
 
 
+@needs_checkout
+def test_porter_calibrate_known_good_upstream_builds_from_the_checkout(target, monkeypatch, tmp_path):
+    """`porter calibrate --known-good upstream` takes its library from porter.known_good."""
+    import porter.known_good as kg
+    from porter.calibrate import known_good_sources
+
+    lib = tmp_path / "libds4_cuda.so"
+    lib.write_bytes(b"")
+    seen = []
+    monkeypatch.setattr(kg, "build_library", lambda t, m=None, out=None: seen.append((t.name, m)) or lib)
+    sources, prebuilt, desc = known_good_sources(target, "upstream")
+    assert sources is None and prebuilt == lib and seen == [("ds4", None)] and "upstream ds4" in desc
+
+
 # ---------------------------------------------------------------------------
 # specs (no GPU)
 # ---------------------------------------------------------------------------
@@ -289,10 +303,11 @@ def _gpu_skip_reason() -> str | None:
 
 
 @pytest.fixture(scope="module")
-def report(target):
+def report(request):
     why = _gpu_skip_reason()
-    if why:
+    if why:  # before the target fixture: without a checkout it cannot load, and that is a skip, not an error
         pytest.skip(why)
+    target = request.getfixturevalue("target")
     from porter.calibrate import table
     from porter.known_good import calibrate
 
