@@ -3,6 +3,7 @@
     porter calibrate --target minimoe                      # known-good = the scripted good answers
     porter calibrate --target minimoe --known-good DIR     # DIR/<unit>.cu or DIR/<unit>.md
     porter calibrate --target ds4 --known-good libds4.so   # a prebuilt library (no mutants then)
+    porter calibrate --target ds4 --known-good upstream    # built from the checkout (mutants: python -m porter.known_good)
 
 For each spec of the target:
   1. the known-good library must PASS it (else the spec is broken: it rejects
@@ -92,6 +93,10 @@ def scripted_answers(target) -> list[dict]:
 
 def known_good_sources(target, spec: str) -> tuple[dict[str, str] | None, Path | None, str]:
     """(unit -> source, prebuilt library, description)."""
+    if spec == "upstream":  # the target's upstream backend, built from its checkout (porter/known_good.py)
+        from porter.known_good import build_library
+
+        return None, build_library(target), f"upstream {target.name} backend ({target.checkout})"
     if spec == "scripted":
         out = {}
         for a in scripted_answers(target):
@@ -116,7 +121,7 @@ def known_good_sources(target, spec: str) -> tuple[dict[str, str] | None, Path |
         if not out:
             raise PorterError(f"{p} holds no <unit>.cu or <unit>.md for target {target.name}")
         return out, None, f"sources in {p}"
-    raise PorterError(f"--known-good {spec}: not 'scripted', a directory or a .so file")
+    raise PorterError(f"--known-good {spec}: not 'scripted', 'upstream', a directory or a .so file")
 
 
 @dataclass
@@ -398,7 +403,8 @@ def matrix(report: dict) -> str:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--known-good", default="scripted", metavar="SRC",
-                   help="'scripted' (the target's scripted good answers, default), a DIR of <unit>.cu/.md, or a .so")
+                   help="'scripted' (the target's scripted good answers, default), 'upstream' (the target's upstream "
+                   "backend built from its checkout), a DIR of <unit>.cu/.md, or a .so")
     p.add_argument("--unit", action="append", metavar="UNIT", help="only this unit's spec (repeatable)")
     p.add_argument("--no-adversarial", dest="adversarial", action="store_false",
                    help="skip targets/<t>/adversarial/ mutants")
