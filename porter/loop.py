@@ -572,6 +572,9 @@ def run(args) -> int:
     budget_s = parse_duration(getattr(args, "time_budget", None))
     max_units = getattr(args, "max_units", None)
     nvcc_path()  # before anything is written: no nvcc, no run
+    if not target.conventions_header.is_file():
+        raise PorterError(f"target {target.name} has no CUDA conventions header "
+                          f"({target.conventions_header.relative_to(ws)}): units cannot build until it is written")
     key = load_key(ws)
     provider = get_provider(getattr(args, "provider", None), target, provider_options(args))
 

@@ -95,6 +95,17 @@ def test_no_nvcc_on_path(unchanged, porter_cli, tmp_path):
     assert "CUDA toolkit" in line
 
 
+@needs_nvcc
+def test_a_target_without_its_cuda_conventions_cannot_run(unchanged, porter_cli):
+    header = unchanged / "targets" / "minimoe" / "cuda" / "mini_cuda.cuh"
+    original = header.read_bytes()
+    header.unlink()
+    try:
+        one_line_error(porter_cli(unchanged, "run"), "no CUDA conventions header", "cuda/mini_cuda.cuh")
+    finally:
+        header.write_bytes(original)
+
+
 def test_not_a_workspace(tmp_path, porter_cli):
     one_line_error(porter_cli(tmp_path, "units"), "not a porter workspace")
     one_line_error(porter_cli(None, "-C", str(tmp_path / "missing"), "status"), "no such directory")
