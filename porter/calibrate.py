@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from porter.errors import PorterError
+from porter.gates.parity.compare import first_check
 
 ADVERSARIAL_DIR = "adversarial"
 
@@ -216,17 +217,6 @@ def _probe_counts(res) -> dict:
     return out
 
 
-def _first_check(res) -> str:
-    if res.skipped:
-        return "skipped"
-    if res.ok:
-        return "pass"
-    s = res.summary
-    if s.startswith("parity failed [") and "]" in s:
-        return s[len("parity failed ["):s.index("]")]
-    return "fail"
-
-
 def _static_verdict(target, unit, source) -> str | None:
     try:
         from porter.gates import static
@@ -280,7 +270,7 @@ def calibrate(target, args, out=print) -> dict:
             continue
         t1 = time.monotonic()
         res = _run(target, spec, good_lib, args)
-        got = _first_check(res)
+        got = first_check(res)
         rows.append(Row(unit, "known-good", desc, "pass", got, res.ok, res.summary, time.monotonic() - t1,
                         res.metrics.get("failed_checks", []), probe=_probe_counts(res)))
         out(f"  {'ok ' if res.ok else 'BAD'} {unit}: {res.summary}")
@@ -299,7 +289,7 @@ def calibrate(target, args, out=print) -> dict:
                 out(f"      BUILD-ERROR {m.file}: {exc}")
                 continue
             r = _run(target, spec, lib, args, timeout=m.timeout)
-            got = _first_check(r)
+            got = first_check(r)
             if m.must_fail_check == "pass":
                 good = r.ok
             elif m.must_fail_check == "any":

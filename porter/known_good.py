@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from porter.errors import PorterError
+from porter.gates.parity.compare import first_check
 
 MUTANTS_FILE = "mutants.toml"
 BUILD_TIMEOUT_S = 900
@@ -241,18 +242,6 @@ def build_library(target, mutation: Mutation | None = None, out_dir: Path | None
 # ---------------------------------------------------------------------------
 # Calibration with mutants
 # ---------------------------------------------------------------------------
-
-def first_check(res) -> str:
-    """'pass', 'skipped', or the check the parity summary names first."""
-    if res.skipped:
-        return "skipped"
-    if res.ok:
-        return "pass"
-    s = res.summary
-    if s.startswith("parity failed [") and "]" in s:
-        return s[len("parity failed ["):s.index("]")]
-    return "fail"
-
 
 def _row(unit, kind, name, expect, res, ok, seconds) -> dict:
     ev = res.evidence or {}

@@ -267,3 +267,15 @@ def mismatch_examples(got: np.ndarray, ref: np.ndarray, shape: tuple[int, ...] |
         idx = tuple(int(v) for v in np.unravel_index(int(i), shape)) if shape else (int(i),)
         lines.append(f"at {idx}: got {g[i]:.6g}, want {r[i]:.6g}")
     return lines
+
+
+def first_check(res) -> str:
+    """A parity GateResult as one word: 'pass', 'skipped', or the check its summary names first."""
+    if res.skipped:
+        return "skipped"
+    if res.ok:
+        return "pass"
+    s = res.summary
+    if s.startswith("parity failed [") and "]" in s:
+        return s[len("parity failed ["):s.index("]")]
+    return "fail"
