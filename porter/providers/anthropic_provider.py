@@ -9,7 +9,6 @@ deltas are joined; usage comes from message_start / message_delta.
 from __future__ import annotations
 
 import anthropic
-import httpx2
 
 from porter.providers.common import HttpProvider, malformed
 from porter.providers.retry import Retryable
@@ -18,15 +17,7 @@ from porter.providers.retry import Retryable
 class AnthropicProvider(HttpProvider):
     name = "anthropic"
     key_envs = ("ANTHROPIC_API_KEY",)
-
-    def _make_client(self, http_client):
-        kwargs = dict(api_key=self._api_key, max_retries=0,
-                      timeout=httpx2.Timeout(self.timeout_s, connect=min(30.0, self.timeout_s)))
-        if self.base_url:
-            kwargs["base_url"] = self.base_url
-        if http_client is not None:
-            kwargs["http_client"] = http_client
-        return anthropic.Anthropic(**kwargs)
+    sdk_client = anthropic.Anthropic
 
     def _request(self, req, max_tokens: int) -> dict:
         kwargs = dict(model=self.model, max_tokens=max_tokens, messages=[{"role": "user", "content": req.prompt}])

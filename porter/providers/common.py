@@ -107,6 +107,7 @@ class HttpProvider(Provider):
 
     name = "?"
     key_envs: tuple[str, ...] = ()
+    sdk_client: type  # anthropic.Anthropic / openai.OpenAI
 
     def __init__(self, target, options: dict | None = None):
         options = dict(options or {})
@@ -139,10 +140,19 @@ class HttpProvider(Provider):
         """A model when none is configured (the openai provider asks a local server), else None."""
         return None
 
-    # -- to be provided by each provider --
-    def _make_client(self, http_client):  # pragma: no cover - abstract
-        raise NotImplementedError
+    def _make_client(self, http_client):
+        """The SDK client, with its own retries off: retries are porter's (see retry.py)."""
+        import httpx2  # the transport both SDKs are built on
 
+        kwargs = dict(api_key=self._api_key, max_retries=0,
+                      timeout=httpx2.Timeout(self.timeout_s, connect=min(30.0, self.timeout_s)))
+        if self.base_url:
+            kwargs["base_url"] = self.base_url
+        if http_client is not None:
+            kwargs["http_client"] = http_client
+        return self.sdk_client(**kwargs)
+
+    # -- to be provided by each provider --
     def _call(self, req, max_tokens: int) -> tuple[str, dict | None]:  # pragma: no cover - abstract
         """One HTTP attempt: (text, {"input_tokens", "output_tokens"} or None);
         raises Retryable or Fatal (with the usage seen so far, if any)."""

@@ -13,7 +13,6 @@ for a server that refuses it; usage is then estimated and marked so).
 
 from __future__ import annotations
 
-import httpx2
 import openai
 
 from porter.providers.base import ProviderError
@@ -26,18 +25,10 @@ LOCAL_PLACEHOLDER_KEY = "sk-no-key-required"
 class OpenAIProvider(HttpProvider):
     name = "openai"
     key_envs = ("PORTER_OPENAI_API_KEY", "OPENAI_API_KEY")
+    sdk_client = openai.OpenAI
 
     def _missing_key(self):
         return LOCAL_PLACEHOLDER_KEY if self.settings.get("base_url") else None
-
-    def _make_client(self, http_client):
-        kwargs = dict(api_key=self._api_key, max_retries=0,
-                      timeout=httpx2.Timeout(self.timeout_s, connect=min(30.0, self.timeout_s)))
-        if self.base_url:
-            kwargs["base_url"] = self.base_url
-        if http_client is not None:
-            kwargs["http_client"] = http_client
-        return openai.OpenAI(**kwargs)
 
     def _default_model(self):
         """A local server (base_url) without a configured model: the first model its
