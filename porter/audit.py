@@ -20,7 +20,10 @@ from pathlib import Path
 from rich.markup import escape
 
 from porter.errors import PorterError
-from porter.ledger import Ledger, load_key, sha256_hex
+from porter.digest import sha256_bytes
+from porter.scan.slice import unit_slice
+from porter.history import History, UnitHistory
+from porter.ledger import load_key
 from porter.status import _resolve_target_name, derive
 from porter.target import Target, load_target
 
@@ -32,12 +35,8 @@ DIAG_CHARS = 4000
 
 
 def kernel_slice(target: Target, unit: str) -> dict:
-    """The Metal kernels the unit's host function dispatches, from porter.scan (helper E's scanner)."""
+    """The Metal kernels the unit's host function dispatches, from porter.scan."""
     base = {"source": "porter.scan.slice.unit_slice", "text": None, "note": None}
-    try:
-        from porter.scan.slice import unit_slice
-    except ImportError:
-        return dict(base, note="kernel slice unavailable (porter.scan is not installed)")
     try:
         text = unit_slice(target, unit)
     except Exception as exc:  # a scanner problem must not hide the rest of the audit
@@ -119,21 +118,19 @@ def _diagnostics(workspace: Path, sha: str | None) -> dict | None:
     except OSError:
         return out
     out["kept"] = True
-    out["intact"] = sha256_hex(data) == sha
+    out["intact"] = sha256_bytes(data) == sha
     out["excerpt"] = data.decode("utf-8", "replace")[:DIAG_CHARS]
     return out
 
 
-def attempts_of(workspace: Path, records: list[tuple[int, dict]], target: str, unit: str) -> tuple[list[dict], list[dict]]:
+def attempts_of(workspace: Path, uh: UnitHistory) -> tuple[list[dict], list[dict]]:
     """Group the unit's records into attempts: each "attempt" record opens one; later
     gate/failure/step records with the same attempt number join it. Returns (attempts, other records)."""
     groups: list[dict] = []
     other: list[dict] = []
     current: dict | None = None
-    for lineno, rec in records:
-        if rec.get("unit") != unit or rec.get("target", target) != target:
-            continue
-        kind = rec.get("kind")
+    for r in uh.records:
+        lineno, rec, kind = r.line, r.raw, r.kind
         if kind == "attempt":
             current = {
                 "attempt": rec.get("attempt"),
@@ -182,8 +179,7 @@ def audit(workspace: Path, target_name: str | None, unit: str, source=None, key=
         key = load_key(workspace)
     report = derive(workspace, target=target, key=key)
     st = report.unit(unit)
-    scan = Ledger(workspace, key).scan()
-    attempts, other = attempts_of(workspace, scan.entries, target.name, unit)
+    attempts, other = attempts_of(workspace, History.read(workspace, target.name, key).unit(unit))
 
     path = target.unit_path(unit)
     try:

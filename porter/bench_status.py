@@ -33,7 +33,8 @@ from pathlib import Path
 from unittest import mock
 
 from porter.evidence import store_evidence
-from porter.ledger import Ledger, sha256_hex
+from porter.digest import sha256_bytes
+from porter.ledger import Ledger
 from porter.status import derive
 from porter.target import load_target
 
@@ -132,10 +133,10 @@ def build_workspace(root: Path, records: int = 10_000, seed: int = 7) -> dict:
             a = attempt_no[unit]
             revision[unit] += 1
             source = good[unit] + f"// revision {revision[unit]}\n"
-            cand = sha256_hex(source.encode())
+            cand = sha256_bytes(source.encode())
             common = {"target": TARGET, "unit": unit, "attempt": a}
             led.append("attempt", **common, run=f"run-{a // 10}", provider="anthropic", model="claude",
-                       prompt_sha256=sha256_hex(f"p{unit}{a}".encode()), response_sha256=sha256_hex(f"r{unit}{a}".encode()),
+                       prompt_sha256=sha256_bytes(f"p{unit}{a}".encode()), response_sha256=sha256_bytes(f"r{unit}{a}".encode()),
                        candidate_sha256=cand, usage={"input_tokens": 9000, "output_tokens": 2500, "cost_usd": 0.06})
             seq = led.append("usage", target=TARGET, unit=unit, provider="anthropic", model="claude",
                        input_tokens=9000, output_tokens=2500, cost_usd=0.06)["seq"]
@@ -154,7 +155,7 @@ def build_workspace(root: Path, records: int = 10_000, seed: int = 7) -> dict:
                 evidence.append(sha)
                 if not ok:
                     failed = gate
-                    diag = sha256_hex(f"{unit}{a}{gate}".encode())
+                    diag = sha256_bytes(f"{unit}{a}{gate}".encode())
                     seq = led.append("failure", **common, gate=gate, summary=f"{gate} failed: mismatch at [17]",
                                      diagnostics=diag)["seq"]
                     break

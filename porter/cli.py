@@ -38,7 +38,7 @@ DELEGATED = {
     "audit": ("porter.audit", "one unit's chain of evidence: ledger records, evidence hashes, commits, the current file"),
     "plan": ("porter.plan", "the order units are ported in: runtime, prefill path, decode path, unreachable"),
     "prompt": ("porter.prompt.cli", "show the prompt porter would send for a unit (nothing is sent)"),
-    "calibrate": ("porter.calibrate", "check that each parity spec accepts a known-good build and rejects mutants"),
+    "calibrate": ("porter.calibration.command", "check that each parity spec accepts a known-good build and rejects mutants"),
 }
 READ_COMMANDS = {"units", "status", "audit", "plan", "prompt"}
 
@@ -120,12 +120,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     for name, (module, help_) in DELEGATED.items():
         p = add(name, help_)
         if name == chosen:
-            try:
-                mod = importlib.import_module(module)
-                mod.add_arguments(p)
-                p.set_defaults(_delegate=mod)
-            except ImportError as exc:
-                p.set_defaults(_missing=f"`porter {name}` is not available: {module} cannot be imported ({exc})")
+            mod = importlib.import_module(module)
+            mod.add_arguments(p)
+            p.set_defaults(_delegate=mod)
     return parser
 
 
@@ -196,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         parser = build_parser(argv)
         args, extra = parser.parse_known_args(argv)
-        if extra and not getattr(args, "_missing", None):
+        if extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         if args.command is None:
             parser.print_help()
@@ -213,8 +210,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(args) -> int:
-    if getattr(args, "_missing", None):
-        raise PorterError(args._missing)
     if args.command == "init":
         args.workspace = Path(args.directory).expanduser().resolve()
         return _cmd_init(args)
@@ -227,9 +222,13 @@ def _dispatch(args) -> int:
     if args.command == "units":
         return _cmd_units(args)
     if args.command == "run":
-        from porter.loop import run
+        from porter.loop import RunOptions, run
 
-        return run(args)
+        keys = ("provider", "model", "base_url", "price_input", "price_output", "budget_run_usd", "budget_unit_usd",
+                "budget_run_tokens", "budget_unit_tokens")
+        return run(RunOptions(args.workspace, args.target, getattr(args, "source", None), list(args.unit or []), args.max_attempts,
+                              args.max_units, args.time_budget, args.quiet,
+                              {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}))
     mod = getattr(args, "_delegate", None)
     if mod is None:
         raise PorterError(f"unknown command {args.command!r}")

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from porter.durable import write_atomic
 from porter.errors import PorterError
-from porter.ledger import LEDGER_DIR, canonical, sha256_hex
+from porter.digest import sha256_bytes
+from porter.ledger import LEDGER_DIR, canonical
 
 EVIDENCE_DIR = "evidence"
 REQUIRED = ("target", "unit", "gate", "ok", "candidate_sha256")
@@ -48,7 +49,7 @@ def store_evidence(workspace: Path, data: dict) -> str:
     if missing:
         raise ValueError(f"evidence lacks {', '.join(missing)} (every evidence names {', '.join(REQUIRED)})")
     body = canonical(data)
-    sha = sha256_hex(body)
+    sha = sha256_bytes(body)
     path = evidence_path(workspace, sha)
     if path.is_file() and path.read_bytes() == body:
         return sha
@@ -67,7 +68,7 @@ def check_evidence(workspace: Path, sha: str) -> tuple[dict | None, str | None]:
         return None, f"evidence {sha[:12]} is missing (ledger/evidence/{sha}.json)"
     except OSError as exc:
         return None, f"evidence {sha[:12]} is unreadable: {exc.strerror}"
-    actual = sha256_hex(body)
+    actual = sha256_bytes(body)
     if actual != sha:
         return None, f"evidence {sha[:12]} was edited or swapped (its content hashes to {actual[:12]})"
     try:

@@ -32,7 +32,6 @@ re-verifies the whole chain every time it runs.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import hmac as hmac_mod
 import json
 import os
@@ -41,6 +40,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from porter.digest import sha256_bytes
 from porter.durable import fsync_dir
 from porter.errors import PorterError
 
@@ -60,14 +60,10 @@ def canonical(obj) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
-def sha256_hex(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def record_hash(record: dict) -> str:
     """sha256 of the canonical JSON of `record` without its hash and hmac."""
     body = {k: v for k, v in record.items() if k != "hash" and k != "hmac"}
-    return sha256_hex(canonical(body))
+    return sha256_bytes(canonical(body))
 
 
 def chain_hmac(key: bytes, prev_hmac: str, rec_hash: str) -> str:
@@ -235,10 +231,10 @@ class Ledger:
             last = json.loads(last_line)
             last_seq = last.get("seq") if isinstance(last, dict) else None
             seq = (last_seq if isinstance(last_seq, int) else 0) + 1
-            prev = sha256_hex(last_line)
+            prev = sha256_bytes(last_line)
             prev_hmac = (last.get("hmac") if isinstance(last, dict) else None) or ZERO
         record = {"seq": seq, "time": utc_now(), "kind": kind, **fields, "prev": prev}
-        record["hash"] = sha256_hex(canonical(record))
+        record["hash"] = sha256_bytes(canonical(record))
         if self.key is not None:
             record["hmac"] = chain_hmac(self.key, prev_hmac, record["hash"])
         line = canonical(record) + b"\n"
@@ -379,10 +375,10 @@ def scan_bytes(data: bytes, key: bytes | None) -> Scan:
             continue
         entries.append((i, rec))
         seq = rec.get("seq")
-        expected_prev = sha256_hex(prev_line) if prev_line is not None else ZERO
+        expected_prev = sha256_bytes(prev_line) if prev_line is not None else ZERO
         rec_hash = rec.get("hash")
         body = _line_body(line, rec)
-        edited = rec_hash != (sha256_hex(body) if body is not None else record_hash(rec))
+        edited = rec_hash != (sha256_bytes(body) if body is not None else record_hash(rec))
         if edited:
             problem(i, f"line {i} edited (hash mismatch; {_describe(rec)})")
         if rec.get("prev") != expected_prev:
@@ -446,7 +442,7 @@ def _describe(rec: dict) -> str:
 
 
 def _repair_fields(rel: str, torn: bytes, reason: str) -> dict:
-    return {"reason": reason, "torn_file": rel, "torn_bytes": len(torn), "torn_sha256": sha256_hex(torn)}
+    return {"reason": reason, "torn_file": rel, "torn_bytes": len(torn), "torn_sha256": sha256_bytes(torn)}
 
 
 def _is_record_missing_newline(torn: bytes) -> bool:

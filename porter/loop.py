@@ -37,7 +37,6 @@ crash tests use it to check every row of the table above.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import signal
@@ -46,10 +45,28 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from rich.console import Console
+from rich.markup import escape
+
 from porter import gitops
+from porter.digest import sha256_bytes
 from porter.durable import write_atomic
 from porter.errors import PorterError
+from porter.evidence import store_evidence
+from porter.extract import ExtractionError, extract_unit_source
+from porter.gates import parity
+from porter.gates.build import nvcc_path
+from porter.gates.driver import Candidate, GateContext, passed, run_gates, verdict_word
+from porter.gates.parity.spec import load_spec
 from porter.gates.result import GateResult
+from porter.history import History, Step, typed
+from porter.ledger import Ledger, load_key
+from porter.lock import RunLock
+from porter.plan import ranked_units
+from porter.prompt import build_prompt
+from porter.providers import ProviderError, get_provider
+from porter.providers.budget import usage_record
+from porter.target import load_target
 
 KILL_POINTS = (
     "after-attempt", "after-evidence", "after-gate", "after-failure", "after-exhausted",
@@ -69,10 +86,6 @@ def kill_point(name: str) -> None:
     _kill_counts[name] = _kill_counts.get(name, 0) + 1
     if _kill_counts[name] == int(nth or 1):
         os.kill(os.getpid(), signal.SIGKILL)
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def parse_duration(text: str | None) -> float | None:
@@ -95,16 +108,12 @@ class Reporter:
     """Progress on the terminal (rich) and the same lines in runs/<run>/run.log."""
 
     def __init__(self, log_path: Path | None = None, quiet: bool = False):
-        from rich.console import Console
-
         self.console = Console(highlight=False, soft_wrap=True)
         self.log_path = log_path
         self.quiet = quiet
         self._log = open(log_path, "a", buffering=1) if log_path else None
 
     def line(self, text: str, style: str | None = None) -> None:
-        from rich.markup import escape
-
         if not self.quiet:
             self.console.print(f"[{style}]{escape(text)}[/]" if style else escape(text))
         if self._log:
@@ -117,132 +126,70 @@ class Reporter:
             self._log = None
 
 
-# ---------------------------------------------------------------- ledger views
+# ---------------------------------------------------------------- options
 
 
-def _abandoned(records: list[dict], target: str) -> set[tuple[str, int]]:
-    return {
-        (r.get("unit"), r.get("attempt"))
-        for r in records
-        if r.get("kind") == "reconcile" and r.get("target", target) == target
-        and str(r.get("action", "")).startswith("abandon") and r.get("attempt") is not None
-    }
+@dataclass
+class RunOptions:
+    """What `porter run` was asked to do (the CLI builds it; tests may too)."""
 
-
-def _mine(records: list[dict], target: str, unit: str, kind: str) -> list[dict]:
-    return [r for r in records if r.get("kind") == kind and r.get("target") == target and r.get("unit") == unit]
-
-
-def next_attempt_number(records: list[dict], target: str, unit: str) -> int:
-    return 1 + max((int(r.get("attempt") or 0) for r in _mine(records, target, unit, "attempt")), default=0)
-
-
-def live_steps(records: list[dict], target: str, unit: str) -> list[dict]:
-    abandoned_steps = {r.get("step") for r in records if r.get("kind") == "reconcile" and r.get("action") == "abandon-step"}
-    return [r for r in _mine(records, target, unit, "step") if r.get("hash") not in abandoned_steps]
-
-
-def done_state(records: list[dict], target, unit: str) -> str | None:
-    """'built' / 'verified' when a live step's candidate is the unit file as it is now."""
-    path = target.unit_path(unit)
-    if not path.is_file():
-        return None
-    sha = sha256_bytes(path.read_bytes())
-    for r in reversed(live_steps(records, target.name, unit)):
-        if r.get("candidate_sha256") == sha:
-            return r.get("state")
-    return None
-
-
-def committed_candidate_refuted(records: list[dict], target: str, unit: str) -> bool:
-    """A parity/perf failure of the latest live step's own attempt, recorded after that step."""
-    steps = live_steps(records, target, unit)
-    if not steps:
-        return False
-    last = steps[-1]
-    return any(r.get("seq", 0) > last.get("seq", 0) and r.get("attempt") == last.get("attempt")
-               and r.get("gate") in ("parity", "perf") for r in _mine(records, target, unit, "failure"))
-
-
-def is_exhausted(records: list[dict], target: str, unit: str) -> bool:
-    """An "exhausted" record newer than the unit's latest live step."""
-    last_step = max((r.get("seq", 0) for r in live_steps(records, target, unit)), default=0)
-    return any(r.get("seq", 0) > last_step for r in _mine(records, target, unit, "exhausted"))
-
-
-def failures_since_step(workspace: Path, records: list[dict], target: str, unit: str) -> list[dict]:
-    """Failure records of `unit` after its latest live step, each with `diagnostics_text`."""
-    last_step = max((r.get("seq", 0) for r in live_steps(records, target, unit)), default=0)
-    out = []
-    for r in _mine(records, target, unit, "failure"):
-        if r.get("seq", 0) <= last_step:
-            continue
-        d = dict(r)
-        p = workspace / "runs" / "diagnostics" / f"{r.get('diagnostics')}.txt"
-        d["diagnostics_text"] = p.read_text() if p.is_file() else r.get("summary", "")
-        out.append(d)
-    return out
+    workspace: Path
+    target: str | None = None
+    source: str | None = None
+    units: list[str] = field(default_factory=list)  # explicit --unit: only these, exhausted ones retried
+    max_attempts: int = 3
+    max_units: int | None = None
+    time_budget: str | None = None
+    quiet: bool = False
+    provider: dict = field(default_factory=dict)  # provider, model, base_url, prices, budgets
 
 
 # ---------------------------------------------------------------- reconcile
 
 
-def _ledger_paths() -> list[str]:
-    return ["ledger"]
-
-
-def commit_step(workspace: Path, step: dict) -> str:
-    msg = gitops.step_message(step["target"], step["unit"], step["state"], int(step["attempt"]),
-                              step["candidate_sha256"], step["hash"], list(step.get("evidence") or []))
-    return gitops.commit_paths(workspace, [step["unit_file"], *_ledger_paths()], msg)
+def commit_step(workspace: Path, step: Step) -> str:
+    msg = gitops.step_message(step.target, step.unit, step.state, int(step.attempt), step.candidate_sha256,
+                              step.hash, list(step.evidence))
+    return gitops.commit_paths(workspace, [step.unit_file, "ledger"], msg)
 
 
 def reconcile(workspace: Path, target, ledger, out: Reporter) -> list[str]:
     """Make ledger and git agree after a crash; return one line per repair made."""
     gitops.check_index_unlocked(workspace)
     done: list[str] = []
-    records = ledger.records()
     name = target.name
 
     # 1. step records whose commit is missing.
-    settled = {r.get("step") for r in records if r.get("kind") == "reconcile" and r.get("action") == "abandon-step"}
-    for step in [r for r in records if r.get("kind") == "step" and r.get("target") == name]:
-        if step.get("hash") in settled or gitops.commits_with_trailer(workspace, "Porter-Step", step["hash"]):
+    history = History.read(workspace, name, ledger.key)
+    for step in history.steps.values():
+        if step.hash in history.abandoned_steps or gitops.commits_with_trailer(workspace, "Porter-Step", step.hash):
             continue
-        path = workspace / step["unit_file"]
+        path = workspace / step.unit_file
         on_disk = sha256_bytes(path.read_bytes()) if path.is_file() else None
-        if on_disk == step.get("candidate_sha256"):
-            ledger.append("reconcile", target=name, unit=step["unit"], attempt=step["attempt"], action="commit-step",
-                          committed_step=step["hash"], reason="step recorded but not committed (run interrupted)")
+        if on_disk == step.candidate_sha256:
+            ledger.append("reconcile", target=name, unit=step.unit, attempt=step.attempt, action="commit-step",
+                          committed_step=step.hash, reason="step recorded but not committed (run interrupted)")
             sha = commit_step(workspace, step)
-            done.append(f"committed the interrupted step of {step['unit']} (attempt {step['attempt']}) as {sha[:10]}")
+            done.append(f"committed the interrupted step of {step.unit} (attempt {step.attempt}) as {sha[:10]}")
         else:
-            ledger.append("reconcile", target=name, unit=step["unit"], attempt=step["attempt"], action="abandon-step",
-                          step=step["hash"], reason=f"unit file is not the step's candidate (file sha256 {on_disk})")
-            done.append(f"abandoned the uncommitted step of {step['unit']} (attempt {step['attempt']}): file changed")
+            ledger.append("reconcile", target=name, unit=step.unit, attempt=step.attempt, action="abandon-step",
+                          step=step.hash, reason=f"unit file is not the step's candidate (file sha256 {on_disk})")
+            done.append(f"abandoned the uncommitted step of {step.unit} (attempt {step.attempt}): file changed")
         kill_point("after-reconcile")
 
     # 2. attempts that never reached a verdict.
-    records = ledger.records()
-    abandoned = _abandoned(records, name)
-    concluded = {(r.get("unit"), r.get("attempt")) for r in records
-                 if r.get("kind") in ("failure", "step") and r.get("target") == name}
+    history = History.read(workspace, name, ledger.key)
     candidates_of_open: dict[str, set[str]] = {}
-    for a in [r for r in records if r.get("kind") == "attempt" and r.get("target") == name]:
-        key = (a.get("unit"), a.get("attempt"))
-        if key in concluded or key in abandoned:
-            continue
-        ledger.append("reconcile", target=name, unit=a["unit"], attempt=a["attempt"], action="abandon-attempt",
+    for a in history.open_attempts():
+        ledger.append("reconcile", target=name, unit=a.unit, attempt=a.attempt, action="abandon-attempt",
                       reason="the run ended before this attempt's verdict (crash or kill); it is tried again")
-        abandoned.add(key)
-        if a.get("candidate_sha256"):
-            candidates_of_open.setdefault(a["unit"], set()).add(a["candidate_sha256"])
-        done.append(f"abandoned attempt {a['attempt']} of {a['unit']} (no verdict recorded)")
+        if a.candidate_sha256:
+            candidates_of_open.setdefault(a.unit, set()).add(a.candidate_sha256)
+        done.append(f"abandoned attempt {a.attempt} of {a.unit} (no verdict recorded)")
         kill_point("after-reconcile")
 
     # 3. unit files an interrupted run wrote without recording a step: back to the committed version.
-    records = ledger.records()
-    porter_written = {r.get("candidate_sha256") for r in records if r.get("kind") == "attempt" and r.get("target") == name}
+    history = History.read(workspace, name, ledger.key)
     rel_dir = str(target.ported_dir.relative_to(workspace))
     for rel in gitops.dirty_paths(workspace, rel_dir):
         unit = Path(rel).stem
@@ -250,9 +197,10 @@ def reconcile(workspace: Path, target, ledger, out: Reporter) -> list[str]:
             continue
         path = workspace / rel
         sha = sha256_bytes(path.read_bytes()) if path.is_file() else None
-        if any(s.get("candidate_sha256") == sha for s in live_steps(records, name, unit)):
+        uh = history.unit(unit)
+        if uh.step_for(sha) is not None:
             continue
-        if sha in porter_written or sha in candidates_of_open.get(unit, set()):
+        if any(a.candidate_sha256 == sha for a in uh.attempts) or sha in candidates_of_open.get(unit, set()):
             gitops.restore(workspace, rel)
             ledger.append("reconcile", target=name, unit=unit, action="restore-file", file=rel, file_sha256=sha,
                           reason="unit file written by an interrupted run without a step record; committed version restored")
@@ -276,58 +224,6 @@ class AttemptOutcome:
     verdicts: list[str] = field(default_factory=list)
 
 
-def builtin_prompt(target, unit: str, attempt: int, failures: list[dict]):
-    """A minimal prompt for when porter.prompt is not installed: signature, doc, conventions, failures."""
-    from porter.providers.base import PromptRequest
-
-    fn = target.api_function(unit)
-    conv = target.conventions_header.read_text()
-    parts = [
-        f"Port the backend API function `{unit}` of target {target.name} to CUDA.",
-        "",
-        "Exact C signature (from the API header; define it extern \"C\" with exactly this signature):",
-        f"    {fn.c_signature()};",
-    ]
-    if fn.doc:
-        parts += ["", "Header documentation:", fn.doc]
-    parts += ["", f"CUDA conventions header ({target.conventions_header.name}, force-included):", "```cuda", conv.rstrip(), "```"]
-    for f in failures[-3:]:
-        parts += ["", f"Attempt {f.get('attempt')} was refused by the {f.get('gate')} gate: {f.get('summary')}"]
-        text = (f.get("diagnostics_text") or "").strip()
-        if text and text != f.get("summary"):
-            parts += ["```", text[:3000], "```"]
-    parts += ["", f"Answer with exactly one ```cuda code block holding the whole file for {unit}: "
-              f"#include \"{target.conventions_header.name}\", static __global__ kernels, and the extern \"C\" function."]
-    system = ("You port Metal GPU kernels to CUDA. You write one complete, compilable CUDA translation unit per "
-              "answer. Never stub, never return an error instead of doing the work.")
-    return PromptRequest(target=target.name, unit=unit, attempt=attempt, system=system, prompt="\n".join(parts),
-                         meta={"builder": "builtin-minimal"})
-
-
-def make_prompt(target, unit: str, attempt: int, failures: list[dict]):
-    try:
-        from porter.prompt import build_prompt
-    except ImportError:
-        return builtin_prompt(target, unit, attempt, failures)
-    req = build_prompt(target, unit, attempt, failures)
-    if isinstance(getattr(req, "meta", None), dict):
-        req.meta.setdefault("builder", "porter.prompt")
-    return req
-
-
-def parity_gate():
-    """(module, None) when the parity gate can run here, else (None, why not)."""
-    try:
-        from porter.gates import parity
-    except ImportError as exc:
-        return None, f"parity gate not installed ({exc})"
-    try:
-        ok, reason = parity.available()
-    except Exception as exc:  # noqa: BLE001 - a broken probe means: not available, say why
-        return None, f"parity gate unavailable: {type(exc).__name__}: {exc}"
-    return (parity, None) if ok else (None, reason)
-
-
 class Run:
     def __init__(self, workspace: Path, target, provider, ledger, out: Reporter, run_id: str, run_dir: Path):
         self.ws = workspace
@@ -337,45 +233,32 @@ class Run:
         self.out = out
         self.run_id = run_id
         self.run_dir = run_dir
-        from porter.gates.build import cache_dir
-
-        self.build_cache = cache_dir(workspace)
-        self.parity, self.parity_reason = parity_gate()
+        self.parity_ok, self.parity_reason = parity.available()
         self.commits: list[str] = []
 
-    # -- helpers --
-    def _save(self, unit: str, name: str, text: str) -> tuple[Path, str]:
+    def history(self) -> History:
+        return History.read(self.ws, self.target.name, self.ledger.key)
+
+    def _save(self, unit: str, name: str, text: str) -> str:
         d = self.run_dir / unit
         d.mkdir(parents=True, exist_ok=True)
-        p = d / name
         data = text.encode()
-        p.write_bytes(data)
-        return p, sha256_bytes(data)
+        (d / name).write_bytes(data)
+        return sha256_bytes(data)
 
     def _diagnostics(self, text: str) -> str:
         data = text.encode()
         sha = sha256_bytes(data)
-        d = self.ws / "runs" / "diagnostics"
-        d.mkdir(parents=True, exist_ok=True)
-        p = d / f"{sha}.txt"
+        p = self.ws / "runs" / "diagnostics" / f"{sha}.txt"
         if not p.is_file():
+            p.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(p, data)
         return sha
 
     def _record_gate(self, unit: str, attempt: int, res: GateResult) -> str:
-        from porter.evidence import store_evidence
-
-        ev = dict(res.evidence)
-        ev.setdefault("target", self.target.name)
-        ev.setdefault("unit", unit)
-        ev.setdefault("gate", res.gate)
-        ev.setdefault("ok", res.ok)
-        ev.setdefault("candidate_sha256", None)
-        ev.setdefault("toolchain", {})
-        ev.setdefault("skipped", res.skipped)
-        ev.setdefault("summary", res.summary)
-        ev["run"] = self.run_id
-        ev["attempt"] = attempt
+        ev = {"target": self.target.name, "unit": unit, "gate": res.gate, "ok": res.ok, "candidate_sha256": None,
+              "toolchain": {}, "skipped": res.skipped, "summary": res.summary, **res.evidence,
+              "run": self.run_id, "attempt": attempt}
         sha = store_evidence(self.ws, ev)
         kill_point("after-evidence")
         self.ledger.append("gate", target=self.target.name, unit=unit, attempt=attempt, gate=res.gate, ok=res.ok,
@@ -383,107 +266,85 @@ class Run:
         kill_point("after-gate")
         return sha
 
-    # -- the attempt --
     def attempt(self, unit: str, attempt: int, failures: list[dict]) -> AttemptOutcome:
-        from porter.extract import ExtractionError, extract_unit_source
-
+        """Ask the provider once, extract the candidate, run the gates, and land a step if they pass."""
         target = self.target
-        req = make_prompt(target, unit, attempt, failures)
+        req = build_prompt(target, unit, attempt, failures)
+        req.meta.setdefault("builder", "porter.prompt")
         completion = self.provider.complete(req)
-        prompt_text = f"<!-- system -->\n{req.system}\n\n<!-- prompt -->\n{req.prompt}\n"
-        _, prompt_sha = self._save(unit, f"attempt-{attempt}.prompt.md", prompt_text)
-        _, response_sha = self._save(unit, f"attempt-{attempt}.response.md", completion.text)
+        prompt_sha = self._save(unit, f"attempt-{attempt}.prompt.md",
+                                f"<!-- system -->\n{req.system}\n\n<!-- prompt -->\n{req.prompt}\n")
+        response_sha = self._save(unit, f"attempt-{attempt}.response.md", completion.text)
         self._usage(unit, completion)
 
+        candidate = None
         try:
             source = extract_unit_source(completion.text, unit, target)
-            cand_sha = sha256_bytes(source.encode())
+            candidate = Candidate.of(unit, source)
             self._save(unit, f"attempt-{attempt}.candidate.cu", source)
             extract = GateResult("extract", True, f"one code block defines {unit} ({len(source.splitlines())} lines)")
         except ExtractionError as exc:
-            source, cand_sha = None, None
-            extract = GateResult("extract", False, str(exc), diagnostics=str(exc))
-        extract.evidence = {"target": target.name, "unit": unit, "gate": "extract", "ok": extract.ok,
-                            "candidate_sha256": cand_sha, "response_sha256": response_sha,
-                            "toolchain": {"extractor": "porter.extract"}, "summary": extract.summary}
-
-        meta = getattr(req, "meta", {}) or {}
+            extract = GateResult("extract", False, str(exc), diagnostics=str(exc), check="extract")
+        extract.evidence = {"candidate_sha256": candidate.sha256 if candidate else None,
+                            "response_sha256": response_sha, "toolchain": {"extractor": "porter.extract"}}
         self.ledger.append(
             "attempt", target=target.name, unit=unit, attempt=attempt, run=self.run_id,
             provider=completion.provider, model=completion.model, prompt_sha256=prompt_sha,
-            response_sha256=response_sha, candidate_sha256=cand_sha, usage=dict(completion.usage or {}),
-            prompt_builder=meta.get("builder", "porter.prompt"),
+            response_sha256=response_sha, candidate_sha256=candidate.sha256 if candidate else None,
+            usage=dict(completion.usage or {}), prompt_builder=req.meta["builder"],
         )
         kill_point("after-attempt")
+        return self._gates_and_step(unit, attempt, candidate, extract)
 
-        return self._gates_and_step(unit, attempt, source, cand_sha, extract)
-
-    def reverify(self, unit: str, step: dict) -> AttemptOutcome:
+    def reverify(self, step: Step) -> AttemptOutcome:
         """Run parity (and perf) on a unit that was committed as 'built' before parity could run here.
 
         The candidate is the unit file as committed; the gate records carry the step's attempt
         number.  A pass lands a 'verified' step (a commit of the ledger only); a refusal is a
         failure record of that attempt, so the next attempt starts from its diagnostics.
         """
-        source = self.target.unit_path(unit).read_text()
-        cand_sha = sha256_bytes(source.encode())
-        return self._gates_and_step(unit, int(step.get("attempt", 0)), source, cand_sha, None,
+        candidate = Candidate.of(step.unit, self.target.unit_path(step.unit).read_text())
+        return self._gates_and_step(step.unit, int(step.attempt or 0), candidate, None,
                                     gates=("build", "parity", "perf"))
 
-    def _gates_and_step(self, unit: str, attempt: int, source: str | None, cand_sha: str | None,
-                        extract: GateResult | None, gates=("extract", "static", "build", "parity", "perf"),
-                        ) -> AttemptOutcome:
-        from porter.gates import build, perf, static
-
+    def _gates_and_step(self, unit: str, attempt: int, candidate: Candidate | None, extract: GateResult | None,
+                        gates=("static", "build", "parity", "perf")) -> AttemptOutcome:
         target = self.target
+        ctx = GateContext(target, self.ws)
         outcome = AttemptOutcome(ok=False)
         evidence: list[str] = []
-        results: list[GateResult] = []
-        parity_passed = False
-        for gate in gates:
-            if gate == "extract":
-                res = extract
-            elif gate == "static":
-                res = static.check(target, unit, source)
-            elif gate == "build":
-                res = build.check(target, unit, source, self.build_cache)
-            elif gate == "parity":
-                if self.parity is None:
-                    res = GateResult("parity", False, f"parity not run: {self.parity_reason}", skipped=True,
-                                     evidence={"reason": self.parity_reason, "candidate_sha256": cand_sha})
-                else:
-                    library = Path(results[-1].evidence["library"])
-                    res = self._parity_check(unit, library, cand_sha)
-            else:  # perf: only on a candidate parity measured and passed
-                if not parity_passed:
-                    break
-                res = perf.check(target, unit, results[-1], self.ws)
-            results.append(res)
-            if gate == "parity" and res.ok and not res.skipped:
-                parity_passed = True
-            res.evidence.setdefault("candidate_sha256", cand_sha)
+
+        def record(res: GateResult) -> None:
             evidence.append(self._record_gate(unit, attempt, res))
-            outcome.verdicts.append(f"{gate} " + ("skipped" if res.skipped else "ok" if res.ok else "REFUSED"))
-            if not res.ok and not res.skipped:
-                dsha = self._diagnostics(res.diagnostics or res.summary)
-                self.ledger.append("failure", target=target.name, unit=unit, attempt=attempt, gate=gate,
-                                   summary=res.summary, diagnostics=dsha)
-                kill_point("after-failure")
-                outcome.gate, outcome.summary = gate, res.summary
-                return outcome
+            outcome.verdicts.append(verdict_word(res))
+
+        results = [extract] if extract is not None else []
+        if extract is not None:
+            record(extract)
+        if candidate is not None:
+            results += run_gates(candidate, ctx, gates, on_result=record)
+        refused = next((r for r in results if not r.ok and not r.skipped), None)
+        if refused is not None:
+            dsha = self._diagnostics(refused.diagnostics or refused.summary)
+            self.ledger.append("failure", target=target.name, unit=unit, attempt=attempt, gate=refused.gate,
+                               summary=refused.summary, diagnostics=dsha)
+            kill_point("after-failure")
+            outcome.gate, outcome.summary = refused.gate, refused.summary
+            return outcome
 
         # Every gate that ran passed: write the unit file, record the step, commit them together.
-        state = "verified" if parity_passed else "built"
+        state = "verified" if passed(ctx.results.get("parity")) else "built"
         path = target.unit_path(unit)
-        if not path.is_file() or sha256_bytes(path.read_bytes()) != cand_sha:
-            write_atomic(path, source.encode())
+        if not path.is_file() or sha256_bytes(path.read_bytes()) != candidate.sha256:
+            write_atomic(path, candidate.source.encode())
         kill_point("after-unit-file")
-        step = self.ledger.append(
-            "step", target=target.name, unit=unit, attempt=attempt, state=state, candidate_sha256=cand_sha,
-            unit_file=str(path.relative_to(self.ws)), evidence=evidence, run=self.run_id,
+        raw = self.ledger.append(
+            "step", target=target.name, unit=unit, attempt=attempt, state=state,
+            candidate_sha256=candidate.sha256, unit_file=str(path.relative_to(self.ws)), evidence=evidence,
+            run=self.run_id,
         )
         kill_point("after-step")
-        sha = commit_step(self.ws, step)
+        sha = commit_step(self.ws, typed(0, raw))
         kill_point("after-commit")
         self.commits.append(sha)
         outcome.ok, outcome.state, outcome.commit = True, state, sha
@@ -491,37 +352,16 @@ class Run:
         return outcome
 
     def can_verify(self, unit: str) -> bool:
-        """Parity can run here and the unit has a spec (runtime units have none)."""
-        if self.parity is None:
-            return False
+        """Parity can run here and the unit has a spec."""
         try:
-            from porter.gates.parity.spec import load_spec
-
-            return load_spec(self.target, unit) is not None
+            return self.parity_ok and load_spec(self.target, unit) is not None
         except PorterError:
             return False
-
-    def _parity_check(self, unit: str, library: Path, cand_sha: str) -> GateResult:
-        """The parity gate on the freshly linked library; it is told which candidate that library holds
-        (the unit file on disk is still the previous version until the step is recorded)."""
-        import inspect
-
-        try:
-            takes_sha = "candidate_sha256" in inspect.signature(self.parity.check).parameters
-        except (TypeError, ValueError):
-            takes_sha = False
-        if takes_sha:
-            return self.parity.check(self.target, unit, library, self.ws, candidate_sha256=cand_sha)
-        return self.parity.check(self.target, unit, library, self.ws)
 
     def _usage(self, unit: str, completion) -> None:
         """A "usage" record for a provider call (a Completion, or a ProviderError carrying .usage)."""
         if getattr(completion, "provider", None) == "scripted" or getattr(self.provider, "name", None) == "scripted":
             return  # replayed answers cost nothing; the attempt record names the answer file
-        try:
-            from porter.providers.budget import usage_record
-        except ImportError:
-            return
         self.ledger.append("usage", **usage_record(completion, target=self.target.name, unit=unit))
 
 
@@ -532,11 +372,6 @@ def ordered_units(target, out: Reporter) -> list[str]:
     runtime = [u for u in target.units if u in target.runtime_units]
     fallback = runtime + [u for u in target.units if u not in runtime]
     try:
-        from porter.plan import ranked_units
-    except ImportError:
-        out.line("order: header order, runtime units first (porter.plan is not installed)", "dim")
-        return fallback
-    try:
         ranked = [r.unit for r in ranked_units(target)]
     except PorterError as exc:
         out.line(f"order: header order, runtime units first (ranking failed: {exc})", "yellow")
@@ -545,38 +380,88 @@ def ordered_units(target, out: Reporter) -> list[str]:
     return order + [u for u in fallback if u not in order]
 
 
-def provider_options(args) -> dict:
-    keys = ("provider", "model", "base_url", "price_input", "price_output", "budget_run_usd", "budget_unit_usd",
-            "budget_run_tokens", "budget_unit_tokens")
-    return {k: getattr(args, k, None) for k in keys if getattr(args, k, None) is not None}
+def select_units(target, history: History, order: list[str], explicit: bool, r: Run):
+    """(to port, to verify first, skipped with why): what this run will do, from the history alone."""
+    todo, reverify, skipped = [], set(), []
+    for u in order:
+        uh = history.unit(u)
+        path = target.unit_path(u)
+        step = uh.step_for(sha256_bytes(path.read_bytes()) if path.is_file() else None)
+        state = step.state if step else None
+        if state == "built" and r.can_verify(u):
+            if uh.refutation is None:  # committed before parity could run here: verify the committed file first
+                reverify.add(u)
+                todo.append(u)
+                continue
+            state = None  # its committed candidate failed parity or perf: port it again
+        if state:
+            skipped.append(f"{u} ({state})")
+        elif not explicit and uh.exhausted:
+            skipped.append(f"{u} (exhausted earlier; retry with --unit {u})")
+        else:
+            todo.append(u)
+    return todo, reverify, skipped
 
 
-def run(args) -> int:
-    from porter.gates.build import nvcc_path
-    from porter.ledger import Ledger, load_key
-    from porter.lock import RunLock
-    from porter.providers import ProviderError, get_provider
-    from porter.target import load_target
+def port_unit(unit: str, r: Run, opts: RunOptions, reverify: bool, out_of_time) -> tuple[str | None, str | None]:
+    """Attempts at one unit until a step lands, its attempts run out, or the run must stop.
+    Returns (how it ended: verified/built/exhausted/budget or None, why the run stops or None)."""
+    target, ledger, out = r.target, r.ledger, r.out
+    if reverify:
+        step = r.history().unit(unit).last_step
+        o = r.reverify(step)
+        verdicts = " · ".join(o.verdicts)
+        if o.ok:
+            out.line(f"  committed attempt {step.attempt}: {verdicts} -> {o.state}, committed {o.commit[:10]}", "green")
+            return o.state, None
+        out.line(f"  committed attempt {step.attempt}: {verdicts} -> {o.gate}: {o.summary}", "red")
+    for _ in range(opts.max_attempts):
+        if out_of_time():
+            return None, f"time budget {opts.time_budget} spent"
+        uh = r.history().unit(unit)
+        try:
+            o = r.attempt(unit, uh.next_attempt, [f.raw for f in uh.failures_since_step])
+        except ProviderError as exc:
+            if getattr(exc, "usage", None):
+                r._usage(unit, exc)
+            if getattr(exc, "scope", None) == "unit":
+                out.line(f"  {unit}: skipped, {exc}", "yellow")
+                return "budget", None
+            return "provider", f"provider: {exc}"
+        verdicts = " · ".join(o.verdicts)
+        if o.ok:
+            out.line(f"  attempt {uh.next_attempt}: {verdicts} -> {o.state}, committed {o.commit[:10]}", "green")
+            return o.state, None
+        out.line(f"  attempt {uh.next_attempt}: {verdicts} -> {o.gate}: {o.summary}", "red")
+    ledger.append("exhausted", target=target.name, unit=unit, attempts=opts.max_attempts, run=r.run_id)
+    kill_point("after-exhausted")
+    out.line(f"  {unit}: exhausted after {opts.max_attempts} attempt(s) in this run", "red")
+    return "exhausted", None
 
-    ws: Path = args.workspace
-    target = load_target(ws, args.target, getattr(args, "source", None))
-    explicit = list(dict.fromkeys(getattr(args, "unit", None) or []))  # repeated --unit: once
-    for u in explicit:
+
+def check_options(target, opts: RunOptions) -> float | None:
+    """One-line errors for bad options, before anything is written; returns the time budget in seconds."""
+    for u in opts.units:
         target.api_function(u)  # unknown unit -> one-line error
         if u not in target.units:
             raise PorterError(f"{u} is listed in [units].skip of {target.name}'s target.toml: it is not ported")
-    max_attempts = getattr(args, "max_attempts", None)
-    max_attempts = 3 if max_attempts is None else int(max_attempts)
-    if max_attempts < 1:
+    if opts.max_attempts < 1:
         raise PorterError("--max-attempts must be at least 1")
-    budget_s = parse_duration(getattr(args, "time_budget", None))
-    max_units = getattr(args, "max_units", None)
-    nvcc_path()  # before anything is written: no nvcc, no run
+    budget_s = parse_duration(opts.time_budget)
+    nvcc_path()  # no nvcc, no run
     if not target.conventions_header.is_file():
         raise PorterError(f"target {target.name} has no CUDA conventions header "
-                          f"({target.conventions_header.relative_to(ws)}): units cannot build until it is written")
+                          f"({target.conventions_header.relative_to(opts.workspace)}): units cannot build until it is written")
+    return budget_s
+
+
+def run(opts: RunOptions) -> int:
+    ws = opts.workspace
+    target = load_target(ws, opts.target, opts.source)
+    opts.units = list(dict.fromkeys(opts.units))  # repeated --unit: once
+    budget_s = check_options(target, opts)
     key = load_key(ws)
-    provider = get_provider(getattr(args, "provider", None), target, provider_options(args))
+    provider = get_provider(opts.provider.get("provider"), target, opts.provider)
 
     lock = RunLock(ws)
     if not lock.acquire():
@@ -587,7 +472,7 @@ def run(args) -> int:
     run_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + f"-{os.getpid()}"
     run_dir = ws / "runs" / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
-    out = Reporter(run_dir / "run.log", quiet=bool(getattr(args, "quiet", False)))
+    out = Reporter(run_dir / "run.log", quiet=opts.quiet)
     try:
         ledger = Ledger(ws, key)
         if ledger.repair_torn_tail():
@@ -597,98 +482,43 @@ def run(args) -> int:
         if hasattr(getattr(provider, "budget", None), "seed"):
             provider.budget.seed(ledger.records())
 
-        records = ledger.records()
-        order = explicit or ordered_units(target, out)
         r = Run(ws, target, provider, ledger, out, run_id, run_dir)
-        todo, skipped, reverify = [], [], set()
-        for u in order:
-            state = done_state(records, target, u)
-            if state == "built" and r.can_verify(u):
-                if not committed_candidate_refuted(records, target.name, u):
-                    # committed before parity could run here: verify the committed file first
-                    reverify.add(u)
-                    todo.append(u)
-                    continue
-                state = None  # its committed candidate failed parity or perf: port it again
-            if state:
-                skipped.append(f"{u} ({state})")
-            elif not explicit and is_exhausted(records, target.name, u):
-                skipped.append(f"{u} (exhausted earlier; retry with --unit {u})")
-            else:
-                todo.append(u)
-        for line in skipped if explicit else []:
+        order = opts.units or ordered_units(target, out)
+        todo, reverify, skipped = select_units(target, r.history(), order, bool(opts.units), r)
+        for line in skipped if opts.units else []:
             out.line(f"{line}: nothing to do", "dim")
-        describe = provider.describe() if hasattr(provider, "describe") else getattr(provider, "name", "?")
-        out.line(f"porter run {run_id}: target {target.name}, provider {describe}, "
+        out.line(f"porter run {run_id}: target {target.name}, provider {provider.describe()}, "
                  f"{len(todo)} unit(s) to port, {len(skipped)} already done or skipped", "bold")
-        if r.parity is None:
+        if not r.parity_ok:
             out.line(f"parity: not available here ({r.parity_reason}); passing units are committed as 'built'", "yellow")
         results: dict[str, str] = {}
         stop_reason = None
+        out_of_time = lambda: budget_s is not None and time.monotonic() - started > budget_s  # noqa: E731
         for i, unit in enumerate(todo):
-            if max_units is not None and i >= max_units:
-                stop_reason = f"--max-units {max_units} reached"
+            if opts.max_units is not None and i >= opts.max_units:
+                stop_reason = f"--max-units {opts.max_units} reached"
                 break
-            kind = "runtime" if unit in target.runtime_units else "op"
-            out.line(f"[{i + 1}/{len(todo)}] {unit} ({kind})", "bold cyan")
-            ended = None
-            if unit in reverify:
-                step = live_steps(ledger.records(), target.name, unit)[-1]
-                o = r.reverify(unit, step)
-                verdicts = " · ".join(o.verdicts)
-                if o.ok:
-                    out.line(f"  committed attempt {step.get('attempt')}: {verdicts} -> {o.state}, "
-                             f"committed {o.commit[:10]}", "green")
-                    results[unit] = o.state
-                    continue
-                out.line(f"  committed attempt {step.get('attempt')}: {verdicts} -> {o.gate}: {o.summary}", "red")
-            for k in range(max_attempts):
-                if budget_s is not None and time.monotonic() - started > budget_s:
-                    stop_reason = f"time budget {args.time_budget} spent"
-                    break
-                records = ledger.records()
-                n = next_attempt_number(records, target.name, unit)
-                failures = failures_since_step(ws, records, target.name, unit)
-                try:
-                    o = r.attempt(unit, n, failures)
-                except ProviderError as exc:
-                    if getattr(exc, "usage", None):
-                        r._usage(unit, exc)
-                    scope = getattr(exc, "scope", None)
-                    if scope == "unit":
-                        out.line(f"  {unit}: skipped, {exc}", "yellow")
-                        ended = "budget"
-                        break
-                    stop_reason = f"provider: {exc}"
-                    ended = "provider"
-                    break
-                verdicts = " · ".join(o.verdicts)
-                if o.ok:
-                    out.line(f"  attempt {n}: {verdicts} -> {o.state}, committed {o.commit[:10]}", "green")
-                    ended = o.state
-                    break
-                out.line(f"  attempt {n}: {verdicts} -> {o.gate}: {o.summary}", "red")
-            if ended is None and stop_reason is None:
-                ledger.append("exhausted", target=target.name, unit=unit, attempts=max_attempts, run=run_id)
-                kill_point("after-exhausted")
-                out.line(f"  {unit}: exhausted after {max_attempts} attempt(s) in this run", "red")
-                ended = "exhausted"
+            out.line(f"[{i + 1}/{len(todo)}] {unit} ({'runtime' if unit in target.runtime_units else 'op'})", "bold cyan")
+            ended, stop_reason = port_unit(unit, r, opts, unit in reverify, out_of_time)
             if ended:
                 results[unit] = ended
             if stop_reason:
                 break
-
-        # Records since the last step commit (failures, exhausted, reconcile) are committed too.
-        if gitops.dirty_paths(ws, "ledger"):
-            n_fail = sum(1 for v in results.values() if v == "exhausted")
-            gitops.commit_paths(ws, _ledger_paths(), f"porter: ledger of run {run_id} ({n_fail} unit(s) exhausted)\n\n"
-                                                     f"Porter-Run: {run_id}\nPorter-Target: {target.name}\n")
-        counts = {s: sum(1 for v in results.values() if v == s) for s in ("verified", "built", "exhausted")}
-        tail = f"; stopped: {stop_reason}" if stop_reason else ""
-        out.line(f"run {run_id}: {counts['verified']} verified, {counts['built']} built, {counts['exhausted']} exhausted, "
-                 f"{len(r.commits)} step commit(s){tail}; log: {(run_dir / 'run.log').relative_to(ws)}", "bold")
-        failed = counts["exhausted"] > 0 or (stop_reason or "").startswith("provider")
-        return 1 if failed else 0
+        return finish(ws, target, r, results, stop_reason, run_dir)
     finally:
         out.close()
         lock.release()
+
+
+def finish(ws: Path, target, r: Run, results: dict[str, str], stop_reason: str | None, run_dir: Path) -> int:
+    """Commit the records since the last step commit (failures, exhausted, reconcile); say how the run ended."""
+    if gitops.dirty_paths(ws, "ledger"):
+        n_fail = sum(1 for v in results.values() if v == "exhausted")
+        gitops.commit_paths(ws, ["ledger"], f"porter: ledger of run {r.run_id} ({n_fail} unit(s) exhausted)\n\n"
+                                            f"Porter-Run: {r.run_id}\nPorter-Target: {target.name}\n")
+    counts = {s: sum(1 for v in results.values() if v == s) for s in ("verified", "built", "exhausted")}
+    tail = f"; stopped: {stop_reason}" if stop_reason else ""
+    r.out.line(f"run {r.run_id}: {counts['verified']} verified, {counts['built']} built, {counts['exhausted']} exhausted, "
+               f"{len(r.commits)} step commit(s){tail}; log: {(run_dir / 'run.log').relative_to(ws)}", "bold")
+    failed = counts["exhausted"] > 0 or (stop_reason or "").startswith("provider")
+    return 1 if failed else 0

@@ -1,8 +1,10 @@
 """Generated placeholder unit files: compile, link, and do nothing.
 
 `porter init` writes one for every unit so that the backend library links
-before anything is ported.  The first line is the marker the static gate and
-`porter status` look for; a placeholder can never pass the static gate.
+before anything is ported.  Its first line is the marker.  The one rule every
+module applies (static gate, status, build evidence, prompt examples): a file
+with the marker on any line of its own is a placeholder, so a candidate cannot
+carry the marker past the static gate and a placeholder cannot hide it lower.
 """
 
 from __future__ import annotations
@@ -13,8 +15,7 @@ MARKER = "// porter:placeholder"
 
 
 def is_placeholder(text: str) -> bool:
-    first = text.lstrip("\ufeff").split("\n", 1)[0].strip()
-    return first == MARKER
+    return any(line.strip().lstrip("\ufeff") == MARKER for line in text.splitlines())
 
 
 def failure_value(return_type: str) -> str | None:

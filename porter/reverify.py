@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from porter.errors import PorterError
+from porter.gates.driver import Candidate, GateContext, refusal, run_gates, verdict_word
 from porter.placeholder import is_placeholder
 
 
@@ -26,10 +27,6 @@ class Reverdict:
 
 
 def reverify(target, build_dir=None) -> list[Reverdict]:
-    from porter.gates import build, static
-    from porter.loop import parity_gate
-
-    parity, parity_why = parity_gate()
     out: list[Reverdict] = []
     for unit in target.units:
         path = target.unit_path(unit)
@@ -40,27 +37,11 @@ def reverify(target, build_dir=None) -> list[Reverdict]:
         if is_placeholder(source):
             out.append(Reverdict(unit, [], None, "placeholder: nothing to check"))
             continue
-        verdicts: list[str] = []
-        result = None
-        for gate in ("static", "build", "parity"):
-            if gate == "static":
-                result = static.check(target, unit, source)
-            elif gate == "build":
-                result = build.check(target, unit, source, build_dir or build.cache_dir(target.workspace))
-            elif parity is None:
-                verdicts.append("parity skipped")
-                result = None
-                summary = f"parity not run: {parity_why}"
-                break
-            else:
-                result = parity.check(target, unit, result.evidence["library"], target.workspace)
-            verdicts.append(f"{gate} " + ("skipped" if result.skipped else "ok" if result.ok else "REFUSED"))
-            if not result.ok:
-                break
-        if result is not None:
-            summary = result.summary
-        refused = any(v.endswith("REFUSED") for v in verdicts)
-        out.append(Reverdict(unit, verdicts, not refused, summary))
+        results = run_gates(Candidate.of(unit, source), GateContext(target, build_cache=build_dir),
+                            gates=("static", "build", "parity"))
+        refused = refusal(results)
+        last = refused or results[-1]
+        out.append(Reverdict(unit, [verdict_word(r) for r in results], refused is None, last.summary))
     return out
 
 

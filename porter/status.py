@@ -38,14 +38,22 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import git
+
 from porter.errors import PorterError
 from porter.evidence import check_evidence
-from porter.ledger import Ledger, load_key, sha256_hex
+from porter.gates import static
+from porter.gates.driver import Candidate, GateContext
+from porter.history import History, Step, UnitHistory
+from porter.digest import sha256_bytes
+from porter.ledger import Ledger, load_key
+from porter.placeholder import is_placeholder
+from porter.plan import ranked_units
+from porter.reverify import contradicted, render_lines, reverify
 from porter.target import Target, load_target
 
 STATES = ("verified", "built", "stale", "tampered", "failing", "exhausted", "unported")
 CRITICAL_TIERS = ("runtime", "prefill")
-PLACEHOLDER = "// porter:placeholder"
 # The gate whose passing evidence makes a step of each state true.
 STATE_GATE = {"verified": "parity", "built": "build"}
 _AUTO = object()
@@ -90,10 +98,6 @@ class GitView:
 
 def read_git(workspace: Path, ledger_file: Path) -> GitView:
     """Porter commits (one `git log`) and the committed ledger's blob id and size (one `git ls-tree`)."""
-    try:
-        import git
-    except ImportError as exc:  # pragma: no cover - gitpython is a dependency
-        return GitView(False, f"gitpython unavailable: {exc}")
     try:
         repo = git.Repo(workspace, search_parent_directories=True)
     except (git.InvalidGitRepositoryError, git.NoSuchPathError):
@@ -192,30 +196,14 @@ def _count(units: list[UnitStatus]) -> dict:
 
 def _ranking(target: Target) -> tuple[dict[str, tuple[str, int]] | None, str | None]:
     try:
-        from porter.plan import ranked_units
-    except ImportError:
-        return None, "ranking unavailable (porter.plan is not installed)"
-    try:
         ranked = ranked_units(target)
     except Exception as exc:  # a broken or partial scan must not take status down
         return None, f"ranking unavailable ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
     return {r.unit: (r.tier, r.rank) for r in ranked}, None
 
 
-def _static_gate():
-    try:
-        from porter.gates import static
-    except ImportError:
-        return None
-    return getattr(static, "check", None)
-
-
 def _first(items: list[str]) -> str:
     return items[0] + (f" (+{len(items) - 1} more)" if len(items) > 1 else "")
-
-
-def _is_placeholder(text: str) -> bool:
-    return any(line.strip() == PLACEHOLDER for line in text.splitlines()[:5])
 
 
 def _short(sha: str | None, n: int = 12) -> str:
@@ -231,6 +219,204 @@ def _resolve_target_name(workspace: Path, name: str | None) -> str:
     raise PorterError(
         f"pass --target (targets in {workspace / 'targets'}: {', '.join(found) or 'none'})"
     )
+
+
+# ---- integrity: ledger, commits and evidence agree -------------------------------
+
+
+@dataclass
+class Integrity:
+    """What the cross-checks found: tampering per unit and not tied to a unit, and which steps have commits."""
+
+    issues: dict[str, list[str]]
+    problems: list[str]
+    ledger_problems: list[str]
+    commit_of_step: dict[str, Commit]
+    committed_lines: int
+
+
+class EvidenceCache:
+    def __init__(self, workspace: Path):
+        self.workspace = workspace
+        self._seen: dict[str, tuple[dict | None, str | None]] = {}
+
+    def __call__(self, sha: str) -> tuple[dict | None, str | None]:
+        if sha not in self._seen:
+            self._seen[sha] = check_evidence(self.workspace, sha)
+        return self._seen[sha]
+
+
+def check_integrity(target: Target, history: History, ledger_integrity, data: bytes, gitv: GitView,
+                    evidence: EvidenceCache) -> Integrity:
+    units = set(target.units)
+    issues: dict[str, list[str]] = defaultdict(list)
+    problems: list[str] = []
+
+    def flag(unit: str | None, text: str) -> None:
+        if unit in units:
+            issues[unit].append(text)
+        else:
+            problems.append(text if unit is None else f"{unit}: {text}")
+
+    ledger_problems = list(ledger_integrity.problems)
+    committed_lines = 0
+    if gitv.ledger_blob is not None:
+        if gitv.committed_prefix(data):
+            committed_lines = data[: gitv.ledger_size].count(b"\n")
+        else:
+            ours, theirs = data.split(b"\n"), gitv.committed_ledger().split(b"\n")
+            n = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+            ledger_problems.append(
+                f"ledger.jsonl differs from the one committed at HEAD from line {n + 1} (committed lines rewritten or removed)"
+            )
+            committed_lines = n
+
+    for lineno, text in ledger_integrity.bad_lines.items():
+        rec = history.by_line.get(lineno)
+        if rec is not None and (rec.target or target.name) == target.name and isinstance(rec.unit, str):
+            flag(rec.unit, f"ledger {text}")
+
+    # commits against step records
+    steps = history.steps
+    commit_of_step: dict[str, Commit] = {}
+    for c in gitv.commits:  # newest first
+        unit = c.first("Porter-Unit")
+        ctarget = c.first("Porter-Target")
+        if unit is None and c.first("Porter-Step") is None:
+            continue  # not a step commit (other Porter-* trailers may come later)
+        if (ctarget is not None and ctarget != target.name) or (ctarget is None and unit not in units):
+            continue
+        where = f"commit {c.sha[:10]}"
+        step_hash = c.first("Porter-Step")
+        step = steps.get(step_hash) if step_hash else None
+        if step is None:
+            flag(unit, f"{where} names step {_short(step_hash)} that is not in the ledger (step record deleted or trailer rewritten)")
+            continue
+        commit_of_step.setdefault(step_hash, c)
+        for label, got, want in (
+            ("Porter-Unit", unit, step.unit),
+            ("Porter-State", c.first("Porter-State"), step.state),
+            ("Porter-Candidate", c.first("Porter-Candidate"), step.candidate_sha256),
+        ):
+            if got != want:
+                flag(step.unit, f"{where} trailer {label}: {_short(got)} disagrees with its step record ({_short(want)})")
+        trailer_ev = c.trailers.get("porter-evidence", [])
+        if sorted(trailer_ev) != sorted(step.evidence):
+            extra = [e for e in trailer_ev if e not in step.evidence]
+            what = f"names evidence {_short(extra[0])} not in its step record" if extra else "lacks evidence its step record names"
+            flag(step.unit, f"{where} trailer Porter-Evidence {what} (trailer rewritten?)")
+        for sha in trailer_ev:
+            _, problem = evidence(sha)
+            if problem:
+                flag(step.unit, f"{where}: {problem}")
+
+    # step records against commits and evidence
+    for step_hash, step in steps.items():
+        if step_hash in history.abandoned_steps:
+            continue
+        if step_hash not in commit_of_step and step.line <= committed_lines:
+            flag(step.unit, f"step record at ledger line {step.line} (attempt {step.attempt}, {step.state}) has no commit (commit dropped?)")
+        for sha in step.evidence:
+            ev, problem = evidence(sha)
+            if problem:
+                flag(step.unit, problem)
+            elif ev.get("unit") != step.unit or ev.get("target") != target.name:
+                flag(step.unit, f"evidence {sha[:12]} is for {ev.get('target')}/{ev.get('unit')}, not this unit (swapped)")
+            elif ev.get("candidate_sha256") != step.candidate_sha256:
+                flag(step.unit, f"evidence {sha[:12]} judged candidate {_short(ev.get('candidate_sha256'))}, not the step's {_short(step.candidate_sha256)}")
+    return Integrity(dict(issues), problems, ledger_problems, commit_of_step, committed_lines)
+
+
+# ---- one unit's state: a pure function of its history, its file and the checks above ----
+
+
+@dataclass(frozen=True)
+class UnitFile:
+    """The unit file as it is now."""
+
+    sha256: str | None  # None: no file
+    placeholder: bool = False
+    static_problem: str | None = None  # the static gate's refusal of the file now
+
+
+def unit_file(target: Target, unit: str, use_static: bool) -> UnitFile:
+    try:
+        data = target.unit_path(unit).read_bytes()
+    except FileNotFoundError:
+        return UnitFile(None)
+    text = data.decode("utf-8", "replace")
+    placeholder = is_placeholder(text)
+    problem = None
+    if use_static and not placeholder:
+        try:
+            res = static.run(Candidate.of(unit, text), GateContext(target))
+            if not res.ok and not res.skipped:
+                problem = res.summary
+        except Exception as exc:  # a gate bug must not hide the other units
+            problem = f"static gate error: {type(exc).__name__}: {exc}"
+    return UnitFile(sha256_bytes(data), placeholder, problem)
+
+
+def unit_state(uh: UnitHistory, f: UnitFile, tampered: list[str], evidence, committed: set[str]) -> tuple[str, str]:
+    """(state, reason) of one unit; the first of the module docstring's states that holds."""
+    if tampered:
+        return "tampered", _first(tampered)
+    step = uh.last_step
+    if step is not None:
+        state, reason = _from_step(uh, step, f, evidence, committed)
+        refuted = uh.refutation
+        if state == "built" and refuted is not None:
+            # committed before parity could run; parity (or perf) has since refused this very file
+            state = "exhausted" if uh.exhausted else "failing"
+            reason = (f"the built file (attempt {step.attempt}) failed {refuted.gate}: {refuted.summary}"
+                      + ("; attempts used up" if uh.exhausted else ""))
+        return state, reason
+    n = len(uh.attempts)
+    if n == 0:
+        if f.sha256 is None:
+            return "unported", "no unit file, no attempt"
+        if f.placeholder:
+            return "unported", "placeholder, no attempt"
+        if f.static_problem:
+            return "unported", f"no attempt recorded; the file fails the static gate: {f.static_problem}"
+        return "unported", "the file is not a placeholder but no attempt is recorded (hand-written: unverified)"
+    last = uh.failures[-1] if uh.failures else None
+    why = (f"attempt {last.attempt}: {last.gate}: {last.summary}" if last
+           else "no gate result recorded (run in progress or interrupted)")
+    if uh.exhausted:
+        return "exhausted", f"{n} attempts used up; last {why}"
+    return "failing", f"{n} attempt{'s' if n != 1 else ''}; last {why}"
+
+
+def _from_step(uh: UnitHistory, step: Step, f: UnitFile, evidence, committed: set[str]) -> tuple[str, str]:
+    state, cand, when = step.state, step.candidate_sha256, f"attempt {step.attempt}"
+    if state not in STATE_GATE:
+        return "tampered", f"step record at ledger line {step.line} has unknown state {state!r}"
+    if f.sha256 is None:
+        return "stale", f"unit file deleted after it was {state} ({when})"
+    if f.sha256 != cand:
+        now = ("now a placeholder" if f.placeholder else
+               f"now fails the static gate: {f.static_problem}" if f.static_problem else "edited")
+        return "stale", (f"unit file changed after it was {state} ({when}): {now}; "
+                         f"file {f.sha256[:12]} != evidence candidate {_short(cand)}")
+    if f.placeholder:
+        return "tampered", f"evidence says a placeholder was {state} ({when})"
+    if f.static_problem:
+        return "stale", f"the static gate now rejects the {state} candidate: {f.static_problem}"
+    gate = STATE_GATE[state]
+    proof = next((sha for sha in step.evidence if (ev := evidence(sha)[0]) and ev.get("gate") == gate
+                  and ev.get("ok") is True and ev.get("candidate_sha256") == f.sha256), None)
+    if proof is None:
+        return "tampered", f"step claims {state} ({when}) but none of its evidence is a passing {gate} gate for this file"
+    reason = f"{gate} evidence {proof[:12]} matches the current file ({when})"
+    if state == "built":
+        reason += "; no parity evidence yet"
+    later = [a for a in uh.attempts if a.line > step.line]
+    if later:
+        reason += f"; {len(later)} later attempt{'s' if len(later) != 1 else ''} without a step"
+    if step.hash not in committed:
+        reason += "; not committed yet (run in progress or interrupted)"
+    return state, reason
 
 
 def derive(
@@ -249,270 +435,41 @@ def derive(
         key = load_key(workspace)
     ledger = Ledger(workspace, key)
     scan = ledger.scan()
-    integ = scan.integrity
+    history = History.from_scan(scan, target.name, workspace)
     gitv = read_git(workspace, ledger.path)
-    notes = list(integ.notes)
-    if gitv.reason:
-        notes.append(gitv.reason)
+    notes = list(scan.integrity.notes) + ([gitv.reason] if gitv.reason else [])
+    evidence = EvidenceCache(workspace)
+    integ = check_integrity(target, history, scan.integrity, scan.data, gitv, evidence)
 
-    ledger_problems = list(integ.problems)
-    committed_lines = 0
-    if gitv.ledger_blob is not None:
-        if gitv.committed_prefix(scan.data):
-            committed_lines = scan.data[: gitv.ledger_size].count(b"\n")
-        else:
-            ours, theirs = scan.data.split(b"\n"), gitv.committed_ledger().split(b"\n")
-            n = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
-            ledger_problems.append(
-                f"ledger.jsonl differs from the one committed at HEAD from line {n + 1} (committed lines rewritten or removed)"
-            )
-            committed_lines = n
-
-    # -- index the ledger -------------------------------------------------------
-    by_line: dict[int, dict] = {}
-    per_unit: dict[str, list[tuple[int, dict]]] = defaultdict(list)
-    steps: dict[str, tuple[int, dict]] = {}
-    reconciled: set[str] = set()
-    for lineno, rec in scan.entries:
-        by_line[lineno] = rec
-        if rec.get("target", target.name) != target.name:
-            continue
-        kind = rec.get("kind")
-        if kind == "reconcile" and isinstance(rec.get("step"), str):
-            reconciled.add(rec["step"])
-        unit = rec.get("unit")
-        if isinstance(unit, str):
-            per_unit[unit].append((lineno, rec))
-            if kind == "step" and isinstance(rec.get("hash"), str):
-                steps[rec["hash"]] = (lineno, rec)
-
-    issues: dict[str, list[str]] = defaultdict(list)  # unit -> why it is tampered
-    problems: list[str] = []  # tampering that names no unit of this target
-    units = set(target.units)
-
-    def flag(unit: str | None, text: str) -> None:
-        if unit in units:
-            issues[unit].append(text)
-        else:
-            problems.append(text if unit is None else f"{unit}: {text}")
-
-    for lineno, text in integ.bad_lines.items():
-        rec = by_line.get(lineno)
-        if rec is not None and rec.get("target", target.name) == target.name and isinstance(rec.get("unit"), str):
-            flag(rec["unit"], f"ledger {text}")
-
-    evidence_cache: dict[str, tuple[dict | None, str | None]] = {}
-
-    def evidence(sha: str) -> tuple[dict | None, str | None]:
-        if sha not in evidence_cache:
-            evidence_cache[sha] = check_evidence(workspace, sha)
-        return evidence_cache[sha]
-
-    # -- commits against step records ------------------------------------------------
-    commit_of_step: dict[str, Commit] = {}
-    for c in gitv.commits:  # newest first
-        unit = c.first("Porter-Unit")
-        ctarget = c.first("Porter-Target")
-        if unit is None and c.first("Porter-Step") is None:
-            continue  # not a step commit (other Porter-* trailers may come later)
-        if ctarget is not None and ctarget != target.name:
-            continue
-        if ctarget is None and unit not in units:
-            continue
-        where = f"commit {c.sha[:10]}"
-        step_hash = c.first("Porter-Step")
-        entry = steps.get(step_hash) if step_hash else None
-        if entry is None:
-            flag(unit, f"{where} names step {_short(step_hash)} that is not in the ledger (step record deleted or trailer rewritten)")
-            continue
-        commit_of_step.setdefault(step_hash, c)
-        _, step = entry
-        for label, got, want in (
-            ("Porter-Unit", unit, step.get("unit")),
-            ("Porter-State", c.first("Porter-State"), step.get("state")),
-            ("Porter-Candidate", c.first("Porter-Candidate"), step.get("candidate_sha256")),
-        ):
-            if got != want:
-                flag(step.get("unit"), f"{where} trailer {label}: {_short(got)} disagrees with its step record ({_short(want)})")
-        trailer_ev = c.trailers.get("porter-evidence", [])
-        step_ev = step.get("evidence") or []
-        if sorted(trailer_ev) != sorted(step_ev):
-            extra = [e for e in trailer_ev if e not in step_ev]
-            what = f"names evidence {_short(extra[0])} not in its step record" if extra else "lacks evidence its step record names"
-            flag(step.get("unit"), f"{where} trailer Porter-Evidence {what} (trailer rewritten?)")
-        for sha in trailer_ev:
-            _, problem = evidence(sha)
-            if problem:
-                flag(step.get("unit"), f"{where}: {problem}")
-
-    # -- step records against commits and evidence ------------------------------------
-    for step_hash, (lineno, step) in steps.items():
-        unit = step["unit"]
-        if step_hash in reconciled:
-            continue
-        if step_hash not in commit_of_step and lineno <= committed_lines:
-            flag(unit, f"step record at ledger line {lineno} (attempt {step.get('attempt')}, {step.get('state')}) has no commit (commit dropped?)")
-        for sha in step.get("evidence") or []:
-            data, problem = evidence(sha)
-            if problem:
-                flag(unit, problem)
-                continue
-            if data.get("unit") != unit or data.get("target") != target.name:
-                flag(unit, f"evidence {sha[:12]} is for {data.get('target')}/{data.get('unit')}, not this unit (swapped)")
-            elif data.get("candidate_sha256") != step.get("candidate_sha256"):
-                flag(unit, f"evidence {sha[:12]} judged candidate {_short(data.get('candidate_sha256'))}, not the step's {_short(step.get('candidate_sha256'))}")
-
-    # -- per unit -----------------------------------------------------------------
     ranking, ranking_reason = _ranking(target)
-    static_check = _static_gate() if use_static else None
-    if use_static and static_check is None:
-        notes.append("static gate unavailable (porter.gates.static not installed): unit files checked for the placeholder marker only")
-
     results: list[UnitStatus] = []
     for unit in target.units:
-        recs = per_unit.get(unit, [])
-        attempt_lines = [ln for ln, r in recs if r.get("kind") == "attempt"]
-        attempts = len(attempt_lines)
-        unit_steps = [(ln, r) for ln, r in recs if r.get("kind") == "step" and r.get("hash") not in reconciled]
-        exhausted_lines = [ln for ln, r in recs if r.get("kind") == "exhausted"]
-        failures = [r for _, r in recs if r.get("kind") == "failure"]
-
-        path = target.unit_path(unit)
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            data = None
-        sha = sha256_hex(data) if data is not None else None
-        text = data.decode("utf-8", "replace") if data is not None else None
-        placeholder = text is not None and _is_placeholder(text)
-        static_problem = None
-        if static_check is not None and text is not None and not placeholder:
-            try:
-                res = static_check(target, unit, text)
-                if not res.ok and not res.skipped:
-                    static_problem = res.summary
-            except Exception as exc:  # a gate bug must not hide the other units
-                static_problem = f"static gate error: {type(exc).__name__}: {exc}"
-
-        st = UnitStatus(unit=unit, state="unported", reason="", attempts=attempts, candidate_sha256=sha)
+        uh = history.unit(unit)
+        f = unit_file(target, unit, use_static)
+        state, reason = unit_state(uh, f, integ.issues.get(unit, []), evidence, set(integ.commit_of_step))
+        st = UnitStatus(unit=unit, state=state, reason=" ".join(reason.split()), attempts=len(uh.attempts),
+                        candidate_sha256=f.sha256)
         if ranking is not None and unit in ranking:
             st.tier = ranking[unit][0]
-        latest = unit_steps[-1] if unit_steps else None
-        if latest is not None:
-            st.evidence = list(latest[1].get("evidence") or [])
-            commit = commit_of_step.get(latest[1].get("hash"))
+        if uh.last_step is not None:
+            st.evidence = list(uh.last_step.evidence)
+            commit = integ.commit_of_step.get(uh.last_step.hash)
             st.commit = commit.sha if commit else None
-
-        if issues.get(unit):
-            st.state, st.reason = "tampered", _first(issues[unit])
-        elif latest is not None:
-            _derive_from_step(st, latest, attempt_lines, data, sha, placeholder, static_problem, evidence, commit_of_step)
-            refuted = [r for ln, r in recs if r.get("kind") == "failure" and ln > latest[0]
-                       and r.get("attempt") == latest[1].get("attempt") and r.get("gate") in ("parity", "perf")]
-            if st.state == "built" and refuted:
-                # committed before parity could run; parity (or perf) has since refused this very file
-                gone = exhausted_lines and exhausted_lines[-1] > latest[0]
-                st.state = "exhausted" if gone else "failing"
-                st.reason = (f"the built file (attempt {latest[1].get('attempt')}) failed {refuted[-1].get('gate')}: "
-                             f"{refuted[-1].get('summary')}" + ("; attempts used up" if gone else ""))
-        elif attempts == 0:
-            st.state = "unported"
-            if data is None:
-                st.reason = "no unit file, no attempt"
-            elif placeholder:
-                st.reason = "placeholder, no attempt"
-            elif static_problem:
-                st.reason = f"no attempt recorded; the file fails the static gate: {static_problem}"
-            else:
-                st.reason = "the file is not a placeholder but no attempt is recorded (hand-written: unverified)"
-        else:
-            last = failures[-1] if failures else None
-            why = (
-                f"attempt {last.get('attempt')}: {last.get('gate')}: {last.get('summary')}"
-                if last
-                else "no gate result recorded (run in progress or interrupted)"
-            )
-            if exhausted_lines and exhausted_lines[-1] > attempt_lines[-1]:
-                st.state, st.reason = "exhausted", f"{attempts} attempts used up; last {why}"
-            else:
-                st.state, st.reason = "failing", f"{attempts} attempt{'s' if attempts != 1 else ''}; last {why}"
-        st.reason = " ".join(st.reason.split())  # one line, whatever a summary carried
         results.append(st)
 
     if ranking is not None:
         results.sort(key=lambda u: (ranking.get(u.unit, ("~", 1 << 30))[1]))
         critical_units = [u for u in results if u.tier in CRITICAL_TIERS]
-        critical = {
-            "available": True,
-            "reason": None,
-            "tiers": list(CRITICAL_TIERS),
-            "units": [u.unit for u in critical_units],
-            "counts": _count(critical_units),
-        }
+        critical = {"available": True, "reason": None, "tiers": list(CRITICAL_TIERS),
+                    "units": [u.unit for u in critical_units], "counts": _count(critical_units)}
     else:
         critical = {"available": False, "reason": ranking_reason, "tiers": list(CRITICAL_TIERS), "units": [], "counts": None}
 
-    ledger_info = {
-        "records": integ.records,
-        "ok": not ledger_problems,
-        "keyed": integ.keyed,
-        "key": integ.key_state(),
-        "problems": ledger_problems,
-        "notes": list(integ.notes),
-        "committed_records": committed_lines,
-    }
-    return StatusReport(
-        target=target.name,
-        units=results,
-        counts=_count(results),
-        critical_path=critical,
-        ledger=ledger_info,
-        notes=notes,
-        problems=problems,
-    )
-
-
-def _derive_from_step(st, latest, attempt_lines, data, sha, placeholder, static_problem, evidence, commit_of_step) -> None:
-    ln, step = latest
-    state = step.get("state")
-    cand = step.get("candidate_sha256")
-    when = f"attempt {step.get('attempt')}"
-    if state not in STATE_GATE:
-        st.state, st.reason = "tampered", f"step record at ledger line {ln} has unknown state {state!r}"
-        return
-    if data is None:
-        st.state, st.reason = "stale", f"unit file deleted after it was {state} ({when})"
-        return
-    if sha != cand:
-        now = "now a placeholder" if placeholder else (f"now fails the static gate: {static_problem}" if static_problem else "edited")
-        st.state = "stale"
-        st.reason = f"unit file changed after it was {state} ({when}): {now}; file {sha[:12]} != evidence candidate {_short(cand)}"
-        return
-    if placeholder:
-        st.state, st.reason = "tampered", f"evidence says a placeholder was {state} ({when})"
-        return
-    if static_problem:
-        st.state, st.reason = "stale", f"the static gate now rejects the {state} candidate: {static_problem}"
-        return
-    gate = STATE_GATE[state]
-    proof = None
-    for ev_sha in step.get("evidence") or []:
-        ev, problem = evidence(ev_sha)
-        if ev and ev.get("gate") == gate and ev.get("ok") is True and ev.get("candidate_sha256") == sha:
-            proof = ev_sha
-            break
-    if proof is None:
-        st.state, st.reason = "tampered", f"step claims {state} ({when}) but none of its evidence is a passing {gate} gate for this file"
-        return
-    st.state = state
-    st.reason = f"{gate} evidence {proof[:12]} matches the current file ({when})"
-    if state == "built":
-        st.reason += "; no parity evidence yet"
-    later = [a for a in attempt_lines if a > ln]
-    if later:
-        st.reason += f"; {len(later)} later attempt{'s' if len(later) != 1 else ''} without a step"
-    if step.get("hash") not in commit_of_step:
-        st.reason += "; not committed yet (run in progress or interrupted)"
+    li = scan.integrity
+    ledger_info = {"records": li.records, "ok": not integ.ledger_problems, "keyed": li.keyed, "key": li.key_state(),
+                   "problems": integ.ledger_problems, "notes": list(li.notes), "committed_records": integ.committed_lines}
+    return StatusReport(target=target.name, units=results, counts=_count(results), critical_path=critical,
+                        ledger=ledger_info, notes=notes, problems=integ.problems)
 
 
 # ---- CLI ------------------------------------------------------------------------
@@ -589,8 +546,6 @@ def run(args) -> int:
     report = derive(workspace, getattr(args, "target", None), getattr(args, "source", None))
     fresh = contradicted_units = None
     if getattr(args, "reverify", False):
-        from porter.reverify import contradicted, reverify
-
         target = load_target(workspace, report.target, getattr(args, "source", None))
         fresh = reverify(target)
         contradicted_units = contradicted({u.unit: u.state for u in report.units}, fresh)
@@ -602,8 +557,6 @@ def run(args) -> int:
     else:
         render(report)
         if fresh is not None:
-            from porter.reverify import render_lines
-
             print("\nre-verified now (nothing recorded):")
             print("\n".join(render_lines(fresh)))
             if contradicted_units:

@@ -16,6 +16,7 @@ import pytest
 from porter.errors import PorterError
 from porter.gates import build
 from porter.target import load_target
+from porter.gates.driver import Candidate, GateContext, ParityOptions
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None,
                                 reason="nvcc not on PATH: the build gate needs the CUDA toolkit")
@@ -53,7 +54,7 @@ def fresh(src: str) -> str:
 
 
 def test_good_unit_compiles_links_and_exports_every_symbol(target, build_cache):
-    res = build.check(target, UNIT, GOOD, build_cache)
+    res = build.run(Candidate.of(UNIT, GOOD), GateContext(target, build_cache=build_cache))
     assert res.ok, res.summary + "\n" + res.diagnostics
     ev = res.evidence
     assert ev["gate"] == "build" and ev["unit"] == UNIT and ev["ok"] is True
@@ -69,14 +70,14 @@ def test_good_unit_compiles_links_and_exports_every_symbol(target, build_cache):
     assert ev["linked"][UNIT]["placeholder"] is False
     assert all(v["placeholder"] for u, v in ev["linked"].items() if u != UNIT)
     # the same candidate again comes from the cache
-    again = build.check(target, UNIT, GOOD, build_cache)
+    again = build.run(Candidate.of(UNIT, GOOD), GateContext(target, build_cache=build_cache))
     assert again.ok and again.evidence["object_cached"] is True
     assert again.evidence["library_sha256"] == ev["library_sha256"]
 
 
 def test_compile_error_fails_with_trimmed_diagnostics(target, build_cache):
     src = fresh(GOOD.replace("a[i] + b[i]", "a[i] + missing_name[i]"))
-    res = build.check(target, UNIT, src, build_cache)
+    res = build.run(Candidate.of(UNIT, src), GateContext(target, build_cache=build_cache))
     assert not res.ok and res.evidence["stage"] == "compile"
     assert res.summary.startswith(f"compile error: {UNIT}.cu(")
     assert 'identifier "missing_name" is undefined' in res.diagnostics
@@ -87,7 +88,7 @@ def test_compile_error_fails_with_trimmed_diagnostics(target, build_cache):
 
 def test_signature_drift_is_a_compile_error(target, build_cache):
     drifted = HEAD.replace("uint64_t n)", "uint32_t n)")
-    res = build.check(target, UNIT, fresh(KERNEL + drifted + BODY), build_cache)
+    res = build.run(Candidate.of(UNIT, fresh(KERNEL + drifted + BODY)), GateContext(target, build_cache=build_cache))
     assert not res.ok and res.evidence["stage"] == "compile"
     assert '"C" linkage' in res.summary  # the forced include's declaration conflicts with it
 
@@ -96,7 +97,7 @@ def test_missing_extern_c_fails_the_export_check(target, build_cache):
     # Without extern "C" and with a drifted signature the definition is a C++ overload:
     # it compiles, but the library no longer exports the C symbol.
     overload = HEAD.replace('extern "C" ', "").replace("uint64_t n)", "uint32_t n)")
-    res = build.check(target, UNIT, fresh(KERNEL + overload + BODY.replace("(n + 255)", "((uint64_t)n + 255)")), build_cache)
+    res = build.run(Candidate.of(UNIT, fresh(KERNEL + overload + BODY.replace("(n + 255)", "((uint64_t)n + 255)"))), GateContext(target, build_cache=build_cache))
     assert not res.ok and res.evidence["stage"] == "exports", res.summary
     assert f"does not export {UNIT} under its C name" in res.summary
     assert "C++-mangled _Z" in res.summary
@@ -106,28 +107,28 @@ def test_missing_extern_c_fails_the_export_check(target, build_cache):
 def test_exact_signature_without_extern_c_inherits_c_linkage(target, build_cache):
     """Documented behaviour: the force-included header already declared it extern "C"; the
     static gate is what insists on the keyword in the unit file."""
-    res = build.check(target, UNIT, fresh(KERNEL + HEAD.replace('extern "C" ', "") + BODY), build_cache)
+    res = build.run(Candidate.of(UNIT, fresh(KERNEL + HEAD.replace('extern "C" ', "") + BODY)), GateContext(target, build_cache=build_cache))
     assert res.ok, res.summary
 
 
 def test_undefined_symbol_fails_at_link(target, build_cache):
     src = fresh(KERNEL + 'extern "C" int porter_test_not_defined_anywhere(void);\n' + HEAD
                 + BODY.replace("return MINI_CUDA_LAUNCH_OK", "return porter_test_not_defined_anywhere() + MINI_CUDA_LAUNCH_OK"))
-    res = build.check(target, UNIT, src, build_cache)
+    res = build.run(Candidate.of(UNIT, src), GateContext(target, build_cache=build_cache))
     assert not res.ok and res.evidence["stage"] == "link"
     assert "porter_test_not_defined_anywhere" in res.diagnostics
 
 
 def test_nvcc_timeout_is_a_failed_build(target, build_cache, monkeypatch):
     monkeypatch.setattr(build, "NVCC_TIMEOUT_S", 0.01)
-    res = build.check(target, UNIT, fresh(GOOD), build_cache)
+    res = build.run(Candidate.of(UNIT, fresh(GOOD)), GateContext(target, build_cache=build_cache))
     assert not res.ok and "nvcc timed out" in res.summary
 
 
 def test_no_nvcc_on_path_is_a_one_line_error(target, build_cache, monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(PorterError) as exc:
-        build.check(target, UNIT, GOOD, build_cache)
+        build.run(Candidate.of(UNIT, GOOD), GateContext(target, build_cache=build_cache))
     assert str(exc.value).startswith("nvcc not found on PATH") and "\n" not in str(exc.value)
 
 

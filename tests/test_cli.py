@@ -83,14 +83,6 @@ def test_workspace_is_found_from_a_subdirectory(workspace, porter_cli):
     assert r.returncode == 0 and json.loads(r.stdout)["target"] == "minimoe"
 
 
-def test_missing_module_is_one_line(workspace, monkeypatch, capsys):
-    monkeypatch.setitem(cli.DELEGATED, "plan", ("porter.no_such_module_for_test", "x"))
-    rc = cli.main(["-C", str(workspace), "plan", "--anything"])
-    err = capsys.readouterr().err.strip()
-    assert rc == 2 and "\n" not in err
-    assert err.startswith("porter: error: `porter plan` is not available")
-
-
 def test_delegated_commands_get_workspace_and_target(workspace, monkeypatch, capsys):
     seen = {}
     mod = types.ModuleType("porter_fake_plan")

@@ -9,7 +9,7 @@ exactly once), a manifest rule that matches zero or two times is refused with
 one line, every ds4 spec validates against ds4_gpu.h and builds its inputs and
 references for two seeds with identical layouts.
 
-With a GPU (one session-wide run of porter.known_good.calibrate): every spec
+With a GPU (one session-wide run of porter.calibration.calibrator.calibrate): every spec
 passes against the upstream library, and every mutant of targets/ds4/mutants.toml
 fails its unit's spec by the check the manifest names -- among them the routed
 experts' IQ2_XXS blocks decoded as Q8_0.  PORTER_DS4_REPORT=FILE keeps the report.
@@ -17,7 +17,6 @@ experts' IQ2_XXS blocks decoded as Q8_0.  PORTER_DS4_REPORT=FILE keeps the repor
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -26,7 +25,10 @@ from pathlib import Path
 import pytest
 
 from porter.errors import PorterError
-from porter.known_good import Mutation, Rule, apply_mutation, build_library, load_mutations
+from porter.calibration.calibrator import CalibrateOptions, calibrate, table
+from porter.calibration.libraries import UpstreamLibraries, build_upstream, libraries_for
+from porter.calibration.mutants import Mutant, Rule, rule_mutants
+from porter.gates.driver import ParityOptions
 
 REPO = Path(__file__).resolve().parents[1]
 REQUIRED_UNITS = {"ds4_gpu_rms_norm_plain_rows_tensor", "ds4_gpu_matmul_q8_0_tensor", "ds4_gpu_rope_tail_tensor",
@@ -58,17 +60,17 @@ def target():
 # ---------------------------------------------------------------------------
 
 def _mut(*rules):
-    return Mutation("m", "u", "f.cu", "values", "why", tuple(Rule(s, r) for s, r in rules))
+    return Mutant("u", "m", "values", "why", "rules", file="f.cu", rules=tuple(Rule(s, r) for s, r in rules))
 
 
 def test_apply_mutation_needs_exactly_one_match():
-    assert apply_mutation("a x b", _mut(("x", "y"))) == "a y b"
+    assert _mut(("x", "y")).apply("a x b") == "a y b"
     with pytest.raises(PorterError, match="occurs 0 times"):
-        apply_mutation("a b", _mut(("x", "y")))
+        _mut(("x", "y")).apply("a b")
     with pytest.raises(PorterError, match="occurs 2 times"):
-        apply_mutation("x x", _mut(("x", "y")))
+        _mut(("x", "y")).apply("x x")
     # rules apply in order, each to the text the previous one left
-    assert apply_mutation("ab", _mut(("a", "c"), ("cb", "d"))) == "d"
+    assert _mut(("a", "c"), ("cb", "d")).apply("ab") == "d"
 
 
 def test_load_mutations_refuses_bad_manifests(tmp_path):
@@ -78,23 +80,23 @@ def test_load_mutations_refuses_bad_manifests(tmp_path):
     (tmp_path / "mutants.toml").write_text('[[mutant]]\nname="a"\nunit="u"\nfile="f"\nmust_fail_check="nope"\n'
                                            'why="w"\n[[mutant.rule]]\nsearch="x"\nreplace="y"\n')
     with pytest.raises(PorterError, match="unknown check"):
-        load_mutations(T)
+        rule_mutants(T)
     (tmp_path / "mutants.toml").write_text('[[mutant]]\nname="a"\nunit="u"\nfile="f"\nmust_fail_check="values"\n'
                                            'why="w"\n[[mutant.rule]]\nsearch="x"\nreplace="x"\n')
     with pytest.raises(PorterError, match="replace equals search"):
-        load_mutations(T)
+        rule_mutants(T)
     (tmp_path / "mutants.toml").write_text('[[mutant]]\nname="a"\nunit="u"\n')
     with pytest.raises(PorterError, match="lacks"):
-        load_mutations(T)
+        rule_mutants(T)
 
 
 @needs_checkout
 def test_every_manifest_mutant_applies_once_to_the_checkout(target):
-    muts = load_mutations(target)
+    muts = rule_mutants(target)
     assert any(m.unit == "ds4_gpu_routed_moe_one_tensor" and "q8_0" in m.name for m in muts)
     src = (target.checkout / "ds4_cuda.cu").read_text()
     for m in muts:
-        out = apply_mutation(src, m)
+        out = m.apply(src)
         assert out != src and "porter mutant" in out
         assert m.unit in {f.name for f in target.api}
 
@@ -106,21 +108,28 @@ def test_build_refuses_a_checkout_without_the_backend(target, tmp_path):
     t = copy.copy(target)
     t.checkout = tmp_path
     with pytest.raises(PorterError, match="lacks ds4_cuda.cu"):
-        build_library(t, None, tmp_path / "out")
+        build_upstream(t, None, tmp_path / "out")
 
 
 @needs_checkout
-def test_porter_calibrate_known_good_upstream_builds_from_the_checkout(target, monkeypatch, tmp_path):
-    """`porter calibrate --known-good upstream` takes its library from porter.known_good."""
-    import porter.known_good as kg
-    from porter.calibrate import known_good_sources
+def test_porter_calibrate_known_good_upstream_builds_from_the_checkout_and_runs_its_mutants(target, monkeypatch,
+                                                                                             tmp_path):
+    """`porter calibrate --known-good upstream` builds the checkout's backend AND every mutants.toml rule:
+    a spec is recorded as calibrated only with its mutants (it used to run none)."""
+    import porter.calibration.libraries as libs_mod
+    from porter.calibration.calibrator import select_mutants
 
     lib = tmp_path / "libds4_cuda.so"
     lib.write_bytes(b"")
     seen = []
-    monkeypatch.setattr(kg, "build_library", lambda t, m=None, out=None: seen.append((t.name, m)) or lib)
-    sources, prebuilt, desc = known_good_sources(target, "upstream")
-    assert sources is None and prebuilt == lib and seen == [("ds4", None)] and "upstream ds4" in desc
+    monkeypatch.setattr(libs_mod, "build_upstream", lambda t, m=None, out=None: seen.append((t.name, m)) or lib)
+    libs = libraries_for(target, "upstream", tmp_path / "cache")
+    assert isinstance(libs, UpstreamLibraries) and "upstream ds4" in libs.describe
+    assert libs.known_good() == lib and seen == [("ds4", None)]
+    opts = CalibrateOptions(tmp_path, units=None)
+    chosen = select_mutants(target, libs, sorted({m.unit for m in rule_mutants(target)}), opts)
+    assert {m.name for m in chosen} == {m.name for m in rule_mutants(target)} and chosen
+    assert select_mutants(target, libs, [m.unit for m in chosen], CalibrateOptions(tmp_path, with_mutants=False)) == []
 
 
 # ---------------------------------------------------------------------------
@@ -251,33 +260,55 @@ def _stand_in(tmp_path, *defines) -> Path:
 def test_specs_in_host_mode_accept_a_right_stand_in_and_name_the_fault(target, tmp_path, unit, fault, check):
     from porter.gates.parity.gate import run_spec
     from porter.gates.parity.spec import load_spec
-    from porter.known_good import first_check
-
     lib = _stand_in(tmp_path, *([fault] if fault else []))
     res = run_spec(target, load_spec(target, unit), lib, workspace=tmp_path, mode="host", timing_reps=0)
-    assert first_check(res) == check, res.summary
+    assert res.word == check, res.summary
+
+
+class _StandIns:
+    """A library builder over host stand-ins: the right one, and one compiled with a fault per mutant."""
+
+    describe = "host stand-in"
+
+    def __init__(self, tmp_path):
+        self.tmp = tmp_path
+
+    def has(self, unit):
+        return True
+
+    def prepare(self, mutants):
+        pass
+
+    def known_good(self):
+        return _stand_in(self.tmp)
+
+    def mutant(self, m):
+        return _stand_in(self.tmp, m.file)
 
 
 @needs_checkout
-def test_calibrate_driver_records_calibration_in_the_ledger(target, tmp_path):
-    """The driver end to end in host mode with a prebuilt stand-in: rows, then ledger
-    records that make the parity gate call these exact specs calibrated."""
-    from porter.calibrate import calibration_status
+def test_calibrate_records_a_spec_calibrated_only_with_its_mutants_rejected(target, tmp_path, monkeypatch):
+    """The calibrator end to end in host mode: a spec whose known-good passed and whose mutant was
+    rejected by its check is calibrated; one with no mutant is not; one never run is 'never calibrated'."""
+    import porter.calibration.calibrator as cal
     from porter.gates.parity.spec import load_spec
-    from porter.known_good import calibrate
+    from porter.history import History
 
-    lib = _stand_in(tmp_path)
-    units = ["ds4_gpu_indexer_topk_tensor", "ds4_gpu_swiglu_tensor"]
+    topk, swiglu = "ds4_gpu_indexer_topk_tensor", "ds4_gpu_swiglu_tensor"
+    ties = Mutant(topk, "ties-high", "tie-rule", "ties rank the higher index first", "rules",
+                  file="FAULT_TIES_HIGHER_FIRST")
+    monkeypatch.setattr(cal, "load_mutants", lambda t: [ties])
     ws = tmp_path / "ws"
     ws.mkdir()
-    args = argparse.Namespace(workspace=ws, unit=units, mutant=None, all_mutants=False, timeout=60.0, timing_reps=0,
-                              mode="host", out_dir=None, library=str(lib), ledger=True)
-    rep = calibrate(target, args, out=lambda *a: None)
-    assert [(r["unit"], r["got"]) for r in rep["rows"]] == [(u, "pass") for u in units]
-    for u in units:
-        st = calibration_status(ws, "ds4", load_spec(target, u))
-        assert st["calibrated"], st
-    st = calibration_status(ws, "ds4", load_spec(target, "ds4_gpu_rope_tail_tensor"))
+    opts = CalibrateOptions(ws, units=[topk, swiglu], parity=ParityOptions(mode="host", timing_reps=0))
+    rep = calibrate(target, _StandIns(tmp_path), opts, out=lambda *a: None)
+    assert [(r["unit"], r["kind"], r["got"], r["ok"]) for r in rep["rows"]] == [
+        (topk, "known-good", "pass", True), (topk, "rules", "tie-rule", True), (swiglu, "known-good", "pass", True)]
+    history = History.read(ws, "ds4")
+    assert history.calibration_status(topk, load_spec(target, topk).sha256)["calibrated"]
+    st = history.calibration_status(swiglu, load_spec(target, swiglu).sha256)
+    assert not st["calibrated"] and "no mutant" in st["reason"]
+    st = history.calibration_status("ds4_gpu_rope_tail_tensor", load_spec(target, "ds4_gpu_rope_tail_tensor").sha256)
     assert not st["calibrated"] and "never calibrated" in st["reason"]
 
 
@@ -308,13 +339,9 @@ def report(request):
     if why:  # before the target fixture: without a checkout it cannot load, and that is a skip, not an error
         pytest.skip(why)
     target = request.getfixturevalue("target")
-    from porter.calibrate import table
-    from porter.known_good import calibrate
-
-    args = argparse.Namespace(workspace=REPO, unit=None, mutant=None, all_mutants=True, timeout=180.0,
-                              timing_reps=10, mode="cuda", out_dir=os.environ.get("PORTER_KNOWN_GOOD_DIR"),
-                              library=None, ledger=False)
-    rep = calibrate(target, args)
+    out_dir = os.environ.get("PORTER_KNOWN_GOOD_DIR")
+    libs = UpstreamLibraries(target, Path(out_dir) if out_dir else None)
+    rep = calibrate(target, libs, CalibrateOptions(REPO, parity=ParityOptions(timeout=180.0), ledger=False))
     print("\n" + table(rep))
     if os.environ.get("PORTER_DS4_REPORT"):
         Path(os.environ["PORTER_DS4_REPORT"]).write_text(json.dumps(rep, indent=1, default=str))
@@ -331,7 +358,7 @@ def test_upstream_passes_every_ds4_spec(report):
 
 @pytest.mark.gpu
 def test_every_mutant_is_rejected_by_its_check(report):
-    muts = [r for r in report["rows"] if r["kind"] == "mutant"]
+    muts = [r for r in report["rows"] if r["kind"] == "rules"]
     assert any(r["name"] == "iq2_xxs-as-q8_0" for r in muts)
     wrong = {r["name"]: f"want {r['expect']}, got {r['got']}: {r['summary']}" for r in muts if not r["ok"]}
     assert not wrong, wrong

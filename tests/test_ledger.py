@@ -13,7 +13,8 @@ import pytest
 
 from porter import ledger as ledger_mod
 from porter.errors import PorterError
-from porter.ledger import ZERO, Ledger, canonical, chain_hmac, load_key, record_hash, sha256_hex
+from porter.digest import sha256_bytes
+from porter.ledger import ZERO, Ledger, canonical, chain_hmac, load_key, record_hash
 
 KEY = b"test-key-kept-outside"
 
@@ -36,8 +37,8 @@ def test_record_format_and_chain(tmp_path):
     raw = lines(led)
     assert [r["seq"] for r in recs] == [1, 2, 3]
     assert recs[0]["prev"] == ZERO
-    assert recs[1]["prev"] == sha256_hex(raw[0])
-    assert recs[2]["prev"] == sha256_hex(raw[1])
+    assert recs[1]["prev"] == sha256_bytes(raw[0])
+    assert recs[2]["prev"] == sha256_bytes(raw[1])
     for r, line in zip(recs, raw):
         assert r["hash"] == record_hash(r)
         assert "hmac" not in r
@@ -175,7 +176,7 @@ def test_key_added_later(tmp_path):
     rec["hash"] = record_hash(rec)
     raw[0] = canonical(rec)
     rec1 = json.loads(raw[1])
-    rec1["prev"] = sha256_hex(raw[0])
+    rec1["prev"] = sha256_bytes(raw[0])
     rec1["hash"] = record_hash(rec1)
     raw[1] = canonical(rec1)
     write_lines(keyed, raw)  # chain recomputed up to the signed line, which now breaks
@@ -212,7 +213,7 @@ def test_torn_tail_detected_and_repaired_keeping_the_bytes(tmp_path):
     assert [r["kind"] for r in recs] == ["attempt"] * 3 + ["repair", "gate"]
     repair = recs[3]
     assert repair["torn_file"] == f"ledger/{torn_files[0].name}"
-    assert repair["torn_bytes"] == len(torn) and repair["torn_sha256"] == sha256_hex(torn)
+    assert repair["torn_bytes"] == len(torn) and repair["torn_sha256"] == sha256_bytes(torn)
     assert rec["seq"] == 5
     integ = led.verify()
     assert integ.ok and integ.keyed and not integ.notes

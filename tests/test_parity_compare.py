@@ -16,6 +16,7 @@ import pytest
 
 from porter.gates.parity import compare, runner
 from porter.gates.parity.compare import Failure
+from porter.gates.driver import Candidate, GateContext, ParityOptions
 
 REPO = Path(__file__).resolve().parents[1]
 CC = shutil.which("cc") or shutil.which("gcc")
@@ -278,7 +279,7 @@ def test_check_is_skipped_not_ok_without_gpu(monkeypatch, target, tmp_path):
 
     parity.available.cache_clear()
     monkeypatch.setenv("PORTER_PARITY", "off")
-    r = parity.check(target, "mini_gpu_swiglu_tensor", tmp_path / "lib.so", tmp_path)
+    r = parity.run(Candidate.of("mini_gpu_swiglu_tensor", ""), GateContext(target, tmp_path, library=tmp_path / "lib.so"))
     assert r.skipped and not r.ok and "parity skipped" in r.summary
     parity.available.cache_clear()
 
@@ -286,7 +287,8 @@ def test_check_is_skipped_not_ok_without_gpu(monkeypatch, target, tmp_path):
 def test_check_skips_units_without_spec(target, tmp_path):
     from porter.gates import parity
 
-    r = parity.check(target, "mini_gpu_init", tmp_path / "lib.so", tmp_path, mode="host")
+    r = parity.run(Candidate.of("mini_gpu_init", ""),
+                   GateContext(target, tmp_path, library=tmp_path / "lib.so", parity=ParityOptions(mode="host")))
     assert r.skipped and "no parity spec" in r.summary
 
 
@@ -517,7 +519,7 @@ def test_evaluate_names_stream_failures(target):
 # ---------------------------------------------------------------------------
 
 def test_adversarial_manifest_is_complete(target):
-    from porter.calibrate import adversarial
+    from porter.calibration.mutants import adversarial
     from porter.cparse import function_definitions
 
     muts = adversarial(target)
@@ -528,28 +530,31 @@ def test_adversarial_manifest_is_complete(target):
             "timeout", "crash", "cuda-error", "rc"} <= checks
     for m in muts:
         defs = [d for d in function_definitions(m.source) if d.name == m.unit]
-        assert len(defs) == 1 and defs[0].extern_c, m.file
-        assert m.source.lstrip().startswith(("//", "#include")), m.file
+        assert len(defs) == 1 and defs[0].extern_c, m.name
+        assert m.source.lstrip().startswith(("//", "#include")), m.name
 
 
 def test_calibration_status_from_ledger(tmp_path, target):
-    from porter.calibrate import calibration_status
     from porter.gates.parity.spec import load_spec
+    from porter.history import History
     from porter.ledger import Ledger
 
+    def calibration_status():
+        return History.read(tmp_path, "minimoe").calibration_status(spec.unit, spec.sha256)
+
     spec = load_spec(target, "mini_gpu_add_tensor")
-    assert calibration_status(tmp_path, "minimoe", spec)["calibrated"] is False
+    assert calibration_status()["calibrated"] is False
     Ledger(tmp_path).append("calibration", target="minimoe", unit=spec.unit, ok=True, spec_sha256="0" * 64)
-    st = calibration_status(tmp_path, "minimoe", spec)
+    st = calibration_status()
     assert not st["calibrated"] and "changed" in st["reason"]
     Ledger(tmp_path).append("calibration", target="minimoe", unit=spec.unit, ok=True, spec_sha256=spec.sha256,
                             known_good="scripted", mutants=3, mutants_rejected=3)
-    st = calibration_status(tmp_path, "minimoe", spec)
+    st = calibration_status()
     assert st["calibrated"] and st["mutants_rejected"] == 3
 
 
 def test_calibration_tables_render():
-    from porter.calibrate import matrix, table
+    from porter.calibration.calibrator import matrix, table
 
     rows = [
         {"unit": "mini_gpu_add_tensor", "kind": "known-good", "name": "scripted", "expect": "pass", "got": "pass",

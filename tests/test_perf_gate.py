@@ -12,6 +12,7 @@ from porter.gates import perf
 from porter.gates.result import GateResult
 from porter.ledger import Ledger
 from porter.target import load_target
+from porter.gates.driver import Candidate, GateContext, ParityOptions
 
 UNIT = "mini_gpu_matmul_q8_0_tensor"
 SPEC_SHA = "ab" * 32
@@ -34,7 +35,7 @@ def _calibrate(ws, median_ms: float, spec_sha: str = SPEC_SHA, ok: bool = True) 
 
 def test_a_serial_kernel_hundreds_of_times_slower_is_refused(workspace):
     _calibrate(workspace, 0.012)
-    res = perf.check(load_target(workspace, "minimoe"), UNIT, _parity(9.5), workspace)
+    res = perf.run(Candidate.of(UNIT, ""), GateContext(load_target(workspace, "minimoe"), workspace, results={"parity": _parity(9.5)}))
     assert not res.ok and not res.skipped
     assert res.summary.startswith("perf failed") and "(791.7x; limit 8x)" in res.summary
     assert res.evidence["baseline"]["median_ms"] == 0.012 and res.evidence["ratio"] > 700
@@ -43,7 +44,7 @@ def test_a_serial_kernel_hundreds_of_times_slower_is_refused(workspace):
 
 def test_a_kernel_near_the_baseline_passes(workspace):
     _calibrate(workspace, 0.012)
-    res = perf.check(load_target(workspace, "minimoe"), UNIT, _parity(0.018), workspace)
+    res = perf.run(Candidate.of(UNIT, ""), GateContext(load_target(workspace, "minimoe"), workspace, results={"parity": _parity(0.018)}))
     assert res.ok and not res.skipped and "1.5x" in res.summary
 
 
@@ -51,25 +52,25 @@ def test_the_limit_is_the_targets_setting(workspace):
     toml = workspace / "targets" / "minimoe" / "target.toml"
     toml.write_text(toml.read_text() + "\n[perf]\nmax_slowdown = 1.2\n")
     _calibrate(workspace, 0.012)
-    res = perf.check(load_target(workspace, "minimoe"), UNIT, _parity(0.018), workspace)
+    res = perf.run(Candidate.of(UNIT, ""), GateContext(load_target(workspace, "minimoe"), workspace, results={"parity": _parity(0.018)}))
     assert not res.ok and "limit 1.2x" in res.summary
 
 
 def test_no_calibration_means_skipped_not_passed(workspace):
-    res = perf.check(load_target(workspace, "minimoe"), UNIT, _parity(9.5), workspace)
+    res = perf.run(Candidate.of(UNIT, ""), GateContext(load_target(workspace, "minimoe"), workspace, results={"parity": _parity(9.5)}))
     assert res.skipped and not res.ok and "porter calibrate" in res.summary
 
 
 def test_a_changed_or_failed_calibration_is_no_baseline(workspace):
     _calibrate(workspace, 0.012, spec_sha="ef" * 32)
     _calibrate(workspace, 0.012, ok=False)
-    res = perf.check(load_target(workspace, "minimoe"), UNIT, _parity(9.5), workspace)
+    res = perf.run(Candidate.of(UNIT, ""), GateContext(load_target(workspace, "minimoe"), workspace, results={"parity": _parity(9.5)}))
     assert res.skipped and not res.ok and "changed or failed" in res.summary
 
 
 def test_different_timed_cases_are_not_compared(workspace):
     _calibrate(workspace, 0.012)
-    res = perf.check(load_target(workspace, "minimoe"), UNIT, _parity(9.5, case="another case"), workspace)
+    res = perf.run(Candidate.of(UNIT, ""), GateContext(load_target(workspace, "minimoe"), workspace, results={"parity": _parity(9.5, case="another case")}))
     assert res.skipped and not res.ok
 
 
@@ -77,5 +78,5 @@ def test_the_gate_can_be_switched_off_and_then_says_so(workspace):
     toml = workspace / "targets" / "minimoe" / "target.toml"
     toml.write_text(toml.read_text() + "\n[perf]\nenabled = false\n")
     _calibrate(workspace, 0.012)
-    res = perf.check(load_target(workspace, "minimoe"), UNIT, _parity(9.5), workspace)
+    res = perf.run(Candidate.of(UNIT, ""), GateContext(load_target(workspace, "minimoe"), workspace, results={"parity": _parity(9.5)}))
     assert res.skipped and not res.ok and "off" in res.summary

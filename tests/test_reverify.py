@@ -18,7 +18,7 @@ from porter.cli import main
 from porter.extract import extract_unit_source
 from porter.gates.result import GateResult
 from porter.ledger import Ledger
-from porter.loop import sha256_bytes
+from porter.digest import sha256_bytes
 from porter.target import load_target
 
 ATTN = "mini_gpu_attention_window_tensor"  # scripted: no-sink answer (parity must refuse), then the good one
@@ -42,15 +42,26 @@ class StandInParity:
         self.bad = bad
         self.calls: list[tuple[str, str]] = []
 
-    def check(self, target, unit, library, workspace=None, *, candidate_sha256=None):
+    def run(self, candidate, ctx):
         from porter.gates.parity.spec import load_spec
 
-        if load_spec(target, unit) is None:  # as the real gate: runtime units have no spec
+        unit, candidate_sha256 = candidate.unit, candidate.sha256
+        if load_spec(ctx.target, unit) is None:  # as the real gate: runtime units have no spec
             return GateResult("parity", False, "parity skipped: no spec (stand-in)", skipped=True)
         self.calls.append((unit, candidate_sha256))
         ok = candidate_sha256 not in self.bad
         return GateResult("parity", ok, "parity ok (stand-in)" if ok else "parity failed [values] (stand-in)",
                           evidence={"candidate_sha256": candidate_sha256, "stand_in": True})
+
+
+def use_parity(monkeypatch, stand_in: StandInParity | None) -> None:
+    """The parity gate the driver runs: none (no GPU here), or the stand-in."""
+    import porter.gates.parity as parity
+    from porter.gates import driver
+
+    monkeypatch.setattr(parity, "available", lambda: (False, "no GPU in this test") if stand_in is None
+                        else (True, "stand-in"))
+    monkeypatch.setitem(driver.GATES, "parity", stand_in or parity)
 
 
 def _run(ws, *args) -> int:
@@ -59,10 +70,8 @@ def _run(ws, *args) -> int:
 
 @needs_nvcc
 def test_built_units_are_verified_or_reported_once_parity_can_run(workspace, build_cache, monkeypatch):
-    import porter.loop as loop
-
     target = load_target(workspace, "minimoe")
-    monkeypatch.setattr(loop, "parity_gate", lambda: (None, "no GPU in this test"))
+    use_parity(monkeypatch, None)
     assert _run(workspace, "--unit", ATTN, "--unit", ADD, "--max-attempts", "3") == 0
     built = Ledger(workspace).records()
     assert [r["state"] for r in built if r["kind"] == "step"] == ["built", "built"]
@@ -70,7 +79,7 @@ def test_built_units_are_verified_or_reported_once_parity_can_run(workspace, bui
     assert no_sink_sha in _parity_bad_shas(target)  # the no-sink answer was committed: CI could not tell
 
     stand_in = StandInParity(_parity_bad_shas(target))
-    monkeypatch.setattr(loop, "parity_gate", lambda: (stand_in, None))
+    use_parity(monkeypatch, stand_in)
     add_file = target.unit_path(ADD).read_bytes()
     assert _run(workspace, "--unit", ATTN, "--unit", ADD, "--max-attempts", "3") == 0
 
@@ -99,10 +108,10 @@ def test_a_refuted_built_unit_is_not_rechecked_every_run(workspace, build_cache,
     import porter.loop as loop
 
     target = load_target(workspace, "minimoe")
-    monkeypatch.setattr(loop, "parity_gate", lambda: (None, "no GPU in this test"))
+    use_parity(monkeypatch, None)
     assert _run(workspace, "--unit", ATTN, "--max-attempts", "1") == 0
     stand_in = StandInParity(_parity_bad_shas(target))
-    monkeypatch.setattr(loop, "parity_gate", lambda: (stand_in, None))
+    use_parity(monkeypatch, stand_in)
     # one attempt allowed: the committed candidate is refuted, the good answer is then refused too
     stand_in.bad.add(sha256_bytes(extract_unit_source(
         (target.scripted_dir / f"good/{ATTN}.md").read_text(), ATTN, target).encode()))

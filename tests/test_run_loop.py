@@ -22,7 +22,9 @@ import pytest
 
 from porter import gitops
 from porter.ledger import Ledger
-from porter.loop import is_exhausted, parity_gate, parse_duration
+from porter.gates import parity
+from porter.history import History
+from porter.loop import parse_duration
 from porter.target import load_target
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None,
@@ -57,7 +59,7 @@ def test_the_walk_ends_with_every_unit_built(walk):
     assert walk["first"].returncode == 0, walk["first"].stdout + walk["first"].stderr
     steps = of(walk["records"], "step")
     assert sorted(s["unit"] for s in steps) == sorted(walk["target"].units)
-    if parity_gate()[0] is None:
+    if not parity.available()[0]:
         assert {s["state"] for s in steps} == {"built"}, "without a GPU nothing may be called verified"
     assert not of(walk["records"], "exhausted")
 
@@ -114,8 +116,8 @@ def test_extraction_failures_record_no_candidate(walk):
 
 def test_parity_and_perf_answers_without_a_gpu_are_committed_as_built(walk):
     """Honest limit of no-GPU CI: answers only parity/perf can refuse pass static + build."""
-    if parity_gate()[0] is not None:
-        pytest.skip("a parity gate is available here: helper G's tests cover these answers")
+    if parity.available()[0]:
+        pytest.skip("a parity gate is available here: tests/test_parity_gpu.py covers these answers")
     records = walk["records"]
     later = [a for a in walk["manifest"] if a["expect"] in ("parity", "perf")]
     assert later, "the scripted answers should include parity/perf-only bugs"
@@ -124,8 +126,8 @@ def test_parity_and_perf_answers_without_a_gpu_are_committed_as_built(walk):
         n = [a["file"] for a in walk["manifest"] if a["unit"] == unit].index(ans["file"]) + 1
         (step,) = of(records, "step", unit)
         assert step["attempt"] == n and step["state"] == "built", f"{ans['file']} should have been committed as built"
-        (parity,) = [g for g in of(records, "gate", unit, n) if g["gate"] == "parity"]
-        assert parity["skipped"] is True and parity["ok"] is False
+        (gate,) = [g for g in of(records, "gate", unit, n) if g["gate"] == "parity"]
+        assert gate["skipped"] is True and gate["ok"] is False
 
 
 def test_one_commit_per_step_with_its_trailers(walk):
@@ -222,13 +224,13 @@ def test_exhausted_unit_is_recorded_skipped_and_retried_on_request(workspace, bu
     r = porter_cli(workspace, "run", "--unit", unit, "--max-attempts", "1")
     assert r.returncode == 1 and "exhausted" in r.stdout
     records = Ledger(workspace).records()
-    assert is_exhausted(records, "minimoe", unit)
+    assert History.read(workspace, "minimoe").unit(unit).exhausted
     assert [x["kind"] for x in records if x.get("unit") == unit][-1] == "exhausted"
     # the ledger records of a run without a step are committed too
     assert gitops.git(workspace, "status", "--porcelain", "--", "ledger").strip() == ""
     r = porter_cli(workspace, "run", "--unit", unit, "--max-attempts", "1")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert not is_exhausted(Ledger(workspace).records(), "minimoe", unit)
+    assert not History.read(workspace, "minimoe").unit(unit).exhausted
 
 
 def test_parse_duration():

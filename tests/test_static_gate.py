@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from porter.gates.driver import Candidate, GateContext, ParityOptions
 from porter.extract import extract_unit_source
 from porter.gates import static
 from porter.placeholder import placeholder_source
@@ -40,7 +41,7 @@ def target():
 
 
 def verdict(target, source: str, unit: str = UNIT):
-    res = static.check(target, unit, source)
+    res = static.run(Candidate.of(unit, source), GateContext(target))
     assert res.gate == "static" and "\n" not in res.summary
     assert res.evidence["candidate_sha256"] and res.evidence["unit"] == unit
     return res
@@ -210,7 +211,7 @@ def test_scripted_answers_expected_to_fail_static_do(target):
     bad = [a for a in scripted(target) if a["expect"] == "static"]
     assert bad, "the scripted answers should exercise the static gate"
     for a in bad:
-        res = static.check(target, a["unit"], candidate(target, a))
+        res = static.run(Candidate.of(a["unit"], candidate(target, a)), GateContext(target))
         assert not res.ok, f"{a['file']} ({a['why']}) passed the static gate"
 
 
@@ -218,7 +219,7 @@ def test_every_good_scripted_answer_passes(target):
     good = [a for a in scripted(target) if a["expect"] == "pass"]
     assert {a["unit"] for a in good} == set(target.units)
     for a in good:
-        res = static.check(target, a["unit"], candidate(target, a))
+        res = static.run(Candidate.of(a["unit"], candidate(target, a)), GateContext(target))
         assert res.ok, f"{a['file']}: {res.summary}"
 
 
@@ -226,5 +227,5 @@ def test_answers_for_later_gates_pass_static(target):
     """Refusing them here would hide whether the build/parity gates catch them."""
     for a in scripted(target):
         if a["expect"] in ("build", "parity", "perf"):
-            res = static.check(target, a["unit"], candidate(target, a))
+            res = static.run(Candidate.of(a["unit"], candidate(target, a)), GateContext(target))
             assert res.ok, f"{a['file']}: {res.summary}"

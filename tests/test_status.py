@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import sys
+
 import types
 
 import pytest
@@ -117,11 +117,11 @@ def test_stub_with_forged_step_caught_by_the_static_gate(ws, monkeypatch):
     """A hand-stubbed file whose sha256 a forged step claims: the static scan still says no."""
     ws.port("mini_gpu_swiglu_tensor", source=STUB["mini_gpu_swiglu_tensor"])
 
-    def fake_static(target, unit, source):
-        stub = "return -1;" in source and "<<<" not in source
+    def fake_static(candidate, ctx):
+        stub = "return -1;" in candidate.source and "<<<" not in candidate.source
         return GateResult("static", not stub, "stub body: it only returns -1" if stub else "ok")
 
-    monkeypatch.setattr(status_mod, "_static_gate", lambda: fake_static)
+    monkeypatch.setattr(status_mod, "static", types.SimpleNamespace(run=fake_static))
     s, why = state(derive(ws.root, TARGET), "mini_gpu_swiglu_tensor")
     assert s == "stale" and "static gate now rejects" in why and "stub" in why
 
@@ -195,9 +195,7 @@ def test_critical_path_counted_apart(ws, monkeypatch):
     for i, unit in enumerate(ws.target.units):
         tier = "runtime" if unit in ws.target.runtime_units else ("prefill" if "swiglu" in unit or "add" in unit else "decode")
         ranked.append(types.SimpleNamespace(unit=unit, tier=tier, rank=i, reasons=[], kernels=[], quant_types=[]))
-    fake = types.ModuleType("porter.plan")
-    fake.ranked_units = lambda target: ranked
-    monkeypatch.setitem(sys.modules, "porter.plan", fake)
+    monkeypatch.setattr(status_mod, "ranked_units", lambda target: ranked)
     ws.port("mini_gpu_swiglu_tensor")
     r = derive(ws.root, TARGET)
     cp = r.critical_path
@@ -209,13 +207,10 @@ def test_critical_path_counted_apart(ws, monkeypatch):
 
 
 def test_ranking_unavailable_is_said(ws, monkeypatch):
-    fake = types.ModuleType("porter.plan")
-
     def broken(target):
         raise FileNotFoundError("mini_metal.m")
 
-    fake.ranked_units = broken
-    monkeypatch.setitem(sys.modules, "porter.plan", fake)
+    monkeypatch.setattr(status_mod, "ranked_units", broken)
     r = derive(ws.root, TARGET)
     assert not r.critical_path["available"] and "ranking unavailable" in r.critical_path["reason"]
 

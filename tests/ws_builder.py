@@ -15,7 +15,8 @@ from pathlib import Path
 import git
 
 from porter.evidence import store_evidence
-from porter.ledger import Ledger, sha256_hex
+from porter.digest import sha256_bytes
+from porter.ledger import Ledger
 from porter.target import load_target
 
 REPO = Path(__file__).resolve().parents[1]
@@ -108,7 +109,7 @@ class Workspace:
 
     def write_unit(self, unit: str, text: str) -> str:
         self.unit_path(unit).write_text(text)
-        return sha256_hex(text.encode())
+        return sha256_bytes(text.encode())
 
     # -- ledger --
     def attempt(self, unit: str, attempt: int, source: str | None, run: str = "run-1") -> dict:
@@ -120,9 +121,9 @@ class Workspace:
             run=run,
             provider="scripted",
             model="scripted",
-            prompt_sha256=sha256_hex(f"prompt {unit} {attempt}".encode()),
-            response_sha256=sha256_hex(f"response {unit} {attempt}".encode()),
-            candidate_sha256=sha256_hex(source.encode()) if source is not None else None,
+            prompt_sha256=sha256_bytes(f"prompt {unit} {attempt}".encode()),
+            response_sha256=sha256_bytes(f"response {unit} {attempt}".encode()),
+            candidate_sha256=sha256_bytes(source.encode()) if source is not None else None,
             usage={"input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0},
         )
 
@@ -148,12 +149,12 @@ class Workspace:
     def fail(self, unit: str, attempt: int, gate: str = "build", summary: str = "nvcc: error: expected ';'",
              source: str = "// broken\n", diagnostics: str | None = None) -> None:
         self.attempt(unit, attempt, source)
-        cand = sha256_hex(source.encode())
+        cand = sha256_bytes(source.encode())
         if gate != "extract":
             self.gate(unit, attempt, gate, False, cand, summary)
         diag_sha = None
         if diagnostics is not None:
-            diag_sha = sha256_hex(diagnostics.encode())
+            diag_sha = sha256_bytes(diagnostics.encode())
             d = self.root / "runs" / "diagnostics"
             d.mkdir(parents=True, exist_ok=True)
             (d / f"{diag_sha}.txt").write_text(diagnostics)

@@ -21,7 +21,6 @@ names another folder (objects are content-addressed, so workspaces can share one
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shutil
@@ -31,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
 
+from porter.digest import sha256_bytes, sha256_file
 from porter.errors import PorterError
 from porter.gates.result import GateResult
 from porter.placeholder import is_placeholder, placeholder_source
@@ -73,14 +73,6 @@ def toolchain() -> dict:
 def cache_dir(workspace: Path) -> Path:
     env = os.environ.get("PORTER_BUILD_CACHE")
     return Path(env).expanduser() if env else Path(workspace) / "runs" / "build-cache"
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def sha256_file(path: Path) -> str:
-    return sha256_bytes(Path(path).read_bytes())
 
 
 def compile_flags(target) -> list[str]:
@@ -214,12 +206,13 @@ def unit_sources(target, unit: str, source: str) -> dict[str, bytes]:
     return out
 
 
-def check(target, unit: str, source: str, build_dir: Path | None = None) -> GateResult:
-    """Build verdict for candidate `source` of `unit`; evidence names the library (for parity)."""
+def run(candidate, ctx) -> GateResult:
+    """Build verdict for the candidate; on success ctx.library is the linked backend (for parity)."""
+    target, unit, source = ctx.target, candidate.unit, candidate.source
     nvcc = nvcc_path()
-    cache = Path(build_dir) if build_dir is not None else cache_dir(target.workspace)
+    cache = Path(ctx.build_cache)
     cache.mkdir(parents=True, exist_ok=True)
-    cand_sha = sha256_bytes(source.encode())
+    cand_sha = candidate.sha256
     strip = [cache / "tu", target.workspace, target.checkout, target.cuda_dir, target.dir, str(Path(nvcc).parent.parent)]
     ev: dict = {
         "target": target.name,
@@ -238,7 +231,8 @@ def check(target, unit: str, source: str, build_dir: Path | None = None) -> Gate
 
     def fail(stage: str, summary: str, diagnostics: str, **more) -> GateResult:
         ev.update(ok=False, stage=stage, summary=summary, **more)
-        return GateResult(GATE, False, summary, diagnostics=diagnostics, metrics=dict(ev.get("metrics", {})), evidence=ev)
+        return GateResult(GATE, False, summary, diagnostics=diagnostics, metrics=dict(ev.get("metrics", {})), evidence=ev,
+                          check=stage)
 
     # 1. the candidate alone: its errors are what the next prompt needs.
     t0 = time.monotonic()
@@ -331,6 +325,7 @@ def check(target, unit: str, source: str, build_dir: Path | None = None) -> Gate
                f"{target.spec.cuda.library} linked from {len(order)} objects, all {len(target.units)} API symbols exported")
     ev["summary"] = summary
     metrics = {"compile_seconds": ev["compile_seconds"], "link_seconds": ev["link_seconds"]}
+    ctx.library = library
     return GateResult(GATE, True, summary, metrics=metrics, evidence=ev)
 
 

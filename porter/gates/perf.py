@@ -17,8 +17,7 @@ and audit show the skipped perf record.
 
 from __future__ import annotations
 
-from pathlib import Path
-
+from porter.evidence import load_evidence
 from porter.gates.result import GateResult
 
 DEFAULT_MAX_SLOWDOWN = 8.0
@@ -29,28 +28,25 @@ def perf_settings(target) -> tuple[bool, float]:
     return bool(perf.get("enabled", True)), float(perf.get("max_slowdown", DEFAULT_MAX_SLOWDOWN))
 
 
-def baseline(workspace: Path, target_name: str, unit: str, spec_sha256: str | None) -> tuple[dict | None, str]:
+def baseline(history, unit: str, spec_sha256: str | None) -> tuple[dict | None, str]:
     """The latest ok calibration's known-good timing for this exact spec, or (None, why not)."""
-    from porter.evidence import load_evidence
-    from porter.ledger import Ledger
-
-    recs = [r for r in Ledger(workspace).records()
-            if r.get("kind") == "calibration" and r.get("target") == target_name and r.get("unit") == unit]
+    recs = history.calibrations(unit)
     if not recs:
         return None, "no calibration of this unit's spec (run `porter calibrate`)"
-    current = [r for r in recs if r.get("ok") and r.get("spec_sha256") == spec_sha256 and r.get("evidence")]
+    current = [r for r in recs if r.ok and r.spec_sha256 == spec_sha256 and r.evidence]
     if not current:
         return None, "the spec changed or failed since its last calibration"
     rec = current[-1]
-    ev = load_evidence(workspace, rec["evidence"]) or {}
+    ev = load_evidence(history.workspace, rec.evidence) or {}
     timing = ev.get("timing")
     if not timing or not timing.get("median_ms"):
         return None, "the calibration evidence has no timing"
-    return dict(timing, calibration_record=rec.get("hash"), known_good=rec.get("known_good"),
+    return dict(timing, calibration_record=rec.hash, known_good=rec.known_good,
                 gpu=(ev.get("device") or {}).get("name")), ""
 
 
-def check(target, unit: str, parity: GateResult, workspace: Path) -> GateResult:
+def run(candidate, ctx) -> GateResult:
+    target, unit, parity = ctx.target, candidate.unit, ctx.results["parity"]
     enabled, max_slowdown = perf_settings(target)
     cand_sha = parity.evidence.get("candidate_sha256")
     facts = {"target": target.name, "unit": unit, "gate": "perf", "candidate_sha256": cand_sha,
@@ -62,7 +58,7 @@ def check(target, unit: str, parity: GateResult, workspace: Path) -> GateResult:
         return GateResult("perf", False, "perf skipped: the parity run recorded no timing", skipped=True,
                           evidence=facts)
     spec_sha = (parity.evidence.get("spec") or {}).get("sha256")
-    base, why = baseline(workspace, target.name, unit, spec_sha)
+    base, why = baseline(ctx.history, unit, spec_sha)
     if base is None:
         return GateResult("perf", False, f"perf skipped: {why}", skipped=True, evidence=dict(facts, candidate=mine))
     if base.get("case") != mine.get("case"):
@@ -74,7 +70,7 @@ def check(target, unit: str, parity: GateResult, workspace: Path) -> GateResult:
     evidence = dict(facts, candidate=mine, baseline=base, ratio=ratio)
     metrics = {"ratio": ratio, "median_ms": mine["median_ms"], "baseline_ms": base["median_ms"]}
     if ratio > max_slowdown:
-        return GateResult("perf", False, f"perf failed: {line}", diagnostics=(
+        return GateResult("perf", False, f"perf failed: {line}", check="slowdown", diagnostics=(
             f"The kernel is {ratio:.0f}x slower than the known-good implementation on the same inputs. "
             "Parallelise the work across threads and blocks (one block per output row group, warp reductions); "
             "a single thread or a single block looping over every output is not acceptable."),

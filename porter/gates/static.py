@@ -22,7 +22,6 @@ listed as implemented.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import dataclass, field
 
@@ -30,7 +29,7 @@ import tree_sitter as ts
 
 from porter.cparse import canonical_type, function_definitions, parse_cuda
 from porter.gates.result import GateResult
-from porter.placeholder import MARKER
+from porter.placeholder import MARKER, is_placeholder
 
 GATE = "static"
 
@@ -409,27 +408,24 @@ def _normalise_type(t: str) -> str:
     return canonical_type(t)
 
 
-def sha256_text(s: str) -> str:
-    return hashlib.sha256(s.encode()).hexdigest()
-
-
-def check(target, unit: str, source: str) -> GateResult:
-    """Static verdict on the candidate `source` for `unit` of `target`."""
+def run(candidate, ctx) -> GateResult:
+    """Static verdict on the candidate for its unit of ctx.target."""
+    target, unit, source = ctx.target, candidate.unit, candidate.source
     fn = target.api_function(unit)
     facts = {
         "target": target.name,
         "unit": unit,
         "gate": GATE,
-        "candidate_sha256": sha256_text(source),
+        "candidate_sha256": candidate.sha256,
         "toolchain": {"parser": "tree-sitter-cuda"},
         "runtime_unit": unit in target.runtime_units,
     }
 
     def result(ok: bool, summary: str, **more) -> GateResult:
         ev = dict(facts, ok=ok, summary=summary, **more)
-        return GateResult(GATE, ok, summary, diagnostics=summary, evidence=ev)
+        return GateResult(GATE, ok, summary, diagnostics=summary, evidence=ev, check=None if ok else "static")
 
-    if MARKER in source:
+    if is_placeholder(source):
         return result(False, f"candidate is the generated placeholder (`{MARKER}`), not a port")
 
     live = strip_if0(source)

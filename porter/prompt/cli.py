@@ -10,41 +10,9 @@ import json
 import sys
 from pathlib import Path
 
-from porter.errors import PorterError
-
-
-def ledger_failures(workspace: Path, target: str, unit: str) -> tuple[int, list[dict]]:
-    """(next attempt number, failure records since the unit's last step) from the ledger,
-    each failure with its diagnostics text under "diagnostics_text" when the file exists."""
-    try:
-        from porter.ledger import Ledger
-    except ImportError:
-        return 1, []
-    try:
-        records = Ledger(workspace).records()
-    except PorterError:
-        raise
-    except Exception:  # noqa: BLE001 - no ledger yet
-        return 1, []
-    attempts = 0
-    failures: list[dict] = []
-    for rec in records:
-        if rec.get("target") not in (None, target) or rec.get("unit") != unit:
-            continue
-        kind = rec.get("kind")
-        if kind == "attempt":
-            attempts = max(attempts + 1, int(rec.get("attempt") or 0))
-        elif kind == "step":
-            failures = []
-        elif kind == "failure":
-            rec = dict(rec)
-            sha = rec.get("diagnostics")
-            if isinstance(sha, str) and len(sha) == 64:
-                p = Path(workspace) / "runs" / "diagnostics" / f"{sha}.txt"
-                if p.is_file():
-                    rec["diagnostics_text"] = p.read_text(errors="replace")
-            failures.append(rec)
-    return attempts + 1, failures
+from porter.history import History
+from porter.prompt import render_prompt
+from porter.target import load_target
 
 
 def add_arguments(p) -> None:
@@ -59,16 +27,12 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from porter.prompt import render_prompt
-    from porter.target import load_target
-
     target = load_target(args.workspace, args.target, getattr(args, "source", None))
     unit = args.unit
     target.api_function(unit)  # one-line error for an unknown unit
-    next_attempt, failures = ledger_failures(args.workspace, target.name, unit)
-    if args.no_failures:
-        failures = []
-    attempt = args.attempt or next_attempt
+    uh = History.read(args.workspace, target.name).unit(unit)  # the same history `porter run` prompts from
+    failures = [] if args.no_failures else [f.raw for f in uh.failures_since_step]
+    attempt = args.attempt or uh.next_attempt
     r = render_prompt(target, unit, attempt, failures, max_chars=args.max_chars)
     req = r.request
     if getattr(args, "json", False):

@@ -18,9 +18,12 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from porter.placeholder import is_placeholder
+from porter.plan import ranked_units
+from porter.scan import scan
+from porter.scan import slice as scan_slice
 from porter.prompt.quant_layouts import canonical, layout_text, quant_types_from_text
 
-PLACEHOLDER_MARKER = "// porter:placeholder"
 
 
 @dataclass
@@ -280,28 +283,18 @@ def _symbol_section(sym) -> Section:
 def metal_context(target, unit: str, ctx: UnitContext) -> None:
     """Fill host dispatch, kernels and helpers from porter.scan / porter.plan, or fall back
     to the unit's host function text (and say what is missing)."""
-    try:
-        from porter.scan import scan
-        from porter.scan import slice as scan_slice
-    except ImportError:
-        scan = scan_slice = None
     result = None
-    if scan is not None:
-        try:
-            result = scan(target)
-        except Exception as exc:  # noqa: BLE001 - the prompt must still be buildable
-            ctx.missing.append(f"the Metal scan failed ({type(exc).__name__}: {' '.join(str(exc).split())[:160]})")
+    try:
+        result = scan(target)
+    except Exception as exc:  # noqa: BLE001 - the prompt must still be buildable
+        ctx.missing.append(f"the Metal scan failed ({type(exc).__name__}: {' '.join(str(exc).split())[:160]})")
 
     # the kernels and quant types: the ranking (census-aware) first, else the dispatch map
     kernels: list[str] = []
     ranked = None
     if result is not None:
         try:
-            from porter.plan import ranked_units
-
             ranked = next((r for r in ranked_units(target) if r.unit == unit), None)
-        except ImportError:
-            pass
         except Exception as exc:  # noqa: BLE001
             ctx.missing.append(f"the unit ranking failed ({type(exc).__name__}: {' '.join(str(exc).split())[:160]})")
     if ranked is not None:
@@ -396,7 +389,7 @@ def style_examples(target, unit: str, limit: int = 2, max_chars: int = 6000) -> 
     runtime = set(target.runtime_units)
     scored = []
     for name, text in files.items():
-        if name == unit or text.lstrip("\ufeff").startswith(PLACEHOLDER_MARKER) or len(text) > max_chars:
+        if name == unit or is_placeholder(text) or len(text) > max_chars:
             continue
         score = (
             "<<<" in text,

@@ -4,7 +4,8 @@ targets/<t>/scripted/manifest.toml lists `[[answer]]` tables (unit, file,
 expect, why).  The n-th scripted attempt of a unit, counted across runs from
 the ledger's "attempt" records of that unit (attempts a crash abandoned, as
 named by "reconcile" records, do not count, so they are replayed), gets the
-unit's n-th answer in file order.  When none is left: ProviderError.
+unit's n-th answer in file order (porter.history counts them).  When none is
+left: ProviderError.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from porter.history import History
 from porter.providers.base import Completion, PromptRequest, Provider, ProviderError
 
 EXPECTS = ("pass", "extract", "static", "build", "parity", "perf")
@@ -58,24 +60,6 @@ def load_manifest(target) -> list[Answer]:
     return out
 
 
-def used_answers(records: list[dict], target_name: str, unit: str) -> int:
-    """How many scripted answers of `unit` earlier attempts consumed (abandoned attempts excluded)."""
-    abandoned = {
-        r.get("attempt")
-        for r in records
-        if r.get("kind") == "reconcile" and r.get("unit") == unit and str(r.get("action", "")).startswith("abandon")
-    }
-    return sum(
-        1
-        for r in records
-        if r.get("kind") == "attempt"
-        and r.get("unit") == unit
-        and r.get("target") == target_name
-        and r.get("provider") == ScriptedProvider.name
-        and r.get("attempt") not in abandoned
-    )
-
-
 class ScriptedProvider(Provider):
     name = "scripted"
     model = "manifest"
@@ -88,12 +72,10 @@ class ScriptedProvider(Provider):
         return [a for a in self.answers if a.unit == unit]
 
     def next_answer(self, unit: str) -> Answer:
-        from porter.ledger import Ledger
-
         mine = self.answers_for(unit)
         if not mine:
             raise ProviderError(f"no scripted answers for {unit} in {self.target.scripted_dir / 'manifest.toml'}")
-        used = used_answers(Ledger(self.target.workspace).records(), self.target.name, unit)
+        used = History.read(self.target.workspace, self.target.name).unit(unit).answers_used(self.name)
         if used >= len(mine):
             raise ProviderError(f"scripted answers for {unit} exhausted ({len(mine)} answer(s), all used)")
         return mine[used]

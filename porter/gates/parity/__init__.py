@@ -3,7 +3,7 @@ tensors, must compute what an independent CPU reference computes -- under checks
 a clever wrong answer cannot pass.
 
     available() -> (bool, reason)
-    check(target, unit, library, workspace) -> GateResult
+    run(candidate, ctx) -> GateResult   (porter.gates.driver)
 
 How (details in the modules):
   spec.py     targets/<t>/parity/<unit>.py: inputs, shapes, reference, tolerances
@@ -23,16 +23,17 @@ unit has no spec (runtime units are exercised through the ops that use them).
 from __future__ import annotations
 
 import functools
-import hashlib
 import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+from porter.gates.parity.gate import run_spec
+from porter.gates.parity.spec import SpecError, load_spec
 from porter.gates.result import GateResult
 
-__all__ = ["available", "check"]
+__all__ = ["available", "run"]
 
 
 @functools.lru_cache(maxsize=1)
@@ -59,34 +60,28 @@ def available() -> tuple[bool, str]:
     return True, f"{n} CUDA device(s) visible to cupy"
 
 
-def candidate_sha(target, unit: str) -> str | None:
-    path = target.unit_path(unit)
-    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
-
-
-def check(target, unit: str, library: Path, workspace: Path | None = None, *, sanitize: bool | None = None,
-          seeds: list[int] | None = None, timeout: float | None = None, mode: str = "cuda",
-          candidate_sha256: str | None = None) -> GateResult:
-    """Run the unit's parity spec against `library`; skipped (not ok) when it cannot run here."""
-    from porter.gates.parity.gate import run_spec
-    from porter.gates.parity.spec import SpecError, load_spec
-
-    if mode == "cuda":
+def run(candidate, ctx) -> GateResult:
+    """Run the unit's parity spec against the library the build gate linked (ctx.library);
+    skipped (not ok) when it cannot run here."""
+    target, opts = ctx.target, ctx.parity
+    if opts.mode == "cuda":
         ok, why = available()
         if not ok:
             return GateResult("parity", False, f"parity skipped: {why}", skipped=True)
+    if ctx.library is None:
+        return GateResult("parity", False, "parity skipped: no backend library was built", skipped=True)
     try:
-        spec = load_spec(target, unit)
+        spec = load_spec(target, candidate.unit)
     except SpecError as exc:
         return GateResult("parity", False, f"parity skipped: spec error: {exc}", skipped=True)
     if spec is None:
-        kind = "runtime unit" if unit in getattr(target, "runtime_units", []) else "no spec written yet"
-        return GateResult("parity", False, f"parity skipped: no parity spec for {unit} ({kind})", skipped=True)
+        kind = "runtime unit" if candidate.unit in target.runtime_units else "no spec written yet"
+        return GateResult("parity", False, f"parity skipped: no parity spec for {candidate.unit} ({kind})",
+                          skipped=True)
+    sanitize = opts.sanitize
     if sanitize is None:
         sanitize = os.environ.get("PORTER_PARITY_SANITIZE", "") not in ("", "0", "off")
-    from porter.calibrate import calibration_status
-
-    return run_spec(target, spec, Path(library), workspace=workspace or target.workspace, seeds=seeds,
-                    sanitize=sanitize, timeout=timeout, mode=mode,
-                    candidate_sha256=candidate_sha256 or candidate_sha(target, unit),
-                    calibration=calibration_status(workspace or target.workspace, target.name, spec))
+    return run_spec(target, spec, Path(ctx.library), workspace=ctx.workspace, seeds=opts.seeds, sanitize=sanitize,
+                    timeout=opts.timeout, mode=opts.mode, timing_reps=opts.timing_reps,
+                    candidate_sha256=candidate.sha256,
+                    calibration=ctx.history.calibration_status(candidate.unit, spec.sha256))

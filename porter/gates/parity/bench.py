@@ -21,6 +21,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from porter.calibration.libraries import sources_from
+from porter.calibration.mutants import scripted_answers
+from porter.extract import extract_unit_source
+from porter.gates import parity
+from porter.gates.driver import Candidate, GateContext, refusal, run_gates
+from porter.target import load_target
+
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -41,34 +48,24 @@ def _pct(xs, q):
 
 
 def attempt(target, unit: str, text: str, cache: Path, workspace: Path) -> dict:
-    from porter.extract import extract_unit_source
-    from porter.gates import build, parity, static
-
-    t = {}
+    """Candidate text -> verdict through the one gate driver, with each stage's time."""
     t0 = time.monotonic()
-    src = extract_unit_source(text, unit, target)
-    t["extract"] = time.monotonic() - t0
-    t1 = time.monotonic()
-    st = static.check(target, unit, src)
-    t["static"] = time.monotonic() - t1
-    if not st.ok:
-        raise SystemExit(f"static gate rejected the benchmark candidate: {st.summary}")
-    t2 = time.monotonic()
-    b = build.check(target, unit, src, cache)
-    t["build"] = time.monotonic() - t2
-    if not b.ok:
-        raise SystemExit(f"build gate failed: {b.summary}\n{b.diagnostics}")
-    t3 = time.monotonic()
-    p = parity.check(target, unit, Path(b.evidence["library"]), workspace)
-    t["parity"] = time.monotonic() - t3
-    t["total"] = time.monotonic() - t0
-    t["ok"] = p.ok
-    t["parity_summary"] = p.summary
-    t["compile_s"] = b.evidence.get("compile_seconds")
-    t["others_s"] = b.evidence.get("others_compile_seconds")
-    t["link_s"] = b.evidence.get("link_seconds")
-    t["parity_child_s"] = p.evidence.get("child", {}).get("elapsed_s")
-    t["parity_prepare_s"] = (p.evidence.get("harness_s") or {}).get("prepare_s")
+    cand = Candidate.of(unit, extract_unit_source(text, unit, target))
+    t = {"extract": time.monotonic() - t0}
+    stamps = [time.monotonic()]
+    results = run_gates(cand, GateContext(target, workspace, build_cache=cache), gates=("static", "build", "parity"),
+                        on_result=lambda r: stamps.append(time.monotonic()))
+    by = {r.gate: r for r in results}
+    for k, r in enumerate(results):
+        t[r.gate] = stamps[k + 1] - stamps[k]
+    refused = refusal(results)
+    if refused is not None and refused.gate != "parity":
+        raise SystemExit(f"{refused.gate} gate refused the benchmark candidate: {refused.summary}\n{refused.diagnostics}")
+    b, p = by["build"], by["parity"]
+    t.update(total=time.monotonic() - t0, ok=p.ok, parity_summary=p.summary,
+             compile_s=b.evidence.get("compile_seconds"), others_s=b.evidence.get("others_compile_seconds"),
+             link_s=b.evidence.get("link_seconds"), parity_child_s=p.evidence.get("child", {}).get("elapsed_s"),
+             parity_prepare_s=(p.evidence.get("harness_s") or {}).get("prepare_s"))
     return t
 
 
@@ -80,10 +77,6 @@ def main(argv=None) -> int:
     ap.add_argument("--json", metavar="FILE")
     a = ap.parse_args(argv)
 
-    from porter.calibrate import known_good_sources, scripted_answers
-    from porter.gates import parity
-    from porter.target import load_target
-
     ok, why = parity.available()
     if not ok:
         print(f"bench: parity unavailable: {why}", file=sys.stderr)
@@ -91,7 +84,7 @@ def main(argv=None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="porter-bench-"))
     ws = _workspace(REPO, tmp)
     target = load_target(ws, "minimoe")
-    good, _, _ = known_good_sources(target, "scripted")
+    good, _ = sources_from(target, "scripted")
     target.ported_dir.mkdir(parents=True, exist_ok=True)
     for u, src in good.items():
         target.unit_path(u).write_text(src)

@@ -62,7 +62,7 @@ CHECK_DOC = {
     "struct": "changed a tensor descriptor (data/bytes/owner) instead of writing into it",
     "guard": "wrote outside a buffer (guard bytes around it changed)",
     "const": "modified a const input (tensor, or the model map on host or device)",
-    "stream": "did work outside mini_cuda_stream() order: output changed while that stream was held, or after it was synchronized",
+    "stream": "did work outside {stream} order: output changed while that stream was held, or after it was synchronized",
     "sentinel": "left output elements unwritten (they still hold the NaN sentinel)",
     "exact": "integer output differs from the reference",
     "tie-rule": "integer output breaks the header's tie rule",
@@ -267,15 +267,3 @@ def mismatch_examples(got: np.ndarray, ref: np.ndarray, shape: tuple[int, ...] |
         idx = tuple(int(v) for v in np.unravel_index(int(i), shape)) if shape else (int(i),)
         lines.append(f"at {idx}: got {g[i]:.6g}, want {r[i]:.6g}")
     return lines
-
-
-def first_check(res) -> str:
-    """A parity GateResult as one word: 'pass', 'skipped', or the check its summary names first."""
-    if res.skipped:
-        return "skipped"
-    if res.ok:
-        return "pass"
-    s = res.summary
-    if s.startswith("parity failed [") and "]" in s:
-        return s[len("parity failed ["):s.index("]")]
-    return "fail"

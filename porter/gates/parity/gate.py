@@ -11,7 +11,6 @@ summary or diagnostics (those feed the next prompt).
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import os
 import platform
@@ -30,6 +29,7 @@ from porter.gates.parity import compare, runner
 from porter.gates.parity.compare import Failure
 from porter.gates.parity.spec import (Call, Context, Exact, In, InOut, Map, Out, Same, Shape, SpecError,
                                       UnitSpec, header_params, validate_call)
+from porter.digest import sha256_file
 from porter.gates.result import GateResult
 
 DEFAULT_TIMEOUT_S = 90.0
@@ -342,23 +342,13 @@ def driver_facts() -> dict:
     return {"gpu": name.strip(), "driver": drv.strip()}
 
 
-def _sha_file(path: Path | None) -> str | None:
-    if path is None or not Path(path).is_file():
-        return None
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _reference_sha(spec: UnitSpec) -> str | None:
     mod = spec.reference.rsplit(".", 1)[0]
     try:
         import importlib
 
         m = importlib.import_module(mod)
-        return _sha_file(Path(m.__file__))
+        return sha256_file(Path(m.__file__))
     except Exception:  # noqa: BLE001 - evidence only
         return None
 
@@ -510,7 +500,7 @@ def _result(target, spec, library, cases, seeds, outcome, failures, reports, *, 
     evidence = {
         "target": target.name, "unit": spec.unit, "gate": "parity", "ok": ok,
         "candidate_sha256": candidate_sha256, "mode": mode,
-        "library": {"path": str(library), "sha256": _sha_file(library)},
+        "library": {"path": str(library), "sha256": sha256_file(library)},
         "toolchain": {"nvcc": nvcc_version(), "gpu": dev.get("name") or drv.get("gpu"), "driver": drv.get("driver"),
                       "driver_api_version": dev.get("driver_api_version"),
                       "cuda_runtime": dev.get("runtime_version"), "cupy": dev.get("cupy"),
@@ -543,12 +533,15 @@ def _result(target, spec, library, cases, seeds, outcome, failures, reports, *, 
         first = compare.first_failure(failures)
         more = f" (+{len(failures) - 1} more; failed: {', '.join(failed_checks)})" if len(failures) > 1 else ""
         summary = f"parity failed [{first.check}]: {first.case}: {first.detail}"[:400] + more
-    diagnostics = _diagnostics(spec, failures, reports, outcome, timing, plan_dir)
+    stream = harness_names(target).get("stream") or "legacy"
+    stream = "the legacy default stream" if stream == "legacy" else f"{stream}()"
+    diagnostics = _diagnostics(spec, failures, reports, outcome, timing, plan_dir, stream)
     metrics = {"ok": ok, "failed_checks": failed_checks, "n_failures": len(failures), "cases": len(cases),
                "worst_nmse": worst[0] if worst else None}
     if timing:
         metrics.update({k: timing[k] for k in ("median_ms", "p90_ms", "gbps", "pct_of_peak")})
-    return GateResult("parity", ok, summary, diagnostics, _clean(metrics), _clean(evidence))
+    return GateResult("parity", ok, summary, diagnostics, _clean(metrics), _clean(evidence),
+                      check=None if ok else first.check)
 
 
 def _worst(spec, reports):
@@ -562,7 +555,7 @@ def _worst(spec, reports):
     return worst
 
 
-def _diagnostics(spec, failures, reports, outcome, timing, plan_dir) -> str:
+def _diagnostics(spec, failures, reports, outcome, timing, plan_dir, stream: str) -> str:
     lines = []
     if failures:
         lines.append(f"{len(failures)} parity failure(s), first by check order:")
@@ -571,7 +564,7 @@ def _diagnostics(spec, failures, reports, outcome, timing, plan_dir) -> str:
         lines.append("")
         lines.append("what the checks mean:")
         for c in sorted({f.check for f in failures}, key=compare.check_rank):
-            lines.append(f"  {c}: {compare.CHECK_DOC[c]}")
+            lines.append(f"  {c}: {compare.CHECK_DOC[c].format(stream=stream)}")
         lines.append("")
     lines.append(f"reference: {spec.reference}; tolerances: " +
                  "; ".join(f"{k}: {v.describe()}" for k, v in spec.outputs.items()))

@@ -1,6 +1,6 @@
 // Parity-harness hooks for calibrating against the UPSTREAM ds4 CUDA backend.
 //
-// Written for porter (no upstream code here): porter/known_good.py links this
+// Written for porter (no upstream code here): porter/calibration/libraries.py links this
 // file with the user's checkout of ds4_cuda.cu into a calibration-only library
 // under runs/known-good/ds4/.  It uses ds4_gpu.h's public API only.
 //

@@ -1,0 +1,5 @@
+import sys
+
+from porter.calibration.command import main
+
+sys.exit(main())

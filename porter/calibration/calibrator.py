@@ -1,0 +1,211 @@
+"""Run every parity spec against a known-good backend and each of its mutants; record the outcome.
+
+For each spec of the target:
+  1. the known-good library must PASS it (else the spec rejects correct code, and
+     a unit could never be verified against it);
+  2. every mutant of that unit must be REJECTED, by the check it names: a mutant
+     caught by another check means the intended check is blind to what it is for.
+A spec is calibrated (its "calibration" record is ok) only when 1 holds, it has
+at least one mutant, and 2 holds for all of them: a spec nothing was shown to
+reject proves nothing.  Records name the spec's sha256, so a spec edited since
+is uncalibrated again (porter.history.calibration_status).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from porter.calibration.libraries import BuildError, UpstreamLibraries
+from porter.calibration.mutants import Mutant, load_mutants
+from porter.digest import sha256_file
+from porter.errors import PorterError
+from porter.evidence import store_evidence
+from porter.gates import static
+from porter.gates.driver import Candidate, GateContext, ParityOptions, run_gates
+from porter.gates.parity.compare import CHECK_ORDER
+from porter.gates.parity.spec import load_specs
+from porter.ledger import Ledger, load_key
+
+
+@dataclass
+class CalibrateOptions:
+    workspace: Path
+    units: list[str] | None = None  # None: every spec
+    mutants: list[str] | None = None  # names to run; None: all of the units'
+    with_mutants: bool = True
+    parity: ParityOptions = field(default_factory=ParityOptions)
+    show_static: bool = True  # the static gate's verdict on each whole-file mutant (an informative column)
+    ledger: bool = True
+
+
+@dataclass
+class Row:
+    unit: str
+    kind: str  # "known-good" | "adversarial" | "scripted" | "rules"
+    name: str
+    expect: str  # "pass" | check name | "any"
+    got: str  # "pass" | the check that refused it | "skipped" | "build-error" | "uncalibrated"
+    ok: bool
+    summary: str
+    seconds: float = 0.0
+    failed_checks: list[str] = field(default_factory=list)
+    static: str | None = None
+    worst_nmse: float | None = None
+    timing: dict | None = None
+    probe: dict = field(default_factory=dict)  # stream-probe outcomes over all calls: clean/changed/inconclusive
+
+
+def _probe_counts(res) -> dict:
+    out: dict = {}
+    for c in (res.evidence or {}).get("cases", []):
+        for p in c.get("passes", []):
+            k = p.get("probe") or "none"
+            out[k] = out.get(k, 0) + 1
+    return out
+
+
+def _parity(target, unit: str, lib: Path, opts: CalibrateOptions, timeout: float | None = None):
+    """The parity gate, through the one driver, on a library that holds the unit under test."""
+    parity = ParityOptions(**{**asdict(opts.parity), "timeout": timeout or opts.parity.timeout})
+    ctx = GateContext(target, opts.workspace, parity=parity, library=Path(lib))
+    return run_gates(Candidate(unit, "", sha256_file(lib)), ctx, gates=("parity",))[0]
+
+
+def _row(unit, kind, name, expect, res, ok, seconds, static_verdict=None) -> Row:
+    m = res.metrics or {}
+    return Row(unit, kind, name, expect, res.word, ok, res.summary, round(seconds, 2), m.get("failed_checks", []),
+               static_verdict, m.get("worst_nmse"), (res.evidence or {}).get("timing"), _probe_counts(res))
+
+
+def _static_verdict(target, m: Mutant) -> str | None:
+    if m.source is None:
+        return None
+    try:
+        return "pass" if static.run(Candidate.of(m.unit, m.source), GateContext(target)).ok else "reject"
+    except Exception as exc:  # noqa: BLE001 - informative column only
+        return f"error: {type(exc).__name__}"
+
+
+def select_mutants(target, libs, units: list[str], opts: CalibrateOptions) -> list[Mutant]:
+    every = load_mutants(target)
+    if opts.mutants:
+        unknown = sorted(set(opts.mutants) - {m.name for m in every})
+        if unknown:
+            raise PorterError(f"no mutant named {', '.join(unknown)} for target {target.name}")
+        every = [m for m in every if m.name in opts.mutants]
+    elif not opts.with_mutants:
+        return []
+    if isinstance(libs, UpstreamLibraries):  # a whole-file mutant cannot replace part of one translation unit
+        every = [m for m in every if m.source is None]
+    return [m for m in every if m.unit in units]
+
+
+def calibrate(target, libs, opts: CalibrateOptions, out=print) -> dict:
+    specs = load_specs(target)
+    units = opts.units or sorted(specs)
+    unknown = [u for u in units if u not in specs]
+    if unknown:
+        raise PorterError(f"no parity spec for {', '.join(unknown)}")
+    mutants = select_mutants(target, libs, units, opts)
+    t0 = time.monotonic()
+    libs.prepare(mutants)
+    good = libs.known_good()
+    out(f"known-good: {libs.describe} -> {good}  ({time.monotonic() - t0:.1f} s to build, {len(mutants)} mutant(s))")
+
+    rows: list[Row] = []
+    records: dict[str, dict] = {}
+    for unit in units:
+        if not libs.has(unit):
+            rows.append(Row(unit, "known-good", "-", "pass", "uncalibrated", False,
+                            "no known-good implementation of this unit"))
+            records[unit] = {"ok": False, "summary": "no known-good implementation", "known_good_ok": None}
+            continue
+        t1 = time.monotonic()
+        res = _parity(target, unit, good, opts)
+        rows.append(_row(unit, "known-good", libs.describe, "pass", res, res.ok, time.monotonic() - t1))
+        out(f"  {'ok ' if res.ok else 'BAD'} {unit}: {res.summary}")
+        if not res.ok:
+            out("\n".join("      " + ln for ln in (res.diagnostics or "").splitlines()[:40]))
+        mine = [m for m in mutants if m.unit == unit]
+        rejected = 0
+        for m in mine:
+            t2 = time.monotonic()
+            try:
+                lib = libs.mutant(m)
+            except (BuildError, PorterError) as exc:
+                rows.append(Row(unit, m.origin, m.name, m.must_fail_check, "build-error", False, str(exc)))
+                out(f"      BUILD-ERROR {m.name}: {exc}")
+                continue
+            r = _parity(target, unit, lib, opts, timeout=m.timeout)
+            ok = m.rejected_by(r.word)
+            rejected += ok
+            rows.append(_row(unit, m.origin, m.name, m.must_fail_check, r, ok, time.monotonic() - t2,
+                             _static_verdict(target, m) if opts.show_static else None))
+            out(f"      {'ok ' if ok else 'BAD'} {m.name}: want {m.must_fail_check}, got {r.word}: {r.summary[:200]}")
+        summary = res.summary[:300] if mine else f"no mutant: nothing shows this spec rejects anything; {res.summary}"[:300]
+        records[unit] = {"ok": res.ok and bool(mine) and rejected == len(mine), "summary": summary,
+                         "known_good_ok": res.ok, "mutants": len(mine), "mutants_rejected": rejected,
+                         "evidence": res.evidence, "spec": specs[unit]}
+    report = {"target": target.name, "known_good": libs.describe, "library": str(good),
+              "rows": [asdict(r) for r in rows], "seconds": round(time.monotonic() - t0, 1)}
+    if opts.ledger:
+        record(target, opts.workspace, records, libs.describe, good)
+    return report
+
+
+def record(target, workspace: Path, records: dict, describe: str, good_lib: Path) -> None:
+    """One ledger "calibration" record per spec, with the known-good run as its evidence."""
+    ledger = Ledger(Path(workspace), load_key(Path(workspace)))
+    lib_sha = sha256_file(good_lib)
+    for unit, r in records.items():
+        spec = r.get("spec")
+        ev_sha = None
+        if r.get("evidence"):
+            ev = dict(r["evidence"], candidate_sha256=r["evidence"].get("candidate_sha256") or lib_sha,
+                      calibration_role="known-good")
+            ev_sha = store_evidence(Path(workspace), ev)
+        ledger.append("calibration", target=target.name, unit=unit, ok=bool(r["ok"]),
+                      spec_sha256=spec.sha256 if spec else None,
+                      spec_file=str(spec.path.name) if spec and spec.path else None,
+                      known_good=describe, known_good_sha256=lib_sha, known_good_ok=r.get("known_good_ok"),
+                      mutants=r.get("mutants", 0), mutants_rejected=r.get("mutants_rejected", 0),
+                      summary=r.get("summary", ""), evidence=ev_sha)
+
+
+# ---------------------------------------------------------------------------
+# tables
+# ---------------------------------------------------------------------------
+
+def table(report: dict) -> str:
+    rows = report["rows"]
+    w = max([len(r["name"]) for r in rows if r["kind"] != "known-good"] + [10])
+    lines = [f"{'unit':<40} {'kind':<11} {'candidate':<{w}} {'must':<12} {'got':<12} verdict"]
+    for r in rows:
+        name = r["name"] if r["kind"] != "known-good" else "known-good"
+        lines.append(f"{r['unit']:<40} {r['kind']:<11} {name:<{w}} {r['expect']:<12} {r['got']:<12} "
+                     f"{'ok' if r['ok'] else 'WRONG'}")
+    return "\n".join(lines)
+
+
+def matrix(report: dict, prefix: str = "") -> str:
+    """unit x check: how many mutants each check rejected (known-good pass shown as 'P')."""
+    rows = report["rows"]
+    units = sorted({r["unit"] for r in rows})
+    used = [c for c in CHECK_ORDER if any(r["got"] == c for r in rows)]
+    short = {u: u.removeprefix(prefix).removesuffix("_tensor") for u in units}
+    w = max(short.values(), key=len, default="unit").__len__()
+    lines = [f"{'unit':<{w}} good " + " ".join(f"{c:>{max(len(c), 3)}}" for c in used)]
+    for u in units:
+        good = next((r for r in rows if r["unit"] == u and r["kind"] == "known-good"), None)
+        g = "P" if good and good["ok"] else ("-" if good is None else "X")
+        cells = []
+        for c in used:
+            hits = [r for r in rows if r["unit"] == u and r["kind"] != "known-good" and r["got"] == c]
+            cell = (f"{len(hits)}" + ("!" if any(not r["ok"] for r in hits) else "")) if hits else "."
+            cells.append(f"{cell:>{max(len(c), 3)}}")
+        lines.append(f"{short[u]:<{w}} {g:>4} " + " ".join(cells))
+    lines.append("cells: mutants rejected by that check (the first check that failed); '!' = not the check the "
+                 "mutant names; good: P = known-good passed, X = rejected (broken spec)")
+    return "\n".join(lines)

@@ -1,0 +1,90 @@
+"""`porter calibrate`: does every parity spec accept known-good code and reject its mutants?
+
+    porter calibrate --target minimoe                      # known-good = the scripted good answers
+    porter calibrate --target minimoe --known-good DIR     # DIR/<unit>.cu or DIR/<unit>.md
+    porter calibrate --target ds4 --known-good upstream    # the checkout's own backend, and mutants.toml
+    porter calibrate --target ds4 --known-good lib.so      # a prebuilt known-good (mutants built from the checkout)
+
+Every mutant of the calibrated units runs (the adversarial corpus, scripted bad
+answers, mutants.toml rules) unless --mutant names some or --no-mutants skips
+them; without its mutants a spec is not recorded as calibrated.  Exit 0 when
+everything behaved, 1 otherwise, 2 when it cannot run here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from porter.calibration.calibrator import CalibrateOptions, calibrate, matrix, table
+from porter.calibration.libraries import libraries_for
+from porter.errors import PorterError
+from porter.gates import parity
+from porter.gates.driver import ParityOptions
+from porter.target import load_target
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--known-good", default="scripted", metavar="SRC",
+                   help="'scripted' (the target's scripted good answers, default), 'upstream' (the target's upstream "
+                   "backend built from its checkout), a DIR of <unit>.cu/.md, or a .so")
+    p.add_argument("--unit", action="append", metavar="UNIT", help="only this unit's spec (repeatable)")
+    p.add_argument("--mutant", action="append", metavar="NAME", help="only this mutant (repeatable)")
+    p.add_argument("--no-mutants", action="store_true",
+                   help="known-good only: nothing is recorded (a spec is calibrated only with its mutants)")
+    p.add_argument("--sanitize", action="store_true", help="also run each case under compute-sanitizer memcheck")
+    p.add_argument("--timeout", type=float, default=120.0, metavar="S", help="time limit per parity child (default 120)")
+    p.add_argument("--timing-reps", type=int, default=10, metavar="N", help="CUDA-event timing repetitions")
+    p.add_argument("--build-dir", metavar="DIR", help="object/library cache (default runs/build-cache)")
+    p.add_argument("--out-dir", metavar="DIR", help="upstream libraries (default runs/known-good/<target>)")
+    p.add_argument("--no-ledger", action="store_true", help="do not append calibration records to the ledger")
+    p.add_argument("--no-static", dest="static", action="store_false",
+                   help="do not show the static gate's verdict on each mutant")
+    p.add_argument("--report", metavar="FILE", help="write the full report as JSON to FILE")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--mode", choices=("cuda", "host"), default="cuda", help=argparse.SUPPRESS)
+
+
+def run(args) -> int:
+    ws = Path(args.workspace)
+    target = load_target(ws, args.target, getattr(args, "source", None))
+    if args.mode == "cuda":
+        ok, why = parity.available()
+        if not ok:
+            raise PorterError(f"calibrate needs the parity gate to run: {why}")
+    cache = Path(args.build_dir) if args.build_dir else ws / "runs" / "build-cache"
+    libs = libraries_for(target, args.known_good, cache, Path(args.out_dir) if args.out_dir else None)
+    opts = CalibrateOptions(ws, args.unit, args.mutant, not args.no_mutants,
+                            ParityOptions(mode=args.mode, sanitize=args.sanitize, timeout=args.timeout,
+                                          timing_reps=args.timing_reps),
+                            show_static=args.static, ledger=not args.no_ledger and not args.no_mutants)
+    log = (lambda *a, **k: print(*a, file=sys.stderr, **k)) if args.json else print
+    report = calibrate(target, libs, opts, out=log)
+    if args.report:
+        Path(args.report).write_text(json.dumps(report, indent=1, default=str))
+    bad = [r for r in report["rows"] if not r["ok"]]
+    if args.json:
+        print(json.dumps(report, indent=1, default=str))
+    else:
+        print(f"\n{table(report)}\n\n{matrix(report, target.symbol_prefix)}")
+        print(f"\n{len(report['rows']) - len(bad)} of {len(report['rows'])} behaved as they must"
+              + (f"; {len(bad)} did not" if bad else "") + f" ({report['seconds']} s)")
+    return 1 if bad else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m porter.calibration ...` without the porter CLI."""
+    p = argparse.ArgumentParser(prog="porter calibrate", description=__doc__.split("\n\n")[0])
+    p.add_argument("-C", dest="workspace", default=".", help="workspace (default: .)")
+    p.add_argument("--target", default="minimoe")
+    p.add_argument("--source", default=None)
+    add_arguments(p)
+    args = p.parse_args(argv)
+    args.workspace = Path(args.workspace).resolve()
+    try:
+        return run(args)
+    except PorterError as exc:
+        print(f"porter: error: {exc}", file=sys.stderr)
+        return exc.exit_code

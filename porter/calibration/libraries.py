@@ -1,0 +1,281 @@
+"""The one library builder of calibration: a known-good backend, and the same backend per mutant.
+
+Three sources of known-good code, one interface (`known_good()`, `mutant(m)`):
+
+- SourceLibraries: one CUDA source per unit (the scripted good answers, a folder
+  of <unit>.cu): built exactly as the build gate builds (porter.gates.build: same
+  flags, forced include, content-addressed object cache, `-z defs` link), so a
+  mutant costs one compile and one link.  A unit without a source gets its
+  placeholder, as in a fresh workspace.
+- UpstreamLibraries: the target's own backend from the user's checkout (ds4's
+  ds4_cuda.cu plus our calibration hooks), by the target's recipe, under
+  runs/known-good/<target>/ (never committed); rule mutants are applied to a
+  copy of the checkout file at build time.
+- a prebuilt known-good library (`--known-good lib.so`): rule mutants are still
+  built from the checkout when the target has an upstream recipe.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from porter.calibration.mutants import Mutant, scripted_answers
+from porter.digest import sha256_bytes
+from porter.errors import PorterError
+from porter.extract import extract_unit_source
+from porter.gates import build as build_gate
+from porter.placeholder import placeholder_source
+
+BUILD_TIMEOUT_S = 900
+
+
+class BuildError(PorterError):
+    def __init__(self, message: str, log: str = ""):
+        super().__init__(message)
+        self.log = log
+
+
+def _parallel(fn, items) -> list:
+    with ThreadPoolExecutor(max_workers=max(1, min(len(items) or 1, os.cpu_count() or 1))) as pool:
+        return list(pool.map(fn, items))
+
+
+def _caught(fn, *args):
+    try:
+        return fn(*args)
+    except PorterError as exc:
+        return exc
+
+
+# ---------------------------------------------------------------------------
+# one source per unit
+# ---------------------------------------------------------------------------
+
+class SourceLibraries:
+    def __init__(self, target, cache: Path, sources: dict[str, str], describe: str):
+        self.target = target
+        self.cache = Path(cache)
+        self.cache.mkdir(parents=True, exist_ok=True)
+        self.sources = sources
+        self.describe = describe
+        self.nvcc = build_gate.nvcc_path()
+
+    def object_for(self, name: str, source: str | bytes) -> Path:
+        data = source.encode() if isinstance(source, str) else source
+        try:
+            return build_gate.compile_object(self.target, name, data, self.cache)[0]
+        except build_gate.CompileFailure as exc:
+            raise BuildError(f"nvcc failed on {name}: {build_gate.first_error(exc.output)}", exc.output) from None
+
+    def library(self, unit_sources: dict[str, str], tag: str = "") -> Path:
+        """Compile (cached) and link glue + every unit; returns the library path (content-addressed)."""
+        t = self.target
+        jobs = [(g.stem, g.read_bytes()) for g in t.glue_sources]
+        jobs += [(u, unit_sources.get(u) or placeholder_source(t.api_function(u), t.conventions_header.name))
+                 for u in t.units]
+        objs = _parallel(lambda j: self.object_for(*j), jobs)
+        link_flags = [*t.spec.cuda.link_flags, *build_gate.PORTER_LINK_FLAGS]
+        key = sha256_bytes(("\n".join(o.stem for o in objs) + "\0".join(link_flags)).encode())
+        lib = self.cache / "lib" / key / t.spec.cuda.library
+        if lib.is_file():
+            return lib
+        lib.parent.mkdir(parents=True, exist_ok=True)
+        tmp = lib.parent / f".{os.getpid()}.{time.monotonic_ns()}.so"
+        proc = subprocess.run([self.nvcc, *link_flags, "-o", str(tmp), *map(str, objs)], capture_output=True,
+                              text=True, timeout=build_gate.LINK_TIMEOUT_S)
+        if proc.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            log = proc.stderr + proc.stdout
+            raise BuildError(f"link of {tag or 'library'} failed: {build_gate.first_error(log)}", log)
+        os.replace(tmp, lib)
+        return lib
+
+    def known_good(self) -> Path:
+        return self.library(self.sources, "known-good")
+
+    def has(self, unit: str) -> bool:
+        return unit in self.sources
+
+    def _mutant_source(self, m: Mutant) -> str:
+        return m.source if m.source is not None else m.apply(self.sources[m.unit])
+
+    def mutant(self, m: Mutant) -> Path:
+        return self.library({**self.sources, m.unit: self._mutant_source(m)}, m.name)
+
+    def prepare(self, mutants: list[Mutant]) -> None:
+        """Compile every mutant's unit up front, in parallel (objects are cached; errors surface at link)."""
+        _parallel(lambda m: _caught(self.object_for, m.unit, self._mutant_source(m)), mutants)
+
+
+def sources_from(target, spec: str) -> tuple[dict[str, str], str]:
+    """unit -> known-good source for `--known-good scripted` or a folder of <unit>.cu / <unit>.md."""
+    if spec == "scripted":
+        out = {a["unit"]: extract_unit_source((target.scripted_dir / a["file"]).read_text(), a["unit"], target)
+               for a in scripted_answers(target) if a.get("expect") == "pass"}
+        if not out:
+            raise PorterError(f"target {target.name} has no scripted good answers (scripted/manifest.toml)")
+        return out, f"scripted good answers ({target.scripted_dir.relative_to(target.dir)})"
+    p = Path(spec).expanduser().resolve()
+    out = {}
+    for u in target.units if p.is_dir() else []:
+        for ext in (".cu", ".md"):
+            f = p / f"{u}{ext}"
+            if f.is_file():
+                out[u] = f.read_text() if ext == ".cu" else extract_unit_source(f.read_text(), u, target)
+                break
+    if not out:
+        raise PorterError(f"--known-good {spec}: not 'scripted', 'upstream', a folder of <unit>.cu/.md or a .so file")
+    return out, f"sources in {p}"
+
+
+# ---------------------------------------------------------------------------
+# the target's upstream backend
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Recipe:
+    """How a target's upstream backend becomes one shared library."""
+
+    sources: tuple[str, ...]  # checkout-relative translation units
+    needs: tuple[str, ...]  # other checkout files they include
+    harness: tuple[str, ...]  # target-folder-relative sources of ours linked in (calibration hooks)
+    libs: tuple[str, ...]  # extra link libraries
+    library: str
+
+
+RECIPES = {
+    # ds4_cuda.cu is one translation unit; it includes ds4_iq2_tables_cuda.inc
+    # (the IQ2 grids) and ds4_gpu.h's declarations, and needs cuBLAS.
+    "ds4": Recipe(sources=("ds4_cuda.cu",), needs=("ds4_iq2_tables_cuda.inc", "ds4_gpu.h"),
+                  harness=("parity/upstream_harness.cu",), libs=("-lcublas",), library="libds4_cuda.so"),
+}
+
+
+def recipe_for(target) -> Recipe:
+    try:
+        return RECIPES[target.name]
+    except KeyError:
+        raise PorterError(f"no upstream build recipe for target {target.name} (known: {', '.join(RECIPES)})") from None
+
+
+def _toolkit_lib_dirs(nvcc: str) -> list[Path]:
+    root = Path(nvcc).resolve().parent.parent
+    return [d for d in (root / "lib64", root / "targets" / "x86_64-linux" / "lib") if d.is_dir()]
+
+
+def build_upstream(target, mutant: Mutant | None = None, out_dir: Path | None = None) -> Path:
+    """Build the upstream backend (optionally mutated) with our calibration hooks; returns the .so path."""
+    recipe = recipe_for(target)
+    checkout = Path(target.checkout)
+    missing = [f for f in (*recipe.sources, *recipe.needs) if not (checkout / f).is_file()]
+    if missing:
+        raise PorterError(f"source checkout {checkout} lacks {', '.join(missing)}")
+    harness = [target.dir / h for h in recipe.harness]
+    for h in harness:
+        if not h.is_file():
+            raise PorterError(f"calibration hook source {h} is missing")
+    sources = {f: (checkout / f).read_text() for f in recipe.sources}
+    if mutant is not None:
+        if mutant.file not in sources:
+            raise PorterError(f"mutant {mutant.name}: {mutant.file} is not one of {', '.join(sources)}")
+        sources[mutant.file] = mutant.apply(sources[mutant.file])
+    nvcc = build_gate.nvcc_path()
+    flags = [*target.spec.cuda.nvcc_flags, "-shared"]
+    h = hashlib.sha256()
+    for part in [build_gate.toolchain()["nvcc_version"], " ".join(flags), " ".join(recipe.libs)]:
+        h.update(str(part).encode() + b"\0")
+    for name in sorted(sources):
+        h.update(name.encode() + b"\0" + sources[name].encode() + b"\0")
+    for f in (*recipe.needs, *recipe.harness):
+        h.update(f.encode() + b"\0" + (checkout / f if f in recipe.needs else target.dir / f).read_bytes() + b"\0")
+    name = mutant.name if mutant else "upstream"
+    lib_dir = Path(out_dir or Path(target.workspace) / "runs" / "known-good" / target.name) / name / h.hexdigest()[:16]
+    lib = lib_dir / recipe.library
+    if lib.is_file():
+        return lib
+    lib_dir.mkdir(parents=True, exist_ok=True)
+    src_paths = []
+    for f, text in sources.items():
+        if mutant is not None and f == mutant.file:
+            p = lib_dir / "src" / f  # the mutated copy; its includes resolve through -I <checkout>
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(text)
+            src_paths.append(p)
+        else:
+            src_paths.append(checkout / f)
+    tmp = lib_dir / f".{os.getpid()}.{time.monotonic_ns()}.so"
+    # the toolkit's library folder as rpath: the parity child dlopens the library, and
+    # libcublas must resolve there even when the loader's path does not name the toolkit
+    rpath = [a for d in _toolkit_lib_dirs(nvcc) for a in ("-Xlinker", "-rpath", "-Xlinker", str(d))]
+    cmd = [nvcc, *flags, "-I", str(checkout), "-o", str(tmp), *map(str, src_paths), *map(str, harness), *rpath,
+           *recipe.libs]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        tmp.unlink(missing_ok=True)
+        raise BuildError(f"nvcc of {name} ran past {BUILD_TIMEOUT_S} s") from None
+    log = proc.stdout + proc.stderr
+    (lib_dir / "build.log").write_text(" ".join(cmd) + "\n" + log)
+    if proc.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise BuildError(f"nvcc failed building {name}: {build_gate.first_error(log)}", log)
+    os.replace(tmp, lib)
+    return lib
+
+
+class UpstreamLibraries:
+    """The checkout's backend (or a prebuilt known-good library) and its rule mutants."""
+
+    def __init__(self, target, out_dir: Path | None = None, prebuilt: Path | None = None):
+        self.target, self.out_dir, self.prebuilt = target, out_dir, prebuilt
+        self.describe = (f"prebuilt library {prebuilt.name}" if prebuilt
+                         else f"upstream {target.name} backend ({target.checkout})")
+        self._built: dict[str, Path | Exception] = {}
+
+    def has(self, unit: str) -> bool:
+        return True
+
+    def known_good(self) -> Path:
+        if self.prebuilt is not None:
+            if not self.prebuilt.is_file():
+                raise PorterError(f"known-good library {self.prebuilt} does not exist")
+            return self.prebuilt
+        return self._get(None)
+
+    def mutant(self, m: Mutant) -> Path:
+        if m.source is not None:
+            raise BuildError(f"mutant {m.name} is a whole {m.unit} file: it cannot be linked into "
+                             f"the upstream backend (one translation unit)")
+        return self._get(m)
+
+    def _get(self, m: Mutant | None) -> Path:
+        key = m.name if m else "upstream"
+        if key not in self._built:
+            self._built[key] = _caught(build_upstream, self.target, m, self.out_dir)
+        got = self._built[key]
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    def prepare(self, mutants: list[Mutant]) -> None:
+        """Build the known-good and every rule mutant in parallel (each is a whole-backend compile)."""
+        todo = ([] if self.prebuilt else [None]) + [m for m in mutants if m.source is None]
+        for m, got in zip(todo, _parallel(lambda m: _caught(build_upstream, self.target, m, self.out_dir), todo)):
+            self._built[m.name if m else "upstream"] = got
+
+
+def libraries_for(target, known_good: str, cache: Path, out_dir: Path | None = None):
+    """The library builder `--known-good` names: 'scripted', 'upstream', a .so, or a folder of sources."""
+    if known_good == "upstream":
+        return UpstreamLibraries(target, out_dir)
+    p = Path(known_good).expanduser()
+    if p.suffix == ".so":
+        return UpstreamLibraries(target, out_dir, prebuilt=p.resolve())
+    sources, describe = sources_from(target, known_good)
+    return SourceLibraries(target, cache, sources, describe)

@@ -1,0 +1,158 @@
+"""The one mutant type: code known to be wrong, and the check that must catch it.
+
+A mutant is either a whole candidate file for one unit (`source`: the adversarial
+corpus and scripted bad answers) or named search/replace `rules` applied to a
+known-good source file at build time (`file`: mutants.toml, e.g. ds4's upstream
+ds4_cuda.cu, never copied here).  Each rule's search text must occur exactly
+once, so a changed upstream can never silently yield an unmutated "mutant".
+
+must_fail_check is a check of porter/gates/parity/compare.py CHECK_ORDER, or
+"any" (a scripted answer expected to fail parity somehow) or "pass" (a scripted
+answer that is right but slow: parity must accept it; perf refuses it).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from porter.errors import PorterError
+from porter.extract import extract_unit_source
+from porter.gates.parity.compare import CHECK_ORDER
+
+ADVERSARIAL_MANIFEST = Path("adversarial") / "manifest.toml"
+RULES_FILE = "mutants.toml"
+
+
+@dataclass(frozen=True)
+class Rule:
+    search: str
+    replace: str
+
+
+@dataclass(frozen=True)
+class Mutant:
+    unit: str
+    name: str
+    must_fail_check: str
+    why: str
+    origin: str  # "adversarial" | "scripted" | "rules"
+    source: str | None = None  # a whole candidate file for the unit
+    file: str | None = None  # with rules: the known-good file they apply to
+    rules: tuple[Rule, ...] = ()
+    timeout: float | None = None
+
+    def apply(self, text: str) -> str:
+        """The rules applied to `text`; each search text must occur exactly once."""
+        for j, rule in enumerate(self.rules):
+            n = text.count(rule.search)
+            if n != 1:
+                first = rule.search.strip().splitlines()[0][:60] if rule.search.strip() else repr(rule.search)
+                raise PorterError(f"mutant {self.name} rule {j + 1}: search text ({first!r}...) occurs {n} times "
+                                  f"in {self.file}, must occur exactly once")
+            text = text.replace(rule.search, rule.replace, 1)
+        return text
+
+    def rejected_by(self, got: str) -> bool:
+        if self.must_fail_check == "pass":
+            return got == "pass"
+        if self.must_fail_check == "any":
+            return got not in ("pass", "skipped")
+        return got == self.must_fail_check
+
+
+def _toml(path: Path) -> dict:
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise PorterError(f"{path}: not valid TOML: {exc}") from None
+
+
+def _check_name(where: str, check: str) -> None:
+    if check not in CHECK_ORDER:
+        raise PorterError(f"{where}: unknown check {check!r}")
+
+
+def adversarial(target) -> list[Mutant]:
+    """targets/<t>/adversarial/manifest.toml: candidate files (or scripted answers) and their checks."""
+    path = target.dir / ADVERSARIAL_MANIFEST
+    if not path.is_file():
+        return []
+    out = []
+    for i, m in enumerate(_toml(path).get("mutant", [])):
+        where = f"{path}: mutant #{i + 1}"
+        for k in ("unit", "must_fail_check", "why"):
+            if k not in m:
+                raise PorterError(f"{where} lacks {k}")
+        if ("file" in m) == ("scripted" in m):
+            raise PorterError(f"{where} needs exactly one of file / scripted")
+        _check_name(where, m["must_fail_check"])
+        if "file" in m:
+            src_path, name, origin = path.parent / m["file"], m["file"], "adversarial"
+        else:
+            src_path, name, origin = target.scripted_dir / m["scripted"], m["scripted"], "scripted"
+        if not src_path.is_file():
+            raise PorterError(f"{where}: {src_path.name} is missing")
+        text = src_path.read_text()
+        src = text if origin == "adversarial" else extract_unit_source(text, m["unit"], target)
+        out.append(Mutant(m["unit"], name, m["must_fail_check"], m["why"], origin, source=src,
+                          timeout=m.get("timeout")))
+    return out
+
+
+def scripted_answers(target) -> list[dict]:
+    path = target.scripted_dir / "manifest.toml"
+    return list(_toml(path).get("answer", [])) if path.is_file() else []
+
+
+def scripted_bad(target, skip: set[str] = frozenset()) -> list[Mutant]:
+    """Scripted bad answers that reach parity: expect 'parity' (fail it) or 'perf' (pass it), except
+    those the adversarial manifest already names with a sharper check."""
+    out = []
+    for a in scripted_answers(target):
+        if a.get("expect") not in ("parity", "perf") or a["file"] in skip:
+            continue
+        try:
+            src = extract_unit_source((target.scripted_dir / a["file"]).read_text(), a["unit"], target)
+        except PorterError:
+            continue
+        out.append(Mutant(a["unit"], a["file"], "any" if a["expect"] == "parity" else "pass", a.get("why", ""),
+                          "scripted", source=src))
+    return out
+
+
+def rule_mutants(target) -> list[Mutant]:
+    """targets/<t>/mutants.toml, validated (names unique, checks known, rules non-empty and mutating)."""
+    path = target.dir / RULES_FILE
+    if not path.is_file():
+        return []
+    out, seen = [], set()
+    for i, m in enumerate(_toml(path).get("mutant", [])):
+        where = f"{path.name}: mutant #{i + 1}"
+        for k in ("name", "unit", "file", "must_fail_check", "why", "rule"):
+            if k not in m:
+                raise PorterError(f"{where} lacks {k!r}")
+        if m["name"] in seen:
+            raise PorterError(f"{where}: duplicate name {m['name']!r}")
+        seen.add(m["name"])
+        _check_name(where, m["must_fail_check"])
+        rules = []
+        for j, r in enumerate(m["rule"]):
+            if not isinstance(r.get("search"), str) or not r["search"] or not isinstance(r.get("replace"), str):
+                raise PorterError(f"{where} rule {j + 1}: needs a non-empty 'search' and a 'replace' string")
+            if r["search"] == r["replace"]:
+                raise PorterError(f"{where} rule {j + 1}: replace equals search (no mutation)")
+            rules.append(Rule(r["search"], r["replace"]))
+        if not rules:
+            raise PorterError(f"{where}: no rules")
+        out.append(Mutant(m["unit"], m["name"], m["must_fail_check"], m["why"], "rules", file=m["file"],
+                          rules=tuple(rules), timeout=m.get("timeout")))
+    return out
+
+
+def load_mutants(target) -> list[Mutant]:
+    """Every mutant of the target: the adversarial corpus, scripted bad answers, rule mutants."""
+    corpus = adversarial(target)
+    named = {m.name for m in corpus if m.origin == "scripted"}
+    return corpus + scripted_bad(target, named) + rule_mutants(target)

@@ -1,0 +1,104 @@
+"""The one gate driver: a Candidate meets the gates in GATE_ORDER, and the first refusal ends it.
+
+    ctx = GateContext(target)                      # workspace, build cache, parity options
+    results = run_gates(Candidate.of(unit, source), ctx, on_result=record)
+
+Every gate module exposes `run(candidate, ctx) -> GateResult`.  The order lives
+here only (porter run, status --reverify, calibration and the benchmark all call
+run_gates): cheap gates first, so an answer that does not compile never costs a
+GPU run, and perf only judges a candidate parity measured and passed (timing a
+wrong kernel says nothing).  A gate that could not run here (no GPU, no spec)
+is `skipped`: it does not stop the chain, and it never counts as passed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Callable
+
+from porter.digest import sha256_text
+from porter.gates import build, parity, perf, static
+from porter.gates.result import GATE_ORDER, GateResult
+from porter.history import History
+
+CANDIDATE_GATES = ("static", "build", "parity", "perf")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    unit: str
+    source: str
+    sha256: str
+
+    @classmethod
+    def of(cls, unit: str, source: str) -> "Candidate":
+        return cls(unit, source, sha256_text(source))
+
+
+@dataclass
+class ParityOptions:
+    mode: str = "cuda"  # "host": the C stand-in of CI (calibration tests)
+    sanitize: bool | None = None  # None: $PORTER_PARITY_SANITIZE
+    timeout: float | None = None  # None: $PORTER_PARITY_TIMEOUT or the gate's default
+    timing_reps: int = 10
+    seeds: list[int] | None = None  # None: fresh os.urandom seeds (never the prompt's)
+
+
+@dataclass
+class GateContext:
+    """What the gates share for one candidate: the target, where to build, and what earlier gates made."""
+
+    target: object
+    workspace: Path | None = None
+    build_cache: Path | None = None
+    parity: ParityOptions = field(default_factory=ParityOptions)
+    library: Path | None = None  # the backend library the build gate linked (or a prebuilt one)
+    results: dict[str, GateResult] = field(default_factory=dict)  # gate -> result, for the gates after it
+
+    def __post_init__(self):
+        self.workspace = Path(self.workspace or self.target.workspace)
+        if self.build_cache is None:
+            self.build_cache = build.cache_dir(self.workspace)
+
+    @cached_property
+    def history(self) -> History:
+        """The workspace's ledger, read when a gate first needs calibration facts."""
+        return History.read(self.workspace, self.target.name)
+
+
+GATES = {"static": static, "build": build, "parity": parity, "perf": perf}
+
+
+def run_gates(candidate: Candidate, ctx: GateContext, gates=CANDIDATE_GATES,
+              on_result: Callable[[GateResult], None] | None = None) -> list[GateResult]:
+    """Run `gates` (in GATE_ORDER) until one refuses; returns every result, the refusal last."""
+    unknown = [g for g in gates if g not in GATE_ORDER]
+    if unknown:
+        raise ValueError(f"unknown gate(s) {unknown}")
+    out: list[GateResult] = []
+    for name in sorted(gates, key=GATE_ORDER.index):
+        if name == "perf" and not passed(ctx.results.get("parity")):
+            break  # nothing measured to time
+        res = GATES[name].run(candidate, ctx)
+        res.evidence.setdefault("candidate_sha256", candidate.sha256)
+        ctx.results[name] = res
+        out.append(res)
+        if on_result is not None:
+            on_result(res)
+        if not res.ok and not res.skipped:
+            break
+    return out
+
+
+def passed(res: GateResult | None) -> bool:
+    return res is not None and res.ok and not res.skipped
+
+
+def refusal(results: list[GateResult]) -> GateResult | None:
+    return next((r for r in results if not r.ok and not r.skipped), None)
+
+
+def verdict_word(res: GateResult) -> str:
+    return f"{res.gate} " + ("skipped" if res.skipped else "ok" if res.ok else "REFUSED")
