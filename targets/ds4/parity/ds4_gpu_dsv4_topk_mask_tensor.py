@@ -31,7 +31,8 @@ def build(shape, ctx, rng):
         if top_k < n_comp:  # the first and the last compressed row are always chosen, in random slots
             rows = np.concatenate([[0, n_comp - 1], rows[(rows != 0) & (rows != n_comp - 1)][: top_k - 2]])
         sel[t] = rng.permutation(rows)
-    args = {"mask": Out("f32", (n_tokens, n_comp)), "topk": In(sel), "n_comp": n_comp, "n_tokens": n_tokens,
+    short = d.get("mask_short", 0)
+    args = {"mask": Out("f32", (n_tokens * n_comp - short,) if short else (n_tokens, n_comp)), "topk": In(sel), "n_comp": n_comp, "n_tokens": n_tokens,
             "top_k": top_k}
     if shape.expect == "error":
         return Call(args=args)
@@ -45,13 +46,13 @@ SPEC = UnitSpec(
     shapes=[
         Shape("decode: 1 token, top 512 of 1024", {"n_tokens": 1, "n_comp": 1024, "top_k": K}),
         Shape("3 tokens, top 512 of 2000", {"n_tokens": 3, "n_comp": 2000, "top_k": K}),
-        Shape("top_k = n_comp = 512, 2 tokens", {"n_tokens": 2, "n_comp": K, "top_k": K}),
+        Shape("top 511 of 512 (one row masked), 2 tokens", {"n_tokens": 2, "n_comp": K, "top_k": K - 1}),
         Shape("odd: 5 tokens, top 7 of 37", {"n_tokens": 5, "n_comp": 37, "top_k": 7}),
         Shape("prefill: 64 tokens, top 512 of 4096", {"n_tokens": 64, "n_comp": 4096, "top_k": K}, timed=True),
         Shape("error: top_k 0", {"n_tokens": 1, "n_comp": 64, "top_k": 0}, expect="error",
               why="n_comp, n_tokens and top_k must be non-zero"),
-        Shape("error: n_comp 0", {"n_tokens": 1, "n_comp": 0, "top_k": 4}, expect="error",
-              why="n_comp, n_tokens and top_k must be non-zero"),
+        Shape("error: mask smaller than n_tokens x n_comp", {"n_tokens": 2, "n_comp": 64, "top_k": 4, "mask_short": 1},
+              expect="error", why="mask must hold n_tokens x n_comp floats"),
     ],
     build=build,
     bytes_moved=lambda s: 4 * s.dims["n_tokens"] * (s.dims["n_comp"] + s.dims["top_k"]),
