@@ -31,4 +31,5 @@ def dims(hc, n_tokens, n_embd=None, n_hc=None):
 
 def moved(s, inputs_per_token):
     d = s.dims
-    return 4 * d["n_tokens"] * (d["n_embd"] * (2 * d["n_hc"] + inputs_per_token) + 2 * d["n_hc"] + d["n_hc"] ** 2)
+    # residual read + out written (n_hc rows each), the block rows, post (n_hc) and comb (n_hc^2)
+    return 4 * d["n_tokens"] * (d["n_embd"] * (2 * d["n_hc"] + inputs_per_token) + d["n_hc"] + d["n_hc"] ** 2)

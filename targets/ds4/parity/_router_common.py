@@ -26,6 +26,25 @@ def logits(rng, n_tokens, levels=0):
     return z
 
 
+def separate_near_ties(lg, b=None, rel=1e-5):
+    """Nudge apart selection scores (probs + bias) that are close but not equal among each
+    token's top 7: a right kernel's float32 softplus may differ from the reference's by
+    an ulp and flip such a pair, which no tie rule decides.  Exact ties stay."""
+    from reference import ds4_hc_ops as ref
+
+    lg = lg.copy()
+    for t in range(lg.shape[0]):
+        for _ in range(8):
+            keys = ref.router_selection_scores(ref.router_probs(lg[t]), b).astype(np.float64)
+            top = np.argsort(-keys, kind="stable")[:N_USED + 1]
+            gaps = keys[top[:-1]] - keys[top[1:]]
+            close = np.flatnonzero((gaps > 0) & (gaps < rel * np.abs(keys[top[:-1]]).clip(1e-3)))
+            if not close.size:
+                break
+            lg[t, top[close + 1]] -= np.float32(0.05)
+    return lg
+
+
 def bias(rng, levels=0):
     if levels:
         vals = (rng.standard_normal(levels) * 0.3).astype(np.float32)

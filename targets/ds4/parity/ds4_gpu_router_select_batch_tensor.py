@@ -30,8 +30,8 @@ TOL = Tol(nmse=1e-12, max_err_rms=1e-5)
 def build(shape, ctx, rng):
     d = shape.dims
     n_tokens, hash_rows = d["n_tokens"], d.get("hash_rows", 64)
-    m, b_off, h_off, _, _ = rc.router_map(rng, hash_rows, d.get("bias_levels", 0))
-    lg = rc.logits(rng, n_tokens, d.get("levels", 0))
+    m, b_off, h_off, b, _ = rc.router_map(rng, hash_rows, d.get("bias_levels", 0))
+    lg = rc.separate_near_ties(rc.logits(rng, n_tokens, d.get("levels", 0)), b if d["has_bias"] else None)
     toks = rng.integers(0, hash_rows, n_tokens).astype(np.int32)
     toks[0] = hash_rows - 1
     if n_tokens > 2:

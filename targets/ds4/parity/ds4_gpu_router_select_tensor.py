@@ -36,12 +36,12 @@ TOL = Tol(nmse=1e-12, max_err_rms=1e-5)
 def build(shape, ctx, rng):
     d = shape.dims
     hash_rows = d.get("hash_rows", 64)
-    m, b_off, h_off, _, _ = rc.router_map(rng, hash_rows, d.get("bias_levels", 0))
+    m, b_off, h_off, b, _ = rc.router_map(rng, hash_rows, d.get("bias_levels", 0))
     if d.get("past_end") == "bias":
         b_off = m.size - 512
     elif d.get("past_end") == "hash":
         h_off = m.size - hash_rows * 12
-    lg = rc.logits(rng, 1, d.get("levels", 0))[0]
+    lg = rc.separate_near_ties(rc.logits(rng, 1, d.get("levels", 0)), b if d["has_bias"] else None)[0]
     token = {"last": hash_rows - 1}.get(d.get("token", 5), d.get("token", 5))
     args = {"selected": Out("i32", (rc.N_USED,)), "weights": Out("f32", (rc.N_USED,)),
             "probs": Out("f32", (rc.N_EXPERT,)), "model_map": m, "model_size": m.size, "bias_offset": b_off,
