@@ -6,7 +6,7 @@ ds4 calls it with n_hc 4 and eps 1e-6 on one decode token or a prompt batch.  Th
 scale is not 1 and base is not 0 (ignoring either is off); pre spans +-6, so
 both tails of the sigmoid are used; one case has eps 0.25 (with eps 1e-6 a kernel
 that drops eps is within float32 noise).  Tolerance: float32 expf and division,
-a few ulps of values in (0, 1.25)."""
+a few ulps of values in (0, 1.25) (NMSE ~1e-13; bound 1e-11)."""
 import numpy as np
 
 from porter.gates.parity.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
@@ -18,7 +18,7 @@ hc = sibling(__file__, "_hc_common")
 DISPATCH = {
     "output_hc_weights_kernel": "always (grid over n_tokens * n_hc) -> reached by shape 'decode: 1 token x 4 streams'",
 }
-TOL = Tol(nmse=1e-12, max_err_rms=1e-5)
+TOL = Tol(nmse=1e-11, max_err_rms=1e-5)
 
 
 def build(shape, ctx, rng):

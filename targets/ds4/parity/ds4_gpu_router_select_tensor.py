@@ -7,7 +7,7 @@ mode; equal scores: lower expert first); weights = probs[selected] / max(sum,
 Cases: biased top-6 (ds4's layers 3..42), unbiased, hash routing with ds4's real
 129280-row table (token = last row, and one inside) and with has_bias set (the
 bias must be ignored), and logits taking only a few values so that the tie rule
-decides.  Tolerance: float32 softplus/sqrt (a few ulps) for probs and weights;
+decides.  Tolerance: float32 softplus/sqrt (a few ulps: NMSE ~1e-13, bound 1e-11) for probs and weights;
 selected is exact, a mismatch confined to equal scores is 'tie-rule'.
 
 Upstream picks one of three kernels by env knobs; the spec must pass under each
@@ -30,7 +30,7 @@ DISPATCH = {
                             "under KNOWN_GOOD_ENV[1]",
 }
 KNOWN_GOOD_ENV = [{"DS4_CUDA_NO_WARP_ROUTER_SELECT": "1"}, {"DS4_CUDA_NO_PARALLEL_ROUTER_SELECT": "1"}]
-TOL = Tol(nmse=1e-12, max_err_rms=1e-5)
+TOL = Tol(nmse=1e-11, max_err_rms=1e-5)
 
 
 def build(shape, ctx, rng):
