@@ -51,6 +51,15 @@ def hc_mix(rng, rows, width=MIX):
     return (rng.standard_normal((rows, width)) * 1.5).astype(np.float32)
 
 
+def f16_table(rng, n_vocab, n_embd):
+    """An F16 embedding table of embedding-sized values (~0.05), with F16 subnormals
+    (|x| < 6.1e-5) in every row, every 17th value: a decode that flushes them is off."""
+    t = (rng.standard_normal((n_vocab, n_embd)) * 0.05).astype(np.float16)
+    sub = t[:, ::17].shape
+    t[:, ::17] = (rng.uniform(0.5, 1.0, sub) * 6e-5 * rng.choice([-1, 1], sub)).astype(np.float16)
+    return t
+
+
 def weight_map(rng, blobs, gap=96):
     """A model map of random bytes holding the float32/int32 blobs (offsets depend on
     the blob sizes only, so two seeds share one layout)."""

@@ -7,8 +7,6 @@ decode and the 4-stream copy are what a kernel can get wrong; the vocabulary
 size only moves the offset).  Rows hold F16 subnormals too (a decode that
 flushes them is off), and the token is the table's last row or row 0 as well as
 one inside.  F16 -> F32 is exact, so the comparison is bit-exact."""
-import numpy as np
-
 from porter.gates.parity.spec import Call, Out, Shape, Tol, UnitSpec, sibling
 from reference import ds4_hc_ops as ref
 
@@ -20,17 +18,10 @@ DISPATCH = {
 }
 
 
-def f16_table(rng, n_vocab, n_embd):
-    t = (rng.standard_normal((n_vocab, n_embd)) * 0.05).astype(np.float16)
-    # F16 subnormals (|x| < 6.1e-5) in every row, every 17th value: a decode that flushes them is off
-    t[:, ::17] = (rng.uniform(0.5, 1.0, t[:, ::17].shape) * 6e-5 * rng.choice([-1, 1], t[:, ::17].shape)).astype(np.float16)
-    return t
-
-
 def build(shape, ctx, rng):
     d = shape.dims
     n_vocab, n_embd, n_hc = d["n_vocab"], d["n_embd"], d["n_hc"]
-    table = f16_table(rng, n_vocab, n_embd)
+    table = hc.f16_table(rng, n_vocab, n_embd)
     m, (off,) = hc.weight_map(rng, [table])
     if d.get("past_end"):
         off = hc.past_end(m, table.nbytes)

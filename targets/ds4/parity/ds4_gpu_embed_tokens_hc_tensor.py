@@ -20,17 +20,10 @@ DISPATCH = {
 }
 
 
-def table(rng, n_vocab, n_embd):
-    t = (rng.standard_normal((n_vocab, n_embd)) * 0.05).astype(np.float16)
-    # F16 subnormals (|x| < 6.1e-5) in every row, every 17th value: a decode that flushes them is off
-    t[:, ::17] = (rng.uniform(0.5, 1.0, t[:, ::17].shape) * 6e-5 * rng.choice([-1, 1], t[:, ::17].shape)).astype(np.float16)
-    return t
-
-
 def build(shape, ctx, rng):
     d = shape.dims
     n_vocab, n_tokens, n_embd, n_hc = d["n_vocab"], d["n_tokens"], d["n_embd"], d["n_hc"]
-    t = table(rng, n_vocab, n_embd)
+    t = hc.f16_table(rng, n_vocab, n_embd)
     m, (off,) = hc.weight_map(rng, [t])
     if d.get("past_end"):
         off = hc.past_end(m, t.nbytes)

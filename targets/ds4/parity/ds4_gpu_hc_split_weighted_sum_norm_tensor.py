@@ -15,8 +15,6 @@ spec must pass there too (KNOWN_GOOD_ENV).  With more than one row upstream also
 takes the unfused path, but its norm call normalises only row 0 and leaves the
 other rows of norm_out unwritten, so the spec has no multi-row case (ds4 only
 calls it for one token)."""
-import numpy as np
-
 from porter.gates.parity.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import ds4_hc_ops as ref
 
