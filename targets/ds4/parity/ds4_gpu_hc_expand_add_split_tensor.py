@@ -1,0 +1,48 @@
+"""Parity spec: ds4_gpu_hc_expand_add_split_tensor (ds4_gpu_hc_expand_split_tensor of
+block_out + block_add: the FFN's shared-expert output plus its routed output,
+added before the post gate).  Inputs: targets/ds4/parity/_expand_common.py.
+
+ds4 calls it after the FFN for one decode token and for prompt batches (n_hc 4,
+4096 wide).  block_add has its own per-token scales, so dropping it, or adding it
+after the post gate, is off.  Tolerance: as ds4_gpu_hc_expand_tensor."""
+from porter.gates.parity.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
+from reference import ds4_hc_ops as ref
+
+hc = sibling(__file__, "_hc_common")
+ex = sibling(__file__, "_expand_common")
+
+# upstream host function ds4_gpu_hc_expand_add_split_tensor (ds4_cuda.cu): one launch, has_add 1, strides 2n + n^2
+DISPATCH = {
+    "hc_expand_kernel": "always (grid over n_tokens * n_hc * n_embd, has_add) -> reached by shape "
+                        "'decode: 1 token x 4 x 4096'",
+}
+
+
+def build(shape, ctx, rng):
+    d = shape.dims
+    n_tokens, n_embd, n_hc = d["n_tokens"], d["n_embd"], d["n_hc"]
+    block, add, res, split = ex.tensors(hc, rng, n_tokens, n_embd, n_hc)
+    args = {"out_hc": Out("f32", (n_tokens, n_hc, n_embd)), "block_out": In(block), "block_add": In(add),
+            "residual_hc": In(res), "split": In(split), "n_embd": n_embd, "n_hc": n_hc}
+    if shape.expect == "error":
+        args["n_hc"] = 0
+        return Call(args=args)
+    return Call(args=args, expect={"out_hc": ref.hc_expand_add_split(block, add, res, split, n_embd, n_hc,
+                                                                     n_tokens)})
+
+
+SPEC = UnitSpec(
+    unit="ds4_gpu_hc_expand_add_split_tensor",
+    reference="reference.ds4_hc_ops.hc_expand_add_split",
+    outputs={"out_hc": Tol(nmse=1e-11, max_err_rms=1e-5)},
+    shapes=[
+        Shape("decode: 1 token x 4 x 4096", ex.dims(hc, 1)),
+        Shape("7 tokens x 4 x 4096", ex.dims(hc, 7)),
+        Shape("odd: 5 tokens x 3 streams (split rows of 15) x 37", ex.dims(hc, 5, 37, 3)),
+        Shape("odd: 2 tokens x 4 x 4097", ex.dims(hc, 2, hc.N_EMBD + 1)),
+        Shape("prefill: 64 tokens x 4 x 4096", ex.dims(hc, 64), timed=True),
+        Shape("error: n_hc 0", ex.dims(hc, 1, 64), expect="error", why="n_hc must be non-zero"),
+    ],
+    build=build,
+    bytes_moved=lambda s: ex.moved(s, 2),
+)

@@ -1,0 +1,47 @@
+"""Parity spec: ds4_gpu_hc_expand_tensor (the HC post step with separate post
+[n_tokens][n_hc] and comb [n_tokens][n_hc*n_hc] tensors; tokens = out_hc's size
+/ (n_hc * n_embd)).  Inputs: targets/ds4/parity/_expand_common.py.
+
+ds4's decode graph calls it after attention and after the FFN (n_hc 4, 4096 wide,
+one token); the shapes add token batches, 3 streams and odd widths.  Tolerance:
+five float32 products summed: ~1e-7 of the output RMS."""
+from porter.gates.parity.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
+from reference import ds4_hc_ops as ref
+
+hc = sibling(__file__, "_hc_common")
+ex = sibling(__file__, "_expand_common")
+
+# upstream host function ds4_gpu_hc_expand_tensor (ds4_cuda.cu): one launch, has_add 0, strides n_hc / n_hc^2
+DISPATCH = {
+    "hc_expand_kernel": "always (grid over n_tokens * n_hc * n_embd) -> reached by shape 'decode: 1 token x 4 x 4096'",
+}
+
+
+def build(shape, ctx, rng):
+    d = shape.dims
+    n_tokens, n_embd, n_hc = d["n_tokens"], d["n_embd"], d["n_hc"]
+    block, _, res, split = ex.tensors(hc, rng, n_tokens, n_embd, n_hc)
+    post = split[:, n_hc:2 * n_hc].copy()
+    comb = split[:, 2 * n_hc:].copy()
+    args = {"out_hc": Out("f32", (n_tokens, n_hc, n_embd)), "block_out": In(block), "residual_hc": In(res),
+            "post": In(post), "comb": In(comb), "n_embd": n_embd, "n_hc": n_hc}
+    if shape.expect == "error":
+        args["n_embd"] = 0
+        return Call(args=args)
+    return Call(args=args, expect={"out_hc": ref.hc_expand(block, res, post, comb, n_embd, n_hc, n_tokens)})
+
+
+SPEC = UnitSpec(
+    unit="ds4_gpu_hc_expand_tensor",
+    reference="reference.ds4_hc_ops.hc_expand",
+    outputs={"out_hc": Tol(nmse=1e-11, max_err_rms=1e-5)},
+    shapes=[
+        Shape("decode: 1 token x 4 x 4096", ex.dims(hc, 1), timed=True),
+        Shape("7 tokens x 4 x 4096", ex.dims(hc, 7)),
+        Shape("odd: 5 tokens x 3 streams x 37", ex.dims(hc, 5, 37, 3)),
+        Shape("odd: 2 tokens x 4 x 4097", ex.dims(hc, 2, hc.N_EMBD + 1)),
+        Shape("error: n_embd 0", ex.dims(hc, 1, 64), expect="error", why="n_embd must be non-zero"),
+    ],
+    build=build,
+    bytes_moved=lambda s: ex.moved(s, 1),
+)
