@@ -167,22 +167,20 @@ def test_real_ds4_sizes_are_in_the_specs(target):
 # ---------------------------------------------------------------------------
 
 def _family_mutants(target):
-    from porter.known_good import load_mutations
+    from porter.calibration.mutants import rule_mutants
 
     text = (target.dir / "mutants.toml").read_text()
     assert text.count(FAMILY_HEADER) == 1
     names = {m["name"] for m in tomllib.loads(text.split(FAMILY_HEADER)[1])["mutant"]}
-    return [m for m in load_mutations(target) if m.name in names]
+    return [m for m in rule_mutants(target) if m.name in names]
 
 
 def test_every_family_mutant_applies_once(target, cuda_src):
-    from porter.known_good import apply_mutation
-
     muts = _family_mutants(target)
     for m in muts:
         for r in m.rules:
             assert cuda_src.count(r.search) == 1, (m.name, r.search[:60])
-        out = apply_mutation(cuda_src, m)
+        out = m.apply(cuda_src)
         assert out != cuda_src and "porter mutant" in out
 
 

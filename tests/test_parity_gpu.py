@@ -12,7 +12,6 @@ Set PORTER_PARITY_REPORT=FILE to keep the report (JSON) and the printed tables.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -42,15 +41,14 @@ def target():
 
 @pytest.fixture(scope="session")
 def report(target, tmp_path_factory):
-    from porter.calibrate import calibrate, matrix, table
+    from porter.calibration.calibrator import CalibrateOptions, calibrate, matrix, table
+    from porter.calibration.libraries import libraries_for
+    from porter.gates.driver import ParityOptions
 
-    args = argparse.Namespace(
-        workspace=REPO, target="minimoe", known_good="scripted", unit=None, adversarial=True, scripted_bad=True,
-        sanitize=False, timeout=60.0, timing_reps=10, no_ledger=True, static=True, mode="cuda",
-        build_dir=os.environ.get("PORTER_BUILD_CACHE") or str(tmp_path_factory.mktemp("build-cache")),
-    )
-    rep = calibrate(target, args)
-    text = table(rep) + "\n\n" + matrix(rep)
+    cache = os.environ.get("PORTER_BUILD_CACHE") or str(tmp_path_factory.mktemp("build-cache"))
+    libs = libraries_for(target, "scripted", Path(cache))
+    rep = calibrate(target, libs, CalibrateOptions(REPO, parity=ParityOptions(timeout=60.0), ledger=False))
+    text = table(rep) + "\n\n" + matrix(rep, target.symbol_prefix)
     print("\n" + text)
     out = os.environ.get("PORTER_PARITY_REPORT")
     if out:
@@ -71,10 +69,10 @@ def _units():
 
 
 def _mutants():
-    from porter.calibrate import adversarial
+    from porter.calibration.mutants import adversarial
     from porter.target import load_target
 
-    return [m.file for m in adversarial(load_target(REPO, "minimoe"))]
+    return [m.name for m in adversarial(load_target(REPO, "minimoe"))]
 
 
 @pytest.mark.parametrize("unit", _units())
