@@ -17,7 +17,8 @@ How (details in the modules):
   device.py   cupy buffers, events, the stream hold; a host stand-in for CI
 
 The gate is skipped (never "ok") where there is no GPU or no cupy, and where a
-unit has no spec (runtime units are exercised through the ops that use them).
+unit has no spec.  Runtime units have scenario specs (scenario.py: a sequence
+of API calls); one is skipped while the other units it calls are placeholders.
 """
 
 from __future__ import annotations
@@ -82,6 +83,12 @@ def check(target, unit: str, library: Path, workspace: Path | None = None, *, sa
     if spec is None:
         kind = "runtime unit" if unit in getattr(target, "runtime_units", []) else "no spec written yet"
         return GateResult("parity", False, f"parity skipped: no parity spec for {unit} ({kind})", skipped=True)
+    from porter.gates.parity.scenario import blocked_by
+
+    waiting = blocked_by(target, spec)
+    if waiting:  # a runtime scenario calls units that are still placeholders: it cannot judge this one yet
+        return GateResult("parity", False, f"parity skipped: the scenario for {unit} also calls unported "
+                          f"{', '.join(waiting)}", skipped=True)
     if sanitize is None:
         sanitize = os.environ.get("PORTER_PARITY_SANITIZE", "") not in ("", "0", "off")
     from porter.calibrate import calibration_status

@@ -392,7 +392,11 @@ def run_spec(target, spec: UnitSpec, library: Path, **kw) -> GateResult:
     Whatever the candidate does happens in the child; an exception here is a
     harness fault, reported as a skipped gate (the unit stays "built"), never
     as a verdict on the candidate and never as a crashed run."""
+    from porter.gates.parity import scenario
+
     try:
+        if scenario.is_scenario(spec):  # a runtime unit: a sequence of calls (scenario.py), same child and evidence
+            return scenario.run_scenario(target, spec, library, **kw)
         return _run_spec(target, spec, library, **kw)
     except Exception as exc:  # noqa: BLE001
         import traceback
