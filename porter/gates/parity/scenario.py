@@ -146,8 +146,9 @@ class Script:
 
     # -- calls ---------------------------------------------------------------
     def call(self, fn: str, *args, save: str | None = None, expect: str | None = "ok", why: str = "") -> str:
-        """Call `fn`; expect "ok" (success by the API's convention, non-NULL for a pointer),
-        "error" (the failure code / NULL), or None (the return value is not judged)."""
+        """Call `fn`; expect "ok" (success by the API's convention, non-NULL for a pointer; for a
+        void function: no CUDA error left behind), "error" (the failure code / NULL), or None
+        (nothing judged)."""
         sid = self._id()
         plan_args = []
         for i, a in enumerate(args):
@@ -405,8 +406,8 @@ def bind(target, script: Script, where: str) -> dict:
             raise SpecError(f"{where}: {name} returns {api_fn.return_type}, which has no scenario binding")
         fns[name] = {"ret": rk, "params": params}
     for e in script.expects:
-        if e.kind == "rc" and fns[script.calls[e.step][0]]["ret"] == "none":
-            raise SpecError(f"{where}: step {e.step}: {script.calls[e.step][0]} returns void; nothing to expect")
+        if e.kind == "rc" and e.params["want"] == "error" and fns[script.calls[e.step][0]]["ret"] == "none":
+            raise SpecError(f"{where}: step {e.step}: {script.calls[e.step][0]} returns void: it cannot refuse")
     return fns
 
 
@@ -635,8 +636,8 @@ def judge(runs: list[PreparedRun], results: dict | None, outputs: dict, success:
                 continue  # never reached: the outcome (crash, timeout) names it
             label = _step_label(r.script, steps[e.step])
 
-            def add(check, detail, _e=e):
-                failures.append(Failure(check, r.case.label, r.pass_index, f"{detail}"))
+            def add(check, detail):
+                failures.append(Failure(check, r.case.label, r.pass_index, detail))
 
             n_checked += 1
             if e.kind == "rc":

@@ -62,7 +62,7 @@ def play_roundtrip(s: Script, n: int) -> None:
         s.read(fn("tensor_read"), "rt", ro, rl, img[ro:ro + rl], why=f"a read at offset {ro} returns those bytes")
     s.call(fn("tensor_write"), T("rt"), n, HostIn(np.zeros(1, np.uint8)), 0, expect="ok",
            why="0 bytes at the end is a valid write")
-    s.call(fn("tensor_free"), T("rt"), expect=None)
+    s.call(fn("tensor_free"), T("rt"), expect="ok")
 
 
 def play_write_errors(s: Script, n: int) -> None:
@@ -79,8 +79,8 @@ def play_write_errors(s: Script, n: int) -> None:
     s.call(fn("tensor_write"), T("wv"), vn - 10, HostIn(image(s, 20)), 20, expect="error",
            why="the range runs past the end of the view (though still inside its base)")
     read_all(s, "wb", img, region=(0, 0), why="refused writes change nothing")
-    s.call(fn("tensor_free"), T("wv"), expect=None)
-    s.call(fn("tensor_free"), T("wb"), expect=None)
+    s.call(fn("tensor_free"), T("wv"), expect="ok")
+    s.call(fn("tensor_free"), T("wb"), expect="ok")
 
 
 def play_read_offsets(s: Script, n: int) -> None:
@@ -93,7 +93,7 @@ def play_read_offsets(s: Script, n: int) -> None:
     s.read(fn("tensor_read"), "rd", n - 2, 5, np.zeros(5, np.uint8), expect="error",
            why="the range runs past the end")
     s.read(fn("tensor_read"), "rd", n + 3, 1, np.zeros(1, np.uint8), expect="error", why="the offset is past the end")
-    s.call(fn("tensor_free"), T("rd"), expect=None)
+    s.call(fn("tensor_free"), T("rd"), expect="ok")
 
 
 def play_view(s: Script, n: int) -> None:
@@ -116,9 +116,9 @@ def play_view(s: Script, n: int) -> None:
     s.call(fn("tensor_view"), T("v"), vn - 1, 2, save="bad3", expect="error", why="runs past the end of the view")
     s.call(fn("tensor_view"), T("vb"), n, 0, save="empty", expect="ok", why="an empty view at the very end is valid")
     for v in ("w", "v", "empty"):
-        s.call(fn("tensor_free"), T(v), expect=None)
+        s.call(fn("tensor_free"), T(v), expect="ok")
     read_all(s, "vb", img, region=(0, 0), why="freeing views leaves the base as it was")
-    s.call(fn("tensor_free"), T("vb"), expect=None)
+    s.call(fn("tensor_free"), T("vb"), expect="ok")
 
 
 def play_copy(s: Script, n1: int, n2: int) -> None:
@@ -149,7 +149,7 @@ def play_copy(s: Script, n1: int, n2: int) -> None:
            why="destination range past the end of the view (inside its base)")
     read_all(s, "cb", b, region=(0, 0), why="refused copies change nothing")
     for t in ("va", "vb", "ca", "cb"):
-        s.call(fn("tensor_free"), T(t), expect=None)
+        s.call(fn("tensor_free"), T(t), expect="ok")
 
 
 def rewrite(s: Script, name: str, n: int) -> np.ndarray:
@@ -162,25 +162,25 @@ def play_free(s: Script, n: int) -> None:
     """Freeing a view leaves its base usable; free(NULL) is harmless; alloc/free returns the memory."""
     img = alloc(s, "fb", n).copy()
     s.call(fn("tensor_view"), T("fb"), 21, n - 40, save="fv", expect="ok")
-    s.call(fn("tensor_free"), T("fv"), expect=None)
+    s.call(fn("tensor_free"), T("fv"), expect="ok")
     s.call(fn("tensor_view"), T("fb"), 0, n - 1, save="f0", expect="ok")
-    s.call(fn("tensor_free"), T("f0"), expect=None)
+    s.call(fn("tensor_free"), T("f0"), expect="ok")
     new = image(s, 33)
     s.call(fn("tensor_write"), T("fb"), 7, HostIn(new), 33, expect="ok", why="the base after its views were freed")
     img[7:40] = new
     read_all(s, "fb", img, region=(7, 40), why="the base after its views were freed")
-    s.call(fn("tensor_free"), T("fb"), expect=None)
-    s.call(fn("tensor_free"), NULL, expect=None)
+    s.call(fn("tensor_free"), T("fb"), expect="ok")
+    s.call(fn("tensor_free"), NULL, expect="ok")
     big, times = 32 * MiB + 3, 12
     s.call(fn("tensor_alloc"), big, save="warm", expect="ok")  # first allocation may grow pools: not a leak
-    s.call(fn("tensor_free"), T("warm"), expect=None)
+    s.call(fn("tensor_free"), T("warm"), expect="ok")
     m0 = s.mem()
     for i in range(times):
         s.call(fn("tensor_alloc"), big, save=f"l{i}", expect="ok")
         s.call(fn("tensor_write"), T(f"l{i}"), big - 8, HostIn(image(s, 8)), 8, expect="ok")
-        s.call(fn("tensor_free"), T(f"l{i}"), expect=None)
+        s.call(fn("tensor_free"), T(f"l{i}"), expect="ok")
     m1 = s.mem()
-    s.no_leak(m0, m1, slack=8 * MiB, why=f"{times} x alloc/free of {big} bytes")
+    s.no_leak(m0, m1, slack=32 * MiB, why=f"{times} x alloc/free of {big} bytes")
 
 
 def play_bytes(s: Script, sizes) -> None:
@@ -192,9 +192,9 @@ def play_bytes(s: Script, sizes) -> None:
             s.value(s.call(fn("tensor_bytes"), T(f"bv{i}"), expect=None), n - 2, why=f"view(1, {n - 2})")
             s.call(fn("tensor_view"), T(f"b{i}"), n, 0, save=f"bz{i}", expect="ok")
             s.value(s.call(fn("tensor_bytes"), T(f"bz{i}"), expect=None), 0, why="an empty view")
-            s.call(fn("tensor_free"), T(f"bz{i}"), expect=None)
-            s.call(fn("tensor_free"), T(f"bv{i}"), expect=None)
-        s.call(fn("tensor_free"), T(f"b{i}"), expect=None)
+            s.call(fn("tensor_free"), T(f"bz{i}"), expect="ok")
+            s.call(fn("tensor_free"), T(f"bv{i}"), expect="ok")
+        s.call(fn("tensor_free"), T(f"b{i}"), expect="ok")
 
 
 def play_alloc(s: Script, n: int) -> None:
@@ -205,8 +205,8 @@ def play_alloc(s: Script, n: int) -> None:
     read_all(s, "aa", a, region=(0, 0), why="writing a second tensor leaves the first as it was")
     read_all(s, "ab", b)
     s.call(fn("tensor_alloc"), 2**62, save="huge", expect="error", why="4 EiB cannot be allocated: NULL, not a crash")
-    s.call(fn("tensor_free"), T("aa"), expect=None)
-    s.call(fn("tensor_free"), T("ab"), expect=None)
+    s.call(fn("tensor_free"), T("aa"), expect="ok")
+    s.call(fn("tensor_free"), T("ab"), expect="ok")
 
 
 def play_ordering(s: Script, n: int, finish: str) -> None:
@@ -218,7 +218,7 @@ def play_ordering(s: Script, n: int, finish: str) -> None:
     s.hold()
     s.call(fn("tensor_copy"), T("ob"), 0, T("oa"), 0, n, expect="ok", why="queued behind the held stream")
     if finish == "cleanup":
-        s.call(fn("cleanup"), expect=None)
+        s.call(fn("cleanup"), expect="ok")
     else:
         s.call(fn("synchronize"), expect="ok")
     s.peek("ob", 0, n, a, check="stream", why=f"the copy enqueued before {fn(finish)} must be done when it returns")
@@ -226,5 +226,5 @@ def play_ordering(s: Script, n: int, finish: str) -> None:
     if finish == "cleanup":
         s.call(fn("init"), expect="ok", why="init after cleanup starts the backend again")
     read_all(s, "ob", a)
-    s.call(fn("tensor_free"), T("oa"), expect=None)
-    s.call(fn("tensor_free"), T("ob"), expect=None)
+    s.call(fn("tensor_free"), T("oa"), expect="ok")
+    s.call(fn("tensor_free"), T("ob"), expect="ok")
