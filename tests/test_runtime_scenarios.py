@@ -237,3 +237,356 @@ def test_minimoe_scenarios_name_each_broken_runtime(mini, mini_dir, tmp_path, un
     res = _run(mini, unit, lib, tmp_path)
     assert not res.ok and not res.skipped, res.summary
     assert _check(res) == check, res.summary + "\n" + res.diagnostics
+
+
+# ---------------------------------------------------------------------------
+# ds4: the 24 runtime units of ds4_gpu.h, against a plain-C stand-in of the runtime and
+# of the two ops the model-map scenarios read through (embed_token_hc, matmul_q8_0)
+# ---------------------------------------------------------------------------
+
+def _ds4_checkout() -> Path | None:
+    env = os.environ.get("PORTER_DS4_SOURCE")
+    for p in ([Path(env)] if env else []) + [REPO / "external" / "ds4"]:
+        if (p / "ds4_gpu.h").is_file():
+            return p.resolve()
+    return None
+
+
+DS4 = _ds4_checkout()
+needs_ds4 = pytest.mark.skipif(DS4 is None, reason="no ds4 checkout (set PORTER_DS4_SOURCE or put it at "
+                               "external/ds4): the ds4 scenarios are bound to its ds4_gpu.h")
+
+DS4_C = r"""
+#include <stdint.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <stdio.h>
+typedef struct { void *ptr; uint64_t bytes; int owner; char *alloc_base; } T;  /* ds4's {ptr, bytes, owner} first */
+#define PAD 256
+
+/* Deferred device work: fills and copies are queued; synchronize, end, flush, cleanup, reads,
+   writes, contents and ops run the queue first, as a device queue orders them. */
+typedef struct { int fill; char *dst; const char *src; uint64_t n; float v; } Op;
+static Op q[4096]; static int nq;
+static void drain(void) {
+  for (int i = 0; i < nq; i++) {
+    if (q[i].fill) { float *f = (float *)q[i].dst; for (uint64_t k = 0; k < q[i].n; k++) f[k] = q[i].v; }
+    else memmove(q[i].dst, q[i].src, q[i].n);
+  }
+  nq = 0;
+}
+static void push(Op o) { if (nq == 4096) drain(); q[nq++] = o; }
+
+static const void *g_map; static uint64_t g_map_size; static int g_fd = -1, g_quality;
+typedef struct { const void *map; uint64_t off, in, out; _Float16 *w; } Q8;
+static Q8 g_q8[64]; static int n_q8;
+static float h2f(const unsigned char *p) { _Float16 h; memcpy(&h, p, 2); return (float)h; }
+
+int ds4_gpu_init(void) {
+#ifdef FAULT_INIT_RETURNS_ZERO
+  return 0;
+#else
+  return 1;
+#endif
+}
+void ds4_gpu_cleanup(void) {
+#ifndef FAULT_CLEANUP_NO_DRAIN
+  drain();
+#endif
+  for (int i = 0; i < n_q8; i++) free(g_q8[i].w);
+  n_q8 = 0; g_map = NULL; g_map_size = 0; g_fd = -1;
+}
+static T *alloc_(uint64_t bytes, int ignore_failure) {
+  T *t = calloc(1, sizeof(T)); if (!t) return NULL;
+  char *p = bytes < (1ull << 60) ? malloc(bytes + 2 * PAD) : NULL;
+  if (!p && !ignore_failure) { free(t); return NULL; }
+  t->alloc_base = p ? p + PAD : NULL; t->ptr = t->alloc_base; t->bytes = bytes; t->owner = 1; return t;
+}
+T *ds4_gpu_tensor_alloc(uint64_t bytes) {
+#ifdef FAULT_ALLOC_IGNORES_FAILURE
+  return alloc_(bytes, 1);
+#else
+  return alloc_(bytes, 0);
+#endif
+}
+T *ds4_gpu_tensor_alloc_managed(uint64_t bytes) {
+#ifdef FAULT_MANAGED_IGNORES_FAILURE
+  return alloc_(bytes, 1);
+#else
+  return alloc_(bytes, 0);
+#endif
+}
+T *ds4_gpu_tensor_view(const T *base, uint64_t offset, uint64_t bytes) {
+  if (!base || offset > base->bytes || bytes > base->bytes - offset) return NULL;
+  T *t = calloc(1, sizeof(T)); if (!t) return NULL;
+#ifdef FAULT_VIEW_IGNORES_OFFSET
+  t->ptr = base->ptr;
+#else
+  t->ptr = (char *)base->ptr + offset;
+#endif
+  t->alloc_base = base->alloc_base; t->bytes = bytes; t->owner = 0; return t;
+}
+void ds4_gpu_tensor_free(T *t) {
+  if (!t) return;
+  drain();
+#ifndef FAULT_FREE_LEAKS
+  if (t->owner && t->alloc_base) free(t->alloc_base - PAD);
+#endif
+  free(t);
+}
+uint64_t ds4_gpu_tensor_bytes(const T *t) {
+#ifdef FAULT_BYTES_ROUNDED
+  return t ? (t->bytes + 3) & ~3ull : 0;
+#else
+  return t ? t->bytes : 0;
+#endif
+}
+void *ds4_gpu_tensor_contents(T *t) {
+  if (!t) return NULL;
+  drain();
+#ifdef FAULT_CONTENTS_IGNORES_VIEW
+  return t->alloc_base;
+#else
+  return t->ptr;
+#endif
+}
+int ds4_gpu_tensor_fill_f32(T *t, float value, uint64_t count) {
+  if (!t || count > t->bytes / 4) return 0;
+  if (!count) return 1;
+#ifdef FAULT_FILL_SHORT
+  count -= 1;
+#endif
+  Op o = {1, (char *)t->ptr, NULL, count, value}; push(o); return 1;
+}
+int ds4_gpu_tensor_write(T *t, uint64_t offset, const void *data, uint64_t bytes) {
+  if (!t || !data) return 0;
+#ifndef FAULT_WRITE_NO_BOUNDS
+  if (offset > t->bytes || bytes > t->bytes - offset) return 0;
+#endif
+  drain(); memcpy((char *)t->ptr + offset, data, bytes); return 1;
+}
+int ds4_gpu_tensor_read(const T *t, uint64_t offset, void *data, uint64_t bytes) {
+  if (!t || !data || offset > t->bytes || bytes > t->bytes - offset) return 0;
+  drain();
+#ifdef FAULT_READ_IGNORES_OFFSET
+  memcpy(data, t->ptr, bytes);
+#else
+  memcpy(data, (const char *)t->ptr + offset, bytes);
+#endif
+  return 1;
+}
+int ds4_gpu_tensor_copy(T *dst, uint64_t dst_offset, const T *src, uint64_t src_offset, uint64_t bytes) {
+  if (!dst || !src || dst_offset > dst->bytes || src_offset > src->bytes ||
+      bytes > dst->bytes - dst_offset || bytes > src->bytes - src_offset) return 0;
+  if (!bytes) return 1;
+#ifdef FAULT_COPY_SHORT
+  bytes -= 1;
+#endif
+  Op o = {0, (char *)dst->ptr + dst_offset, (const char *)src->ptr + src_offset, bytes, 0}; push(o); return 1;
+}
+int ds4_gpu_begin_commands(void) {
+#ifdef FAULT_BEGIN_RETURNS_ZERO
+  return 0;
+#else
+  return 1;
+#endif
+}
+int ds4_gpu_flush_commands(void) {
+#ifdef FAULT_FLUSH_DROPS_WORK
+  nq = 0;
+#else
+  drain();
+#endif
+  return 1;
+}
+int ds4_gpu_end_commands(void) {
+#ifndef FAULT_END_NO_WAIT
+  drain();
+#endif
+  return 1;
+}
+int ds4_gpu_synchronize(void) {
+#ifndef FAULT_SYNC_NOOP
+  drain();
+#endif
+  return 1;
+}
+int ds4_gpu_set_model_map(const void *map, uint64_t size) {
+#ifndef FAULT_SET_MAP_ACCEPTS_NULL
+  if (!map || !size) return 0;
+#endif
+  g_map = map; g_map_size = size; return 1;
+}
+int ds4_gpu_set_model_fd(int fd) {
+#ifdef FAULT_FD_REJECTS_MINUS_ONE
+  if (fd < 0) return 0;
+#endif
+  g_fd = fd; return 1;
+}
+int ds4_gpu_set_model_map_range(const void *map, uint64_t size, uint64_t off, uint64_t len) {
+  if (!ds4_gpu_set_model_map(map, size)) return 0;
+#ifdef FAULT_MAP_RANGE_REJECTS_OFFSET
+  if (off > 0) return 0;
+#endif
+  (void)off; (void)len; return 1;
+}
+int ds4_gpu_cache_model_range(const void *map, uint64_t size, uint64_t off, uint64_t bytes, const char *label) {
+  (void)label;
+  if (!map || !bytes) return 1;
+#ifndef FAULT_CACHE_RANGE_NO_BOUNDS
+  if (off > size || bytes > size - off) return 0;
+#endif
+  return 1;
+}
+int ds4_gpu_cache_q8_f16_range(const void *map, uint64_t size, uint64_t off, uint64_t bytes, uint64_t in,
+                               uint64_t out, const char *label) {
+  (void)label;
+  if (!map || !bytes) return 1;
+  if (off > size || bytes > size - off) return 0;
+#ifdef FAULT_QUALITY_FAILS_PRELOAD
+  if (g_quality) return 0;
+#endif
+  if (g_quality || n_q8 == 64) return 1;  /* an optional preload: skipping it is not a failure */
+  uint64_t blocks = (in + 31) / 32;
+  if (out * blocks * 34 > bytes) return 0;
+  _Float16 *w = malloc(in * out * sizeof(_Float16)); if (!w) return 1;
+  for (uint64_t r = 0; r < out; r++) for (uint64_t i = 0; i < in; i++) {
+    const unsigned char *blk = (const unsigned char *)map + off + (r * blocks + i / 32) * 34;
+#ifdef FAULT_Q8F16_NO_SCALE
+    w[r * in + i] = (_Float16)(float)(int8_t)blk[2 + i % 32];
+#else
+    w[r * in + i] = (_Float16)(h2f(blk) * (float)(int8_t)blk[2 + i % 32]);
+#endif
+  }
+  Q8 c = {map, off, in, out, w}; g_q8[n_q8++] = c; return 1;
+}
+int ds4_gpu_should_use_managed_kv_cache(uint64_t kv, uint64_t ctx) {
+  (void)ctx;
+#ifdef FAULT_KV_ALWAYS_MANAGED
+  return 1;
+#else
+  return kv >= (8ull << 30);
+#endif
+}
+void ds4_gpu_set_quality(bool quality) { g_quality = quality; }
+void ds4_gpu_print_memory_report(const char *label) {
+#ifdef FAULT_REPORT_NEEDS_MODEL
+  fprintf(stderr, "stand-in memory report %s: model %llu\n", label, (unsigned long long)*(const uint64_t *)g_map);
+#else
+  fprintf(stderr, "stand-in memory report %s: %d queued\n", label ? label : "", nq);
+#endif
+}
+int ds4_gpu_embed_token_hc_tensor(T *out, const void *map, uint64_t size, uint64_t woff, uint32_t n_vocab,
+                                  uint32_t token, uint32_t n_embd, uint32_t n_hc) {
+  if (!out || !map || woff >= size) return 0;
+  uint64_t wb = (uint64_t)n_vocab * n_embd * 2;
+  if (wb > size - woff || out->bytes < 4ull * n_embd * n_hc) return 0;
+  drain();
+  const unsigned char *row = (const unsigned char *)map + woff + 2ull * token * n_embd;
+  float *o = out->ptr;
+  for (uint32_t h = 0; h < n_hc; h++) for (uint32_t e = 0; e < n_embd; e++) o[h * n_embd + e] = h2f(row + 2 * e);
+  return 1;
+}
+int ds4_gpu_matmul_q8_0_tensor(T *out, const void *map, uint64_t size, uint64_t woff, uint64_t in, uint64_t outd,
+                               const T *x, uint64_t n_tok) {
+  if (!out || !x || !map) return 0;
+  uint64_t blocks = (in + 31) / 32, wb = outd * blocks * 34;
+  if (woff > size || wb > size - woff) return 0;
+  if (x->bytes < n_tok * in * 4 || out->bytes < n_tok * outd * 4) return 0;
+  drain();
+  const Q8 *c = NULL;
+  for (int i = 0; i < n_q8 && n_tok > 1; i++)
+    if (g_q8[i].map == map && g_q8[i].off == woff && g_q8[i].in == in && g_q8[i].out == outd) c = &g_q8[i];
+  const float *xv = x->ptr; float *o = out->ptr;
+  for (uint64_t t = 0; t < n_tok; t++) for (uint64_t r = 0; r < outd; r++) {
+    double acc = 0;
+    for (uint64_t i = 0; i < in; i++) {
+      double w, xi = xv[t * in + i];
+      if (c) { w = (float)c->w[r * in + i]; xi = (float)(_Float16)xv[t * in + i]; }
+      else { const unsigned char *blk = (const unsigned char *)map + woff + (r * blocks + i / 32) * 34;
+             w = h2f(blk) * (float)(int8_t)blk[2 + i % 32]; }
+      acc += w * xi;
+    }
+    o[t * outd + r] = (float)acc;
+  }
+  return 1;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def ds4():
+    from porter.target import load_target
+
+    return load_target(REPO, "ds4", DS4)
+
+
+@pytest.fixture(scope="module")
+def ds4_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("ds4_stand_in")
+
+
+@needs_ds4
+def test_every_ds4_runtime_unit_has_its_own_scenario_bound_to_ds4_gpu_h(ds4, tmp_path):
+    from porter.gates.parity.scenario import Scenario, ScenarioContext, prepare
+    from porter.gates.parity.spec import load_specs
+
+    specs = load_specs(ds4)
+    assert len(ds4.runtime_units) == 24
+    for u in ds4.runtime_units:
+        sc = specs.get(u)
+        assert isinstance(sc, Scenario) and sc.path.name == f"{u}.py", u
+        runs = prepare(ds4, sc, ScenarioContext(ds4, tmp_path / u), [1, 2])  # every call bound to the header
+        assert len(runs) == 2 * len(sc.cases)
+
+
+@needs_ds4
+@pytest.mark.parametrize("unit", [
+    "ds4_gpu_init", "ds4_gpu_cleanup", "ds4_gpu_tensor_alloc", "ds4_gpu_tensor_alloc_managed", "ds4_gpu_tensor_view",
+    "ds4_gpu_tensor_free", "ds4_gpu_tensor_bytes", "ds4_gpu_tensor_contents", "ds4_gpu_tensor_fill_f32",
+    "ds4_gpu_tensor_write", "ds4_gpu_tensor_read", "ds4_gpu_tensor_copy", "ds4_gpu_begin_commands",
+    "ds4_gpu_flush_commands", "ds4_gpu_end_commands", "ds4_gpu_synchronize", "ds4_gpu_set_model_map",
+    "ds4_gpu_set_model_fd", "ds4_gpu_set_model_map_range", "ds4_gpu_cache_model_range", "ds4_gpu_cache_q8_f16_range",
+    "ds4_gpu_should_use_managed_kv_cache", "ds4_gpu_set_quality", "ds4_gpu_print_memory_report"])
+def test_ds4_scenarios_accept_a_right_runtime(ds4, ds4_dir, tmp_path, unit):
+    lib = _build(ds4_dir, DS4_C, "ds4")
+    res = _run(ds4, unit, lib, tmp_path)
+    assert res.ok, res.summary + "\n" + res.diagnostics
+
+
+DS4_FAULTS = [
+    ("ds4_gpu_init", "FAULT_INIT_RETURNS_ZERO", "rc"),
+    ("ds4_gpu_cleanup", "FAULT_CLEANUP_NO_DRAIN", "stream"),
+    ("ds4_gpu_tensor_alloc", "FAULT_ALLOC_IGNORES_FAILURE", "error-return"),
+    ("ds4_gpu_tensor_alloc_managed", "FAULT_MANAGED_IGNORES_FAILURE", "error-return"),
+    ("ds4_gpu_tensor_view", "FAULT_VIEW_IGNORES_OFFSET", "guard"),
+    ("ds4_gpu_tensor_free", "FAULT_FREE_LEAKS", "leak"),
+    ("ds4_gpu_tensor_bytes", "FAULT_BYTES_ROUNDED", "exact"),
+    ("ds4_gpu_tensor_contents", "FAULT_CONTENTS_IGNORES_VIEW", "exact"),
+    ("ds4_gpu_tensor_fill_f32", "FAULT_FILL_SHORT", "exact"),
+    ("ds4_gpu_tensor_write", "FAULT_WRITE_NO_BOUNDS", "guard"),
+    ("ds4_gpu_tensor_read", "FAULT_READ_IGNORES_OFFSET", "exact"),
+    ("ds4_gpu_tensor_copy", "FAULT_COPY_SHORT", "exact"),
+    ("ds4_gpu_begin_commands", "FAULT_BEGIN_RETURNS_ZERO", "rc"),
+    ("ds4_gpu_flush_commands", "FAULT_FLUSH_DROPS_WORK", "exact"),
+    ("ds4_gpu_end_commands", "FAULT_END_NO_WAIT", "stream"),
+    ("ds4_gpu_synchronize", "FAULT_SYNC_NOOP", "stream"),
+    ("ds4_gpu_set_model_map", "FAULT_SET_MAP_ACCEPTS_NULL", "error-return"),
+    ("ds4_gpu_set_model_fd", "FAULT_FD_REJECTS_MINUS_ONE", "rc"),
+    ("ds4_gpu_set_model_map_range", "FAULT_MAP_RANGE_REJECTS_OFFSET", "rc"),
+    ("ds4_gpu_cache_model_range", "FAULT_CACHE_RANGE_NO_BOUNDS", "error-return"),
+    ("ds4_gpu_cache_q8_f16_range", "FAULT_Q8F16_NO_SCALE", "values"),
+    ("ds4_gpu_should_use_managed_kv_cache", "FAULT_KV_ALWAYS_MANAGED", "exact"),
+    ("ds4_gpu_set_quality", "FAULT_QUALITY_FAILS_PRELOAD", "rc"),
+    ("ds4_gpu_print_memory_report", "FAULT_REPORT_NEEDS_MODEL", "crash"),
+]
+
+
+@needs_ds4
+@pytest.mark.parametrize("unit,fault,check", DS4_FAULTS, ids=[f[1].lower() for f in DS4_FAULTS])
+def test_ds4_scenarios_name_each_broken_runtime(ds4, ds4_dir, tmp_path, unit, fault, check):
+    lib = _build(ds4_dir, DS4_C, "ds4", (fault,))
+    res = _run(ds4, unit, lib, tmp_path)
+    assert not res.ok and not res.skipped, res.summary
+    assert _check(res) == check, res.summary + "\n" + res.diagnostics
