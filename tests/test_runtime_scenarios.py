@@ -590,3 +590,61 @@ def test_ds4_scenarios_name_each_broken_runtime(ds4, ds4_dir, tmp_path, unit, fa
     res = _run(ds4, unit, lib, tmp_path)
     assert not res.ok and not res.skipped, res.summary
     assert _check(res) == check, res.summary + "\n" + res.diagnostics
+
+
+# ---------------------------------------------------------------------------
+# the gate entry point: a runtime unit runs its scenario, unless the units it calls are unported
+# ---------------------------------------------------------------------------
+
+class _InWorkspace:
+    """The real target, with unit files in a folder of the test's (as a workspace has them)."""
+
+    def __init__(self, target, folder: Path):
+        self._t, self._d = target, folder
+
+    def __getattr__(self, name):
+        return getattr(self._t, name)
+
+    def unit_path(self, unit: str) -> Path:
+        return self._d / f"{unit}.cu"
+
+
+def test_gate_runs_a_runtime_scenario_once_the_units_it_calls_are_ported(mini, mini_dir, tmp_path):
+    from porter.gates import parity
+    from porter.placeholder import placeholder_source
+
+    lib = _build(mini_dir, MINI_C, "mini")
+    units = tmp_path / "units"
+    units.mkdir()
+    t = _InWorkspace(mini, units)
+    for u in MINI_RUNTIME:
+        (units / f"{u}.cu").write_text(placeholder_source(mini.api_function(u), "mini_cuda.cuh"))
+    r = parity.check(t, "mini_gpu_tensor_read", lib, tmp_path, mode="host")
+    assert r.skipped and not r.ok and "unported" in r.summary and "mini_gpu_tensor_write" in r.summary
+    for u in MINI_RUNTIME:
+        (units / f"{u}.cu").write_text(f"// ported {u}\n")
+    r = parity.check(t, "mini_gpu_tensor_read", lib, tmp_path, mode="host")
+    assert r.ok and not r.skipped, r.summary
+    assert r.evidence["calibration"] is not None and r.evidence["kind"] == "scenario"
+
+
+def test_a_scenario_calling_a_function_the_header_lacks_is_a_spec_error(mini):
+    from porter.gates.parity.scenario import Case, Scenario, Script, prepare
+    from porter.gates.parity.spec import SpecError
+
+    def build(case, ctx, rng):
+        s = Script(rng)
+        s.call("mini_gpu_init")
+        s.call("mini_gpu_tensor_resize", 3)
+        return s
+
+    with pytest.raises(SpecError, match="does not declare"):
+        prepare(mini, Scenario("mini_gpu_init", [Case("x")], build), None, [1, 2])
+
+    def wrong_kind(case, ctx, rng):
+        s = Script(rng)
+        s.call("mini_gpu_tensor_alloc", 1.5)
+        return s
+
+    with pytest.raises(SpecError, match="bytes"):
+        prepare(mini, Scenario("mini_gpu_tensor_alloc", [Case("x")], wrong_kind), None, [1, 2])
