@@ -25,8 +25,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from porter.errors import PorterError
-
 REPO = Path(__file__).resolve().parents[1]
 
 MINI_RUNTIME = ["mini_gpu_init", "mini_gpu_cleanup", "mini_gpu_tensor_alloc", "mini_gpu_tensor_view",

@@ -481,12 +481,14 @@ def run_scenario(target, scenario: Scenario, library: Path, *, workspace: Path |
                  mode: str = "cuda", timing_reps: int = 0, candidate_sha256: str | None = None,
                  probe: dict | None = None, keep: bool | None = None, calibration: dict | None = None,
                  ctx=None):
-    """The parity gate for a scenario: same child, same limits, same evidence shape as gate.run_spec."""
+    """The parity gate for a scenario: same child, same limits, same evidence shape as gate.run_spec.
+    `sanitize`, `timing_reps` and `probe` are run_spec's options: a scenario is not timed (the perf
+    gate skips it), makes its own ordering probes (hold/peek), and is not run under compute-sanitizer yet."""
     import shutil
     import tempfile
 
     from porter.gates.parity import gate, runner
-    from porter.gates.parity.spec import Context, SpecError
+    from porter.gates.parity.spec import SpecError
     from porter.gates.result import GateResult
 
     t_start = time.monotonic()
@@ -809,7 +811,7 @@ def _result(target, scenario: Scenario, library, runs, seeds, outcome, failures,
     return GateResult("parity", ok, summary, "\n".join(lines), gate._clean(metrics), gate._clean(evidence))
 
 
-def blocked_by(target, scenario_or_spec, library_units: set[str] | None = None) -> list[str]:
+def blocked_by(target, scenario_or_spec) -> list[str]:
     """Units (other than the scenario's own) whose workspace file is still porter's placeholder:
     the scenario cannot say anything about its unit until they are ported."""
     if not is_scenario(scenario_or_spec):
