@@ -471,6 +471,8 @@ void ds4_gpu_set_quality(bool quality) { g_quality = quality; }
 void ds4_gpu_print_memory_report(const char *label) {
 #ifdef FAULT_REPORT_NEEDS_MODEL
   fprintf(stderr, "stand-in memory report %s: model %llu\n", label, (unsigned long long)*(const uint64_t *)g_map);
+#elif defined(FAULT_REPORT_SILENT)
+  (void)label;
 #else
   fprintf(stderr, "stand-in memory report %s: %d queued\n", label ? label : "", nq);
 #endif
@@ -578,6 +580,7 @@ DS4_FAULTS = [
     ("ds4_gpu_should_use_managed_kv_cache", "FAULT_KV_ALWAYS_MANAGED", "exact"),
     ("ds4_gpu_set_quality", "FAULT_QUALITY_FAILS_PRELOAD", "rc"),
     ("ds4_gpu_print_memory_report", "FAULT_REPORT_NEEDS_MODEL", "crash"),
+    ("ds4_gpu_print_memory_report", "FAULT_REPORT_SILENT", "exact"),
 ]
 
 

@@ -264,6 +264,10 @@ class Script:
     def no_leak(self, before: str, after: str, slack: int, why: str = "") -> None:
         self.expects.append(Expect("leak", after, "leak", why, {"before": before, "slack": int(slack)}))
 
+    def printed(self, step: str, text: str, why: str = "") -> None:
+        """The child's stdout or stderr holds `text` (written by `step`, e.g. a report with this label)."""
+        self.expects.append(Expect("printed", step, "exact", why, {"text": text}))
+
     def functions(self) -> set[str]:
         return {fn for fn, _ in self.calls.values()}
 
@@ -512,7 +516,9 @@ def run_scenario(target, scenario: Scenario, library: Path, *, workspace: Path |
         limit = timeout or float(os.environ.get("PORTER_PARITY_TIMEOUT", gate.DEFAULT_TIMEOUT_S))
         outcome = runner.run_child(plan_dir, limit)
         outputs = gate._load_outputs(plan_dir)
-        failures, reports = judge(runs, outcome.results, outputs, success=harness.get("success", "zero"))
+        printed = "".join(_read_text(plan_dir / n) for n in ("child.stdout", "child.stderr"))
+        failures, reports = judge(runs, outcome.results, outputs, success=harness.get("success", "zero"),
+                                  printed=printed)
         labels = {r.id: r.case.label for r in runs}
         failures = gate._outcome_failures(outcome, labels) + failures
     finally:
@@ -612,7 +618,16 @@ def _bytes_failures(e: Expect, got: np.ndarray, prefill: np.ndarray | None, what
                                 f"{int(got[i])}, want {int(want[i])})" + (f" -- {e.why}" if e.why else ""))
 
 
-def judge(runs: list[PreparedRun], results: dict | None, outputs: dict, success: str = "zero"):
+def _read_text(path: Path, limit: int = 1 << 20) -> str:
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit).decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def judge(runs: list[PreparedRun], results: dict | None, outputs: dict, success: str = "zero",
+          printed: str = ""):
     from porter.gates.parity import compare
     from porter.gates.parity.compare import Failure
 
@@ -687,6 +702,10 @@ def judge(runs: list[PreparedRun], results: dict | None, outputs: dict, success:
                 got = rec.get("ret")
                 if got != e.params["want"]:
                     add(e.check or "exact", f"{label} returned {got}, want {e.params['want']}"
+                        + (f" ({e.why})" if e.why else ""))
+            elif e.kind == "printed":
+                if e.params["text"] not in printed:
+                    add("exact", f"{label} printed nothing with {e.params['text']!r} on stdout or stderr"
                         + (f" ({e.why})" if e.why else ""))
             elif e.kind == "ptr_delta":
                 a = recs.get(e.params["a"])

@@ -450,10 +450,14 @@ def play_quality(s: Script, m: Model) -> None:
 
 
 def play_memory_report(s: Script, m: Model) -> None:
-    s.call(fn("print_memory_report"), Str("before any model"), expect="ok", why="right after init")
+    """The report prints (its label, fresh per seed, shows on stdout or stderr) before and after a model map."""
+    tag = f"porter-{s.rng.integers(1 << 40):x}"
+    r = s.call(fn("print_memory_report"), Str(f"{tag} before any model"), expect="ok", why="right after init")
+    s.printed(r, f"{tag} before any model", why="a report names its label")
     s.call(fn("set_model_map"), m.map, m.size, expect="ok")
     alloc(s, "mr", 4099)
-    s.call(fn("print_memory_report"), Str("after graph alloc"), expect="ok")
+    r = s.call(fn("print_memory_report"), Str(f"{tag} after graph alloc"), expect="ok")
+    s.printed(r, f"{tag} after graph alloc")
     read_embedding(s, m, why="the backend still works after a report")
     free(s, "mr")
 
