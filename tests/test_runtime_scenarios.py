@@ -649,3 +649,28 @@ def test_a_scenario_calling_a_function_the_header_lacks_is_a_spec_error(mini):
 
     with pytest.raises(SpecError, match="bytes"):
         prepare(mini, Scenario("mini_gpu_tensor_alloc", [Case("x")], wrong_kind), None, [1, 2])
+
+
+@needs_ds4
+def test_calibration_driver_records_scenarios_in_the_ledger(ds4, ds4_dir, tmp_path):
+    """known_good.calibrate in host mode with the stand-in as the prebuilt known-good library: the
+    scenario evidence is stored like an op spec's, and the parity gate then calls these exact
+    scenarios calibrated."""
+    import argparse
+
+    from porter.calibrate import calibration_status
+    from porter.gates.parity.spec import load_spec
+    from porter.known_good import calibrate
+
+    lib = _build(ds4_dir, DS4_C, "ds4")
+    units = ["ds4_gpu_tensor_copy", "ds4_gpu_cache_q8_f16_range"]
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    args = argparse.Namespace(workspace=ws, unit=units, mutant=None, all_mutants=False, timeout=120.0, timing_reps=0,
+                              mode="host", out_dir=None, library=str(lib), ledger=True)
+    rep = calibrate(ds4, args, out=lambda *a: None)
+    assert [(r["unit"], r["got"]) for r in rep["rows"]] == [(u, "pass") for u in units]
+    for u in units:
+        st = calibration_status(ws, "ds4", load_spec(ds4, u))
+        assert st["calibrated"], st
+    assert not calibration_status(ws, "ds4", load_spec(ds4, "ds4_gpu_synchronize"))["calibrated"]
