@@ -542,7 +542,7 @@ def test_every_ds4_runtime_unit_has_its_own_scenario_bound_to_ds4_gpu_h(ds4, tmp
     from porter.gates.parity.spec import load_specs
 
     specs = load_specs(ds4)
-    assert len(ds4.runtime_units) == 24
+    assert sorted(ds4.runtime_units) == sorted(DS4_RUNTIME)
     for u in ds4.runtime_units:
         sc = specs.get(u)
         assert isinstance(sc, Scenario) and sc.path.name == f"{u}.py", u
@@ -550,14 +550,17 @@ def test_every_ds4_runtime_unit_has_its_own_scenario_bound_to_ds4_gpu_h(ds4, tmp
         assert len(runs) == 2 * len(sc.cases)
 
 
-@needs_ds4
-@pytest.mark.parametrize("unit", [
+DS4_RUNTIME = [
     "ds4_gpu_init", "ds4_gpu_cleanup", "ds4_gpu_tensor_alloc", "ds4_gpu_tensor_alloc_managed", "ds4_gpu_tensor_view",
     "ds4_gpu_tensor_free", "ds4_gpu_tensor_bytes", "ds4_gpu_tensor_contents", "ds4_gpu_tensor_fill_f32",
     "ds4_gpu_tensor_write", "ds4_gpu_tensor_read", "ds4_gpu_tensor_copy", "ds4_gpu_begin_commands",
     "ds4_gpu_flush_commands", "ds4_gpu_end_commands", "ds4_gpu_synchronize", "ds4_gpu_set_model_map",
     "ds4_gpu_set_model_fd", "ds4_gpu_set_model_map_range", "ds4_gpu_cache_model_range", "ds4_gpu_cache_q8_f16_range",
-    "ds4_gpu_should_use_managed_kv_cache", "ds4_gpu_set_quality", "ds4_gpu_print_memory_report"])
+    "ds4_gpu_should_use_managed_kv_cache", "ds4_gpu_set_quality", "ds4_gpu_print_memory_report"]
+
+
+@needs_ds4
+@pytest.mark.parametrize("unit", DS4_RUNTIME)
 def test_ds4_scenarios_accept_a_right_runtime(ds4, ds4_dir, tmp_path, unit):
     lib = _build(ds4_dir, DS4_C, "ds4")
     res = _run(ds4, unit, lib, tmp_path)
@@ -684,3 +687,15 @@ def test_calibration_driver_records_scenarios_in_the_ledger(ds4, ds4_dir, tmp_pa
         st = calibration_status(ws, "ds4", load_spec(ds4, u))
         assert st["calibrated"], st
     assert not calibration_status(ws, "ds4", load_spec(ds4, "ds4_gpu_synchronize"))["calibrated"]
+
+
+def test_every_runtime_unit_has_a_broken_version_that_must_fail(mini):
+    """Each scenario is shown failing: a host fault per unit here, a CUDA candidate per minimoe unit in
+    targets/minimoe/adversarial/ (run by porter calibrate on a GPU)."""
+    from porter.calibrate import adversarial
+
+    assert {u for u, _, _ in MINI_FAULTS} == set(MINI_RUNTIME)
+    assert {u for u, _, _ in DS4_FAULTS} == set(DS4_RUNTIME)
+    cuda = {m.unit: m for m in adversarial(mini) if m.unit in MINI_RUNTIME}
+    assert set(cuda) == set(MINI_RUNTIME)
+    assert all("extern \"C\"" in m.source and m.unit in m.source for m in cuda.values())
