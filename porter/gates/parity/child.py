@@ -361,6 +361,10 @@ def main(argv: list[str]) -> int:
         return EXIT_BAD_PLAN
     if plan.get("mode") == "call":
         return call_only(plan_dir, plan)
+    if plan.get("kind") == "scenario":  # a runtime unit's sequence of calls (scenario_child.py, by path)
+        import scenario_child
+
+        return scenario_child.child_main(plan_dir, plan)
     try:
         return Child(plan_dir).run()
     except Exception:  # noqa: BLE001 - a harness bug: say so on stderr, exit distinctly

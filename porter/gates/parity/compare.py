@@ -49,6 +49,7 @@ CHECK_ORDER = (
     "values",        # a float output is outside the spec's tolerance
     "error-return",  # the call reported success on inputs the API calls an error
     "repeat",        # second call, same buffers, other inputs: the first answer came back
+    "leak",          # scenario: memory a free should have returned is still in use
     "sanitize",      # compute-sanitizer memcheck reported errors
 )
 
@@ -68,6 +69,7 @@ CHECK_DOC = {
     "tie-rule": "integer output breaks the header's tie rule",
     "values": "float output outside tolerance",
     "repeat": "a second call with other inputs in the same buffers returned the first call's answer",
+    "leak": "device memory allocated and freed through the API was not returned (free leaks)",
     "sanitize": "compute-sanitizer memcheck found errors",
 }
 

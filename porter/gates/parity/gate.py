@@ -383,6 +383,8 @@ def run_spec(target, spec: UnitSpec, library: Path, **kw) -> GateResult:
     harness fault, reported as a skipped gate (the unit stays "built"), never
     as a verdict on the candidate and never as a crashed run."""
     try:
+        if not isinstance(spec, UnitSpec):  # a runtime unit's scenario (scenario.py): same child and evidence
+            return spec.run_in_child(target, library, **kw)
         return _run_spec(target, spec, library, **kw)
     except Exception as exc:  # noqa: BLE001
         import traceback

@@ -370,16 +370,14 @@ def load_specs(target) -> dict[str, UnitSpec]:
         if path.name.startswith("_"):
             continue
         mod = _load_module(path, target.name)
-        specs = getattr(mod, "SPECS", None) or ([mod.SPEC] if hasattr(mod, "SPEC") else [])
+        specs = getattr(mod, "SPECS", None) or ([mod.SPEC] if hasattr(mod, "SPEC") else []) \
+            or ([mod.SCENARIO] if hasattr(mod, "SCENARIO") else [])
         if not specs:
-            raise SpecError(f"parity spec {path.name} defines no SPEC")
+            raise SpecError(f"parity spec {path.name} defines no SPEC or SCENARIO")
         for s in specs:
-            if not isinstance(s, UnitSpec):
-                raise SpecError(f"parity spec {path.name}: SPEC is not a UnitSpec")
-            s.path = path
+            _validate_any(s, path, target)
             if s.unit in out:
                 raise SpecError(f"two parity specs for {s.unit} ({out[s.unit].path.name}, {path.name})")
-            validate_spec(s, target.api_function(s.unit))
             out[s.unit] = s
     return out
 
@@ -389,12 +387,24 @@ def load_spec(target, unit: str) -> UnitSpec | None:
     path = d / f"{unit}.py"
     if path.is_file():
         mod = _load_module(path, target.name)
-        s = getattr(mod, "SPEC", None)
-        if isinstance(s, UnitSpec) and s.unit == unit:
-            s.path = path
-            validate_spec(s, target.api_function(unit))
+        s = getattr(mod, "SPEC", None) or getattr(mod, "SCENARIO", None)
+        if s is not None and getattr(s, "unit", None) == unit:
+            _validate_any(s, path, target)
             return s
     return load_specs(target).get(unit)
+
+
+def _validate_any(s, path: Path, target) -> None:
+    """A UnitSpec (one call) or a scenario (a sequence of calls, porter.gates.parity.scenario: it
+    validates itself, so this module does not import that one)."""
+    if not isinstance(s, UnitSpec) and callable(getattr(s, "validate_against", None)):
+        s.path = path
+        s.validate_against(target)
+        return
+    if not isinstance(s, UnitSpec):
+        raise SpecError(f"parity spec {path.name}: SPEC is not a UnitSpec (nor SCENARIO a Scenario)")
+    s.path = path
+    validate_spec(s, target.api_function(s.unit))
 
 
 def param_kind(type_text: str) -> str:

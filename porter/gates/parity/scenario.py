@@ -1,0 +1,853 @@
+"""Scenario specs: a runtime unit is checked by what a sequence of API calls does.
+
+An op unit is one call with a reference output (spec.py).  A runtime unit --
+alloc, view, free, write, read, copy, synchronize, the model-map calls -- has
+no output of its own: what it promises shows only across calls (a write at an
+odd offset is what a later read at that offset returns, and nothing else
+changed; work enqueued before synchronize is visible after it).  A spec module
+that defines ``SCENARIO = Scenario(...)`` instead of ``SPEC = UnitSpec(...)``
+says, per case and per seed, which calls to make and what each must show:
+
+    def build(case, ctx, rng) -> Script:
+        s = Script()
+        s.call("mini_gpu_init", expect="ok")
+        s.call("mini_gpu_tensor_alloc", 4099, save="a", expect="ok")
+        s.call("mini_gpu_tensor_write", T("a"), 0, HostIn(image), 4099, expect="ok")
+        s.read("mini_gpu_tensor_read", "a", 17, 300, want=image[17:317])
+        ...
+        return s
+
+    SCENARIO = Scenario(unit="mini_gpu_tensor_read", cases=[Case("odd offsets")], build=build)
+
+The scenario runs in the parity child (child.py hands a plan of kind
+"scenario" to scenario_child.py): the same process isolation, time limit and
+crash containment as an op spec, and the same evidence shape.  The child only
+calls and records (return values, host buffers the calls wrote, raw tensor
+bytes read through the target's descriptor, device memory in use); every
+judgement is made here, by the check names of compare.CHECK_ORDER:
+
+  rc / error-return   a valid call failed / an invalid call (bad size, range
+                      outside a tensor) was not refused with the API's failure code
+  cuda-error          a CUDA error left behind by a call that should have worked
+  struct              a descriptor does not hold what the call returned
+  guard               bytes outside the range a call was given changed
+  stream              work enqueued before synchronize/end/cleanup was not
+                      complete after it (read on a stream ordered after nothing)
+  sentinel            a read reported success and left the host buffer as it was
+  exact               bytes, sizes or pointers differ from what the calls imply
+  values              float results (e.g. reads through an F16 expansion) out of tolerance
+  leak                device memory not returned by free
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from porter.digest import sha256_file
+from porter.gates.parity import compare, gate, runner
+from porter.gates.parity.compare import Failure
+from porter.gates.parity.spec import Context, SpecError
+from porter.gates.result import GateResult
+from porter.placeholder import is_placeholder
+
+KIND = "scenario"
+HOLD_MS = 250  # long enough that work queued behind the hold is surely still pending when a no-op sync returns
+
+
+# ---------------------------------------------------------------------------
+# Arguments of a call (bound to the header's parameter types)
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class T:
+    """A tensor handle saved by an earlier call (save="name")."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class _Null:
+    def __repr__(self) -> str:
+        return "NULL"
+
+
+NULL = _Null()
+
+
+@dataclass
+class HostIn:
+    """Host bytes a call reads (const void *data): a fresh copy per call."""
+
+    data: np.ndarray
+
+    def __post_init__(self):
+        self.data = np.ascontiguousarray(self.data).reshape(-1).view(np.uint8).copy()
+
+
+@dataclass
+class HostOut:
+    """A host buffer a call writes (void *data): pre-filled with random bytes the call must overwrite."""
+
+    nbytes: int
+    prefill: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class Str:
+    text: str
+
+
+@dataclass(frozen=True)
+class ModelMap:
+    """The address of a GGUF file mmapped read-only by the child (const void *model_map)."""
+
+    path: str
+
+
+@dataclass(frozen=True)
+class ModelFd:
+    """A file descriptor of the same GGUF file, opened read-only by the child (int fd)."""
+
+    path: str
+
+
+# ---------------------------------------------------------------------------
+# A script: the calls of one case for one seed, and what each must show
+# ---------------------------------------------------------------------------
+
+@dataclass
+class Expect:
+    kind: str  # rc | bytes | value | ptr_delta | leak | floats | desc
+    step: str
+    check: str = ""
+    why: str = ""
+    params: dict = field(default_factory=dict)
+
+
+class Script:
+    """Steps for the child and expectations for the judge, built by a scenario's `build`."""
+
+    def __init__(self, rng: np.random.Generator | None = None):
+        self.rng = rng or np.random.default_rng()
+        self.steps: list[dict] = []
+        self.expects: list[Expect] = []
+        self.arrays: dict[str, np.ndarray] = {}
+        self.calls: dict[str, tuple[str, tuple]] = {}  # step id -> (function, args) for validation and messages
+
+    def _id(self) -> str:
+        return f"s{len(self.steps)}"
+
+    # -- calls ---------------------------------------------------------------
+    def call(self, fn: str, *args, save: str | None = None, expect: str | None = "ok", why: str = "") -> str:
+        """Call `fn`; expect "ok" (success by the API's convention, non-NULL for a pointer; for a
+        void function: no CUDA error left behind), "error" (the failure code / NULL), or None
+        (nothing judged)."""
+        sid = self._id()
+        plan_args = []
+        for i, a in enumerate(args):
+            plan_args.append(self._arg(sid, i, a))
+        step = {"id": sid, "op": "call", "fn": fn, "args": plan_args}
+        if save:
+            step["save"] = save
+        self.steps.append(step)
+        self.calls[sid] = (fn, args)
+        if expect is not None:
+            if expect not in ("ok", "error"):
+                raise ValueError("expect is 'ok', 'error' or None")
+            self.expects.append(Expect("rc", sid, why=why, params={"want": expect}))
+        return sid
+
+    def _arg(self, sid: str, i: int, a) -> dict:
+        if isinstance(a, T):
+            return {"k": "tensor", "name": a.name}
+        if a is NULL:
+            return {"k": "null"}
+        if isinstance(a, HostIn):
+            key = f"{sid}.in{i}"
+            self.arrays[key] = a.data
+            return {"k": "in", "npz": key}
+        if isinstance(a, HostOut):
+            key = f"{sid}.prefill{i}"
+            pre = a.prefill if a.prefill is not None else self.rng.integers(0, 256, a.nbytes, dtype=np.uint8)
+            self.arrays[key] = np.ascontiguousarray(pre, dtype=np.uint8).reshape(-1)
+            return {"k": "out", "n": int(a.nbytes), "npz": key}
+        if isinstance(a, Str):
+            return {"k": "str", "v": a.text}
+        if isinstance(a, ModelMap):
+            return {"k": "map", "path": a.path}
+        if isinstance(a, ModelFd):
+            return {"k": "fd", "path": a.path}
+        if isinstance(a, (bool, np.bool_)):
+            return {"k": "scalar", "v": bool(a)}
+        if isinstance(a, (int, np.integer)):
+            return {"k": "scalar", "v": int(a)}
+        if isinstance(a, (float, np.floating)):
+            return {"k": "scalar", "v": float(a)}
+        raise ValueError(f"argument {i} of step {sid}: unsupported {type(a).__name__}")
+
+    def value(self, step: str, want: int, check: str = "exact", why: str = "") -> None:
+        """The integer return value of `step` must equal `want`."""
+        self.expects.append(Expect("value", step, check, why, {"want": int(want)}))
+
+    def read(self, fn: str, tensor: str, offset: int, nbytes: int, want: np.ndarray, *, region=None,
+             check: str = "exact", why: str = "", expect: str = "ok") -> str:
+        """Call the API's read function into a fresh host buffer and compare it with `want`.
+        `region` (lo, hi) within the read: differences inside are `check`, outside are
+        "guard" (bytes a call was not given changed); None: the whole read is `check`."""
+        sid = self.call(fn, T(tensor), int(offset), HostOut(int(nbytes)), int(nbytes), expect=expect, why=why)
+        if expect != "error":  # a refused read is judged by its return code alone
+            self.expects.append(Expect("bytes", sid, check, why, {"want": _u8(want), "region": region, "arg": 2}))
+        return sid
+
+    def floats(self, step: str, want: np.ndarray, *, nmse: float, max_err_rms: float, why: str = "",
+               arg: int = 2) -> None:
+        """The host buffer argument `arg` of `step`, as float32, within tolerance of `want`."""
+        self.expects.append(Expect("floats", step, "values", why, {"want": np.asarray(want, np.float64),
+                                                                   "nmse": nmse, "max_err_rms": max_err_rms,
+                                                                   "arg": arg}))
+
+    # -- observations outside the API ----------------------------------------
+    def peek(self, tensor: str, offset: int, nbytes: int, want: np.ndarray, *, region=None, check: str = "stream",
+             why: str = "") -> str:
+        """Raw bytes of a tensor through its descriptor (the target's conventions fix its layout),
+        read on a stream ordered after nothing the unit enqueued: what is really there now."""
+        sid = self._id()
+        self.steps.append({"id": sid, "op": "peek", "tensor": tensor, "offset": int(offset), "n": int(nbytes)})
+        self.expects.append(Expect("bytes", sid, check, why, {"want": _u8(want), "region": region}))
+        return sid
+
+    def descriptor(self, tensor: str, *, bytes_: int | None = None, owner: int | None = None,
+                   data_from: tuple[str, int] | None = None, why: str = "") -> str:
+        """The descriptor {data, bytes, owner} of a tensor: checked as "struct"."""
+        sid = self._id()
+        self.steps.append({"id": sid, "op": "desc", "tensor": tensor})
+        self.expects.append(Expect("desc", sid, "struct", why, {"bytes": bytes_, "owner": owner,
+                                                               "data_from": data_from}))
+        return sid
+
+    def host_bytes(self, ptr_step: str, offset: int, nbytes: int, want: np.ndarray, *, check: str = "exact",
+                   why: str = "") -> str:
+        """Read host memory at the pointer `ptr_step` returned (e.g. a managed tensor's contents)."""
+        sid = self._id()
+        self.steps.append({"id": sid, "op": "host", "ptr_step": ptr_step, "offset": int(offset), "n": int(nbytes)})
+        self.expects.append(Expect("bytes", sid, check, why, {"want": _u8(want), "region": None}))
+        return sid
+
+    def ptr_delta(self, step_a: str, step_b: str, delta: int, why: str = "") -> None:
+        """Pointer returned by step_b minus pointer returned by step_a must be `delta`."""
+        self.expects.append(Expect("ptr_delta", step_b, "exact", why, {"a": step_a, "delta": int(delta)}))
+
+    def hold(self) -> str:
+        """Occupy the unit's stream (CUDA) so work enqueued next stays pending until synchronized."""
+        sid = self._id()
+        self.steps.append({"id": sid, "op": "hold", "ms": HOLD_MS})
+        return sid
+
+    def release(self) -> str:
+        sid = self._id()
+        self.steps.append({"id": sid, "op": "release"})
+        return sid
+
+    def mem(self) -> str:
+        """Device memory in use now (cudaMemGetInfo; host mode: the C heap)."""
+        sid = self._id()
+        self.steps.append({"id": sid, "op": "mem"})
+        return sid
+
+    def no_leak(self, before: str, after: str, slack: int, why: str = "") -> None:
+        self.expects.append(Expect("leak", after, "leak", why, {"before": before, "slack": int(slack)}))
+
+    def printed(self, step: str, text: str, why: str = "") -> None:
+        """The child's stdout or stderr holds `text` (written by `step`, e.g. a report with this label)."""
+        self.expects.append(Expect("printed", step, "exact", why, {"text": text}))
+
+    def functions(self) -> set[str]:
+        return {fn for fn, _ in self.calls.values()}
+
+
+def _u8(a) -> np.ndarray:
+    if isinstance(a, (bytes, bytearray)):
+        return np.frombuffer(bytes(a), dtype=np.uint8).copy()
+    return np.ascontiguousarray(a).reshape(-1).view(np.uint8).copy()
+
+
+# ---------------------------------------------------------------------------
+# The spec kind
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Case:
+    label: str
+    dims: dict = field(default_factory=dict)
+    why: str = ""
+
+    def facts(self) -> dict:
+        return {"label": self.label, "dims": dict(self.dims), "source": "scenario", "expect": "ok"}
+
+
+@dataclass(frozen=True)
+class Behaviour:
+    """What a scenario's checks describe (evidence's spec.outputs entry)."""
+
+    text: str
+
+    def describe(self) -> str:
+        return self.text
+
+
+@dataclass
+class Scenario:
+    unit: str
+    cases: list[Case]
+    build: Callable[[Case, Any, np.random.Generator], Script]
+    checks: str = ""  # one line: what the scenario proves (evidence and diagnostics)
+    reference: str = ""
+    notes: str = ""
+    path: Path | None = None
+    kind: str = KIND
+    uses: tuple[str, ...] = ()  # other units the scenario calls (default: found by building case 0)
+
+    def __post_init__(self):
+        if not self.reference:
+            self.reference = f"scenario:{self.unit}"
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.path.read_bytes()).hexdigest() if self.path else ""
+
+    @property
+    def outputs(self) -> dict:
+        return {"behaviour": Behaviour(self.checks or "API behaviour across calls")}
+
+    # op-spec attributes other code may read
+    bytes_moved = None
+    shapes = ()
+
+    # the two hooks spec.py and gate.py call on any spec, so that neither imports this module
+    def validate_against(self, target) -> None:
+        validate(self, target)
+
+    def run_in_child(self, target, library: Path, **kw):
+        return run_scenario(target, self, library, **kw)
+
+
+def is_scenario(spec) -> bool:
+    return getattr(spec, "kind", None) == KIND
+
+
+# ---------------------------------------------------------------------------
+# Header binding
+# ---------------------------------------------------------------------------
+
+_SCALARS = {"uint32_t": "u32", "uint64_t": "u64", "int32_t": "i32", "int64_t": "i64", "int": "i32", "size_t": "u64",
+            "unsigned": "u32", "unsigned int": "u32", "float": "f32", "double": "f64", "bool": "bool", "_Bool": "bool"}
+
+
+def c_kind(type_text: str) -> str:
+    """Binding kind of a header type: tensor, cvoid, void, cstr, u32/u64/i32/i64/f32/f64/bool, or unknown."""
+    t = " ".join(type_text.replace("*", " * ").split())
+    if t.endswith("*"):
+        base = t[:-1].strip()
+        if base.endswith("_tensor"):
+            return "tensor"
+        return {"const void": "cvoid", "void": "void", "const char": "cstr", "char": "cstr"}.get(base, "unknown")
+    return _SCALARS.get(t, "unknown")
+
+
+def ret_kind(type_text: str) -> str:
+    t = " ".join(type_text.replace("*", " * ").split())
+    if t == "void":
+        return "none"
+    if t.endswith("*"):
+        return "handle" if t[:-1].strip().endswith("_tensor") else "ptr"
+    k = _SCALARS.get(t, "unknown")
+    return k if k != "unknown" else "unknown"
+
+
+_ACCEPTS = {
+    "tensor": (T, _Null),
+    "cvoid": (HostIn, ModelMap, _Null),
+    "void": (HostOut, _Null),
+    "cstr": (Str, _Null),
+}
+
+
+def bind(target, script: Script, where: str) -> dict:
+    """{function: {ret, params}} for the plan; every call checked against the header."""
+    fns = {}
+    for sid, (name, args) in script.calls.items():
+        try:
+            api_fn = target.api_function(name)
+        except Exception as exc:  # noqa: BLE001 - an unknown function is a spec error
+            raise SpecError(f"{where}: step {sid} calls {name}, which the API header does not declare ({exc})") \
+                from None
+        params = [c_kind(p.type) for p in api_fn.params]
+        if len(args) != len(params):
+            raise SpecError(f"{where}: step {sid}: {name} takes {len(params)} arguments, got {len(args)}")
+        for p, k, a in zip(api_fn.params, params, args):
+            if k in _ACCEPTS:
+                ok = isinstance(a, _ACCEPTS[k])
+            elif k in ("u32", "u64", "i32", "i64"):
+                ok = isinstance(a, (int, np.integer, ModelFd)) and not isinstance(a, bool)
+                if ok and isinstance(a, ModelFd):
+                    ok = k in ("i32", "i64")
+                elif ok:
+                    lo, hi = {"u32": (0, 2**32 - 1), "u64": (0, 2**64 - 1), "i32": (-2**31, 2**31 - 1),
+                              "i64": (-2**63, 2**63 - 1)}[k]
+                    ok = lo <= int(a) <= hi
+            elif k == "bool":
+                ok = isinstance(a, (bool, np.bool_))
+            elif k in ("f32", "f64"):
+                ok = isinstance(a, (int, float, np.floating)) and not isinstance(a, bool)
+            else:
+                raise SpecError(f"{where}: {name} parameter {p.name} ({p.type}) has no scenario binding")
+            if not ok:
+                raise SpecError(f"{where}: step {sid}: {name} parameter {p.name} ({p.type}) got {a!r:.60}")
+        rk = ret_kind(api_fn.return_type)
+        if rk == "unknown":
+            raise SpecError(f"{where}: {name} returns {api_fn.return_type}, which has no scenario binding")
+        fns[name] = {"ret": rk, "params": params}
+    for e in script.expects:
+        if e.kind == "rc" and e.params["want"] == "error" and fns[script.calls[e.step][0]]["ret"] == "none":
+            raise SpecError(f"{where}: step {e.step}: {script.calls[e.step][0]} returns void: it cannot refuse")
+    return fns
+
+
+def validate(scenario: Scenario, target) -> None:
+    """Static checks at load time (each case's script is bound when it is built)."""
+    target.api_function(scenario.unit)
+    if not scenario.cases:
+        raise SpecError(f"{scenario.unit}: a scenario needs at least one case")
+    labels = [c.label for c in scenario.cases]
+    if len(set(labels)) != len(labels):
+        raise SpecError(f"{scenario.unit}: duplicate case labels")
+
+
+# ---------------------------------------------------------------------------
+# Preparing and running (parent side)
+# ---------------------------------------------------------------------------
+
+@dataclass
+class PreparedRun:
+    id: str  # "c<i>.p<pass>"
+    case: Case
+    index: int
+    pass_index: int
+    script: Script
+    functions: dict
+
+
+def prepare(target, scenario: Scenario, ctx, seeds: list[int]) -> list[PreparedRun]:
+    runs = []
+    for i, case in enumerate(scenario.cases):
+        for p, seed in enumerate(seeds[:2]):
+            rng = np.random.default_rng([seed & (2**64 - 1), i])
+            where = f"{scenario.unit} case {case.label!r}"
+            try:
+                script = scenario.build(case, ctx, rng)
+            except SpecError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a spec bug, reported as such
+                raise SpecError(f"{where}: building the script failed: {type(exc).__name__}: {exc}") from exc
+            if not isinstance(script, Script):
+                raise SpecError(f"{where}: build must return a Script")
+            if scenario.unit not in script.functions():
+                raise SpecError(f"{where}: the script never calls {scenario.unit}")
+            runs.append(PreparedRun(f"c{i}.p{p}", case, i, p, script, bind(target, script, where)))
+    return runs
+
+
+def write_plan(plan_dir: Path, scenario: Scenario, runs: list[PreparedRun], library: Path, *, mode: str,
+               harness: dict) -> None:
+    arrays: dict[str, np.ndarray] = {}
+    functions: dict[str, dict] = {}
+    cases = []
+    for r in runs:
+        functions.update(r.functions)
+        for k, v in r.script.arrays.items():
+            arrays[f"{r.id}.{k}"] = v
+        cases.append({"id": r.id, "label": r.case.label, "pass": r.pass_index, "steps": r.script.steps})
+    plan = {"version": 1, "kind": KIND, "mode": mode, "library": str(Path(library).resolve()),
+            "unit": scenario.unit, "harness": harness, "functions": functions, "cases": cases}
+    plan_dir.mkdir(parents=True, exist_ok=True)
+    (plan_dir / "plan.json").write_text(json.dumps(plan, indent=1))
+    np.savez(plan_dir / "inputs.npz", **arrays)
+
+
+def run_scenario(target, scenario: Scenario, library: Path, *, workspace: Path | None = None,
+                 seeds: list[int] | None = None, sanitize: bool = False, timeout: float | None = None,
+                 mode: str = "cuda", timing_reps: int = 0, candidate_sha256: str | None = None,
+                 probe: dict | None = None, keep: bool | None = None, calibration: dict | None = None,
+                 ctx=None):
+    """The parity gate for a scenario: same child, same limits, same evidence shape as gate.run_spec.
+    `sanitize`, `timing_reps` and `probe` are run_spec's options: a scenario is not timed (the perf
+    gate skips it), makes its own ordering probes (hold/peek), and is not run under compute-sanitizer yet."""
+    import shutil
+    import tempfile
+
+
+    t_start = time.monotonic()
+    library = Path(library)
+    seeds = list(seeds) if seeds else gate.fresh_seeds(2)
+    if len(seeds) < 2:
+        raise ValueError("parity needs at least two seeds")
+    base = Path(workspace) / "runs" / "parity" if workspace else Path(tempfile.gettempdir()) / "porter-parity"
+    base.mkdir(parents=True, exist_ok=True)
+    plan_dir = Path(tempfile.mkdtemp(prefix=f"{scenario.unit}-", dir=base))
+    keep = keep if keep is not None else bool(os.environ.get("PORTER_PARITY_KEEP"))
+    try:
+        try:
+            ctx = ctx or ScenarioContext(target, plan_dir / "files")
+            runs = prepare(target, scenario, ctx, seeds)
+        except SpecError as exc:
+            return GateResult("parity", False, f"parity skipped: spec error: {exc}", skipped=True)
+        t_prepared = time.monotonic()
+        harness = gate.harness_names(target)
+        write_plan(plan_dir, scenario, runs, library, mode=mode, harness=harness)
+        limit = timeout or float(os.environ.get("PORTER_PARITY_TIMEOUT", gate.DEFAULT_TIMEOUT_S))
+        outcome = runner.run_child(plan_dir, limit)
+        outputs = gate._load_outputs(plan_dir)
+        printed = "".join(_read_text(plan_dir / n) for n in ("child.stdout", "child.stderr"))
+        failures, reports = judge(runs, outcome.results, outputs, success=harness.get("success", "zero"),
+                                  printed=printed)
+        labels = {r.id: r.case.label for r in runs}
+        failures = gate._outcome_failures(outcome, labels) + failures
+    finally:
+        if not keep:
+            shutil.rmtree(plan_dir, ignore_errors=True)
+    t_done = time.monotonic()
+    return _result(target, scenario, library, runs, seeds, outcome, failures, reports, mode=mode,
+                   candidate_sha256=candidate_sha256, calibration=calibration,
+                   timings={"prepare_s": t_prepared - t_start, "child_s": outcome.elapsed_s,
+                            "total_s": t_done - t_start}, plan_dir=plan_dir if keep else None)
+
+
+class ScenarioContext:
+    """What scenario builders may use: the target's fixture GGUF, and a folder for GGUF files they write."""
+
+    def __init__(self, target, files_dir: Path):
+        self.target = target
+        self.files_dir = Path(files_dir)
+        self._fixture = None
+
+    @property
+    def fixture(self):
+        if self._fixture is None:
+            self._fixture = Context.for_target(self.target)
+        return self._fixture
+
+    def new_file(self, name: str) -> Path:
+        self.files_dir.mkdir(parents=True, exist_ok=True)
+        return self.files_dir / name
+
+
+# ---------------------------------------------------------------------------
+# Judging (parent side)
+# ---------------------------------------------------------------------------
+
+def _succeeded(rk: str, ret, success: str) -> bool:
+    if rk in ("handle", "ptr"):
+        return bool(ret)
+    if ret is None:
+        return True
+    return ret == 0 if success == "zero" else ret != 0
+
+
+def _short_call(script: Script, sid: str) -> str:
+    fn, args = script.calls.get(sid, ("?", ()))
+    parts = []
+    for a in args:
+        if isinstance(a, T):
+            parts.append(a.name)
+        elif isinstance(a, HostIn):
+            parts.append(f"<{a.data.size} bytes>")
+        elif isinstance(a, HostOut):
+            parts.append(f"<buffer {a.nbytes}>")
+        elif isinstance(a, Str):
+            parts.append(repr(a.text))
+        elif isinstance(a, ModelMap):
+            parts.append("<mmapped gguf>")
+        elif isinstance(a, ModelFd):
+            parts.append("<fd>")
+        else:
+            parts.append(repr(a))
+    return f"{fn}({', '.join(parts)})"
+
+
+def _step_label(script: Script, step: dict) -> str:
+    if step["op"] == "call":
+        return _short_call(script, step["id"])
+    if step["op"] == "peek":
+        return f"raw bytes [{step['offset']}, {step['offset'] + step['n']}) of {step['tensor']}"
+    if step["op"] == "host":
+        return f"host bytes [{step['offset']}, {step['offset'] + step['n']}) at the pointer of {step['ptr_step']}"
+    return step["op"]
+
+
+def _bytes_failures(e: Expect, got: np.ndarray, prefill: np.ndarray | None, what: str, add) -> None:
+    want = e.params["want"]
+    if got.size != want.size:
+        add(e.check or "exact", f"{what}: {got.size} bytes came back, {want.size} expected")
+        return
+    # under 4 bytes a wrong read matches a random pre-fill too often (1 in 256 for one byte) to call it
+    # "nothing written": there the mismatch is reported as exact, never as the wrong check
+    if prefill is not None and want.size >= 4 and np.array_equal(got, prefill) and not np.array_equal(want, prefill):
+        add("sentinel", f"{what}: reported success but the host buffer still holds its pre-fill (nothing written)")
+        return
+    diff = np.flatnonzero(got != want)
+    if not diff.size:
+        return
+    lo, hi = e.params.get("region") or (0, want.size)
+    inside = diff[(diff >= lo) & (diff < hi)]
+    outside = diff[(diff < lo) | (diff >= hi)]
+    if outside.size:
+        add("guard", f"{what}: {outside.size} bytes outside [{lo}, {hi}) changed (first at byte {int(outside[0])}: "
+                     f"got {int(got[outside[0]])}, want {int(want[outside[0]])})" + (f" -- {e.why}" if e.why else ""))
+    if inside.size:
+        i = int(inside[0])
+        add(e.check or "exact", f"{what}: {inside.size} of {hi - lo} bytes differ (first at byte {i}: got "
+                                f"{int(got[i])}, want {int(want[i])})" + (f" -- {e.why}" if e.why else ""))
+
+
+def _read_text(path: Path, limit: int = 1 << 20) -> str:
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit).decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def judge(runs: list[PreparedRun], results: dict | None, outputs: dict, success: str = "zero",
+          printed: str = ""):
+    failures: list = []
+    reports = []
+    by_id = {c["id"]: c for c in (results or {}).get("cases", [])}
+    for r in runs:
+        crec = by_id.get(r.id)
+        metrics: dict = {}
+        if r.pass_index == 0:
+            reports.append({"id": f"c{r.index}", **r.case.facts(), "passes": []})
+        rep = reports[-1]
+        if crec is None:
+            rep["passes"].append({"seed_index": r.pass_index, "steps": 0, "metrics": metrics})
+            continue
+        recs = {s["id"]: s for s in crec.get("steps", [])}
+        steps = {s["id"]: s for s in r.script.steps}
+        n_checked = 0
+
+        for e in r.script.expects:
+            rec = recs.get(e.step)
+            if rec is None:
+                continue  # never reached: the outcome (crash, timeout) names it
+            label = _step_label(r.script, steps[e.step])
+
+            def add(check, detail):
+                failures.append(Failure(check, r.case.label, r.pass_index, detail))
+
+            n_checked += 1
+            if e.kind == "rc":
+                rk = r.functions[r.script.calls[e.step][0]]["ret"]
+                ok = _succeeded(rk, rec.get("ret"), success)
+                why = f" ({e.why})" if e.why else ""
+                if e.params["want"] == "ok" and not ok:
+                    add("rc", f"{label} failed (returned {_ret_text(rk, rec.get('ret'))}) on a valid call{why}")
+                elif e.params["want"] == "error" and ok:
+                    add("error-return", f"{label} returned {_ret_text(rk, rec.get('ret'))} (success) on an "
+                                        f"invalid call{why}")
+                if e.params["want"] == "ok" and rec.get("err"):
+                    add("cuda-error", f"CUDA error left after {label}: {rec['err']}")
+            elif e.kind == "bytes":
+                if not _producer_ok(r, e.step, recs, success):
+                    continue  # the call itself failed: judged by rc
+                if rec.get("refused"):
+                    add("struct", f"{label}: {rec['refused']}")
+                    continue
+                key = f"{r.id}.{e.step}" + (f".out{e.params['arg']}" if "arg" in e.params else "")
+                if key not in outputs:
+                    add("crash", f"{label}: no bytes came back")
+                    continue
+                prefill = None
+                if "arg" in e.params:
+                    prefill = r.script.arrays.get(f"{e.step}.prefill{e.params['arg']}")
+                _bytes_failures(e, np.asarray(outputs[key], dtype=np.uint8), prefill, label, add)
+            elif e.kind == "floats":
+                if not _producer_ok(r, e.step, recs, success):
+                    continue
+                key = f"{r.id}.{e.step}.out{e.params['arg']}"
+                want = e.params["want"]
+                got = np.frombuffer(np.asarray(outputs.get(key, np.zeros(0, np.uint8))).tobytes(), dtype="<f4")
+                if got.size != want.size:
+                    add("values", f"{label}: {got.size} floats came back, {want.size} expected")
+                    continue
+                m = compare.float_metrics(got, want)
+                metrics[e.step] = {k: m[k] for k in ("max_abs", "nmse", "max_err_rms", "n_nonfinite")}
+                why = compare.tolerance_violations(m, e.params["nmse"], e.params["max_err_rms"], None)
+                if why:
+                    ex = compare.mismatch_examples(got, want, want.shape, limit=1)
+                    add("values", f"{label}: {'; '.join(why)}" + (f" (e.g. {ex[0]})" if ex else "")
+                        + (f" -- {e.why}" if e.why else ""))
+            elif e.kind == "value":
+                got = rec.get("ret")
+                if got != e.params["want"]:
+                    add(e.check or "exact", f"{label} returned {got}, want {e.params['want']}"
+                        + (f" ({e.why})" if e.why else ""))
+            elif e.kind == "printed":
+                if e.params["text"] not in printed:
+                    add("exact", f"{label} printed nothing with {e.params['text']!r} on stdout or stderr"
+                        + (f" ({e.why})" if e.why else ""))
+            elif e.kind == "ptr_delta":
+                a = recs.get(e.params["a"])
+                if a is None or not a.get("ret") or not rec.get("ret"):
+                    continue  # a NULL pointer is judged by its own rc expectation
+                d = int(rec["ret"]) - int(a["ret"])
+                if d != e.params["delta"]:
+                    add("exact", f"{label} is {d:+d} bytes from {_step_label(r.script, steps[e.params['a']])}, "
+                                 f"want {e.params['delta']:+d}" + (f" ({e.why})" if e.why else ""))
+            elif e.kind == "leak":
+                b = recs.get(e.params["before"])
+                if b is None or b.get("mem") is None or rec.get("mem") is None:
+                    continue
+                grown = int(rec["mem"]) - int(b["mem"])
+                metrics["mem_growth_bytes"] = grown
+                if grown > e.params["slack"]:
+                    add("leak", f"{grown / 2**20:.1f} MiB more memory in use after the free loop than before "
+                                f"(allowed {e.params['slack'] / 2**20:.0f} MiB)" + (f" -- {e.why}" if e.why else ""))
+            elif e.kind == "desc":
+                d = rec.get("desc")
+                if not d:
+                    continue
+                p = e.params
+                bad = []
+                if p.get("bytes") is not None and d["bytes"] != p["bytes"]:
+                    bad.append(f"bytes={d['bytes']} (want {p['bytes']})")
+                if p.get("owner") is not None and d["owner"] != p["owner"]:
+                    bad.append(f"owner={d['owner']} (want {p['owner']})")
+                if p.get("data_from"):
+                    src, off = p["data_from"]
+                    s = next((x for x in crec.get("steps", []) if x.get("op") == "desc" and x.get("tensor") == src),
+                             None)
+                    if s and s.get("desc") and d["data"] - s["desc"]["data"] != off:
+                        bad.append(f"data = {src}.data{d['data'] - s['desc']['data']:+d} (want {off:+d})")
+                if bad:
+                    add("struct", f"descriptor of {steps[e.step]['tensor']}: {', '.join(bad)}"
+                        + (f" ({e.why})" if e.why else ""))
+        rep["passes"].append({"seed_index": r.pass_index, "steps": len(crec.get("steps", [])),
+                              "checked": n_checked, "metrics": metrics})
+    return failures, reports
+
+
+def _producer_ok(r: PreparedRun, sid: str, recs: dict, success: str) -> bool:
+    if sid not in r.script.calls:
+        return True
+    rk = r.functions[r.script.calls[sid][0]]["ret"]
+    return rk == "none" or _succeeded(rk, recs[sid].get("ret"), success)
+
+
+def _ret_text(rk: str, ret) -> str:
+    if rk in ("handle", "ptr"):
+        return "NULL" if not ret else "a pointer"
+    return str(ret)
+
+
+def _result(target, scenario: Scenario, library, runs, seeds, outcome, failures, reports, *, mode,
+            candidate_sha256, calibration, timings, plan_dir):
+    import platform
+
+    dev = (outcome.results or {}).get("device") or {}
+    drv = gate.driver_facts() if mode == "cuda" else {}
+    ok = not failures
+    failed_checks = sorted({f.check for f in failures}, key=compare.check_rank)
+    checks_run = ["rc", "error-return", "cuda-error", "struct", "guard", "sentinel", "exact", "values", "leak"] + \
+        (["stream"] if mode == "cuda" or any(s["op"] == "peek" for r in runs for s in r.script.steps) else [])
+    n_steps = sum(len(r.script.steps) for r in runs)
+    n_exp = sum(len(r.script.expects) for r in runs)
+    evidence = {
+        "target": target.name, "unit": scenario.unit, "gate": "parity", "kind": KIND, "ok": ok,
+        "candidate_sha256": candidate_sha256, "mode": mode,
+        "library": {"path": str(library), "sha256": sha256_file(library)},
+        "toolchain": {"nvcc": gate.nvcc_version(), "gpu": dev.get("name") or drv.get("gpu"),
+                      "driver": drv.get("driver"), "driver_api_version": dev.get("driver_api_version"),
+                      "cuda_runtime": dev.get("runtime_version"), "cupy": dev.get("cupy"),
+                      "python": platform.python_version(), "numpy": np.__version__},
+        "device": dev,
+        "spec": {"file": str(scenario.path.relative_to(target.workspace))
+                 if scenario.path and target.workspace in scenario.path.parents else str(scenario.path),
+                 "sha256": scenario.sha256, "reference": scenario.reference, "reference_sha256": None,
+                 "outputs": {k: v.describe() for k, v in scenario.outputs.items()}},
+        "calibration": calibration,
+        "seeds": [f"{s & (2**64 - 1):016x}" for s in seeds],
+        "cases": reports,
+        "checks": {"run": checks_run, "failed": failed_checks},
+        "failures": [f.line() for f in failures[:50]],
+        "timing": None,
+        "child": {"status": outcome.status, "elapsed_s": round(outcome.elapsed_s, 3), "detail": outcome.detail},
+        "sanitize": None,
+        "harness_s": {k: round(v, 3) for k, v in timings.items()},
+    }
+    if ok:
+        summary = (f"parity ok: scenario, {len(scenario.cases)} cases x 2 seeds, {n_steps} steps, "
+                   f"{n_exp} expectations held ({scenario.reference})")
+    else:
+        first = compare.first_failure(failures)
+        more = f" (+{len(failures) - 1} more; failed: {', '.join(failed_checks)})" if len(failures) > 1 else ""
+        summary = f"parity failed [{first.check}]: {first.case}: {first.detail}"[:400] + more
+    lines = []
+    if failures:
+        lines.append(f"{len(failures)} scenario failure(s), first by check order:")
+        for f in sorted(failures, key=lambda x: compare.check_rank(x.check))[:20]:
+            lines.append(f"  {f.line()}")
+        lines.append("")
+        lines.append("what the checks mean:")
+        for c in failed_checks:
+            lines.append(f"  {c}: {compare.CHECK_DOC[c].format(stream='the unit stream')}")
+        lines.append("")
+    lines.append(f"scenario: {scenario.checks or scenario.unit}")
+    for rep in reports:
+        steps = [p.get("steps") for p in rep["passes"]]
+        lines.append(f"  {rep['label']:<52} steps run per seed: {steps}")
+    if outcome.stderr_tail.strip():
+        lines.append("child stderr (tail):")
+        lines.extend("  " + ln for ln in outcome.stderr_tail.strip().splitlines()[-15:])
+    if plan_dir:
+        lines.append(f"plan kept at {plan_dir}")
+    metrics = {"ok": ok, "failed_checks": failed_checks, "n_failures": len(failures), "cases": len(scenario.cases),
+               "worst_nmse": None}
+    return GateResult("parity", ok, summary, "\n".join(lines), gate._clean(metrics), gate._clean(evidence),
+                      check=None if ok else first.check)
+
+
+def blocked_by(target, scenario_or_spec) -> list[str]:
+    """Units (other than the scenario's own) whose workspace file is still porter's placeholder:
+    the scenario cannot say anything about its unit until they are ported."""
+    if not is_scenario(scenario_or_spec):
+        return []
+    uses = list(getattr(scenario_or_spec, "uses", ()) or ())
+    if not uses:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                case = scenario_or_spec.cases[0]
+                script = scenario_or_spec.build(case, ScenarioContext(target, Path(tmp)), np.random.default_rng(0))
+                uses = sorted(script.functions())
+            except Exception:  # noqa: BLE001 - a broken scenario is reported when it runs
+                return []
+    out = []
+    for u in uses:
+        if u == scenario_or_spec.unit:
+            continue
+        try:
+            p = target.unit_path(u)
+        except Exception:  # noqa: BLE001
+            continue
+        if p.is_file() and is_placeholder(p.read_text(errors="replace")):
+            out.append(u)
+    return out

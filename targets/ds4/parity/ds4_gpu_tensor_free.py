@@ -1,0 +1,26 @@
+"""Scenario spec: ds4_gpu_tensor_free (a runtime unit, checked by behaviour across calls).
+
+Checks: freeing a view leaves its base usable, free(NULL) is harmless, alloc/free returns the device memory.
+The contract and the plays are in _runtime.py; the scenario kind in porter/gates/parity/scenario.py."""
+from porter.gates.parity.scenario import Case, Scenario, Script
+from porter.gates.parity.spec import sibling
+
+rt = sibling(__file__, "_runtime")
+
+
+def build(case, ctx, rng):
+    s = Script(rng)
+    rt.play_init(s)
+    rt.play_free(s, case.dims['n'])
+    s.call("ds4_gpu_cleanup", expect="ok")  # the next case starts from a fresh backend, as a new engine does
+    return s
+
+
+SCENARIO = Scenario(
+    unit="ds4_gpu_tensor_free",
+    cases=[
+        Case('views at odd offsets, 12 x 32 MiB alloc/free', {'n': 4099}),
+    ],
+    build=build,
+    checks="freeing a view leaves its base usable, free(NULL) is harmless, alloc/free returns the device memory",
+)

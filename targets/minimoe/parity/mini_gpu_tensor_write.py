@@ -1,0 +1,27 @@
+"""Scenario spec: mini_gpu_tensor_write (a runtime unit, checked by behaviour across calls).
+
+Checks: writes at odd offsets land there and nowhere else; writes outside a tensor or a view are refused and change nothing.
+The plays are in _runtime.py; the scenario kind in porter/gates/parity/scenario.py."""
+from porter.gates.parity.scenario import Case, Scenario, Script
+from porter.gates.parity.spec import sibling
+
+rt = sibling(__file__, "_runtime")
+
+
+def build(case, ctx, rng):
+    s = Script(rng)
+    rt.play_init(s)
+    rt.play_roundtrip(s, case.dims['n'])
+    rt.play_write_errors(s, case.dims['n'])
+    return s
+
+
+SCENARIO = Scenario(
+    unit="mini_gpu_tensor_write",
+    cases=[
+        Case('4099 bytes', {'n': 4099}),
+        Case('1 MiB + 3 bytes', {'n': 1048579}),
+    ],
+    build=build,
+    checks="writes at odd offsets land there and nowhere else; writes outside a tensor or a view are refused and change nothing",
+)
