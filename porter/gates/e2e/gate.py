@@ -83,7 +83,7 @@ def prefill_pair(target, scratch: Path, library: Path, model: Path | None) -> tu
 
 def setup_mismatch(calibrated: dict, now: dict) -> str | None:
     for key in sorted(set(calibrated) | set(now)):
-        if key in ("device", "wall_s"):
+        if key in ("device", "mode"):  # facts about the calibration run, not about what the rule holds for
             continue
         if calibrated.get(key) != now.get(key):
             return f"the rule was calibrated for another {key}"
