@@ -314,3 +314,56 @@ def test_tree_hash_sees_untracked_and_uncommitted_files(tmp_path):
     (ws / "a" / "y.cu").unlink()
     (ws / "a" / "x.cu").write_text("changed")
     assert tree.tree_hash_worktree(ws, ["a"]) != tree.tree_hash_at(ws, ["a"])
+
+
+# ---- the wiring the lead calls ---------------------------------------------------------
+
+def test_wiring_runs_e2e_once_per_backend_tree_and_status_follows(tmp_path):
+    from porter.evidence import store_evidence
+    from porter.gates.e2e.wiring import prefill_status, run_e2e_if_due
+    from porter.gates.result import GateResult
+    from porter.target import Target
+
+    ws = tmp_path
+    shutil.copytree(ROOT / "targets" / "minimoe", ws / "targets" / "minimoe", ignore=shutil.ignore_patterns("__pycache__"))
+    (ws / "targets" / "minimoe" / "ported").mkdir()
+    unit = ws / "targets" / "minimoe" / "ported" / "mini_gpu_add_tensor.cu"
+    unit.write_text("// v1\n")
+    _git(ws, "init", "-q")
+    _git(ws, "add", "-A")
+    _git(ws, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "v1")
+    t = load_target(ws, "minimoe")
+    ledger: list[dict] = []
+    calls = []
+
+    def fake_run(target, workspace, library, options):
+        calls.append(options.store)
+        head = _git(ws, "rev-parse", "HEAD").strip()
+        ev = {"target": "minimoe", "unit": "e2e:prefill", "gate": "e2e", "ok": True, "candidate_sha256": "x",
+              "tree_hash": tree.tree_hash_worktree(ws, tree.backend_dirs(target)), "commit": head}
+        return GateResult("e2e", True, "e2e ok", evidence=ev)
+
+    def record(res):
+        sha = store_evidence(ws, res.evidence)
+        ledger.append({"kind": "gate", "gate": "e2e", "target": "minimoe", "ok": res.ok, "evidence": sha})
+
+    states = {"a": "verified", "b": "verified"}
+    assert prefill_status(ws, t, ledger)[0] == "unverified"
+    assert run_e2e_if_due(t, ws, Path("lib.so"), {"a": "verified", "b": "failing"}, ["a", "b"], ledger,
+                          record=record, run=fake_run) is None
+    assert run_e2e_if_due(t, ws, Path("lib.so"), states, ["a", "b"], ledger, record=record, run=fake_run).ok
+    assert calls == [False] and prefill_status(ws, t, ledger)[0] == "verified"
+    # nothing changed: not due again
+    assert run_e2e_if_due(t, ws, Path("lib.so"), states, ["a", "b"], ledger, record=record, run=fake_run) is None
+    # a unit changes and is committed: stale until e2e runs again, then verified at the new commit
+    unit.write_text("// v2\n")
+    _git(ws, "add", "-A")
+    _git(ws, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "v2")
+    assert prefill_status(ws, t, ledger)[0] == "stale"
+    assert run_e2e_if_due(t, ws, Path("lib.so"), states, ["a", "b"], ledger, record=record, run=fake_run).ok
+    state, commit, _ = prefill_status(ws, t, ledger)
+    assert (state, commit) == ("verified", _git(ws, "rev-parse", "HEAD").strip())
+    # a ledger record whose evidence was edited no longer counts
+    ev_path = ws / "ledger" / "evidence" / f"{ledger[-1]['evidence']}.json"
+    ev_path.write_text(ev_path.read_text().replace('"ok":true', '"ok":true '))
+    assert prefill_status(ws, t, ledger)[0] == "stale"

@@ -6,6 +6,10 @@
   run        the gate itself: --library PATH (the workspace's backend), or --library scripted
              (build porter's CUDA backend from the scripted good answers; evidence is then
              not stored, since that library is not the workspace's tree)
+  logprob    ds4: build ds4_test against --library and run the official logprob vectors on
+             --model (the user's real GGUF); the result is stored as e2e evidence
+  build      minimoe: build every calibration backend of --mode and link the engines, run
+             nothing (checks the plan on a machine without a GPU)
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from porter.errors import PorterError
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m porter.gates.e2e")
-    ap.add_argument("command", choices=["calibrate", "run"])
+    ap.add_argument("command", choices=["calibrate", "run", "logprob", "build"])
     ap.add_argument("--target", required=True)
     ap.add_argument("--workspace", type=Path, default=Path("."))
     ap.add_argument("--source", default=None, help="the target's source checkout")
@@ -42,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
         scratch = args.scratch or Path(tempfile.mkdtemp(prefix=f"porter-e2e-{target.name}-"))
         if args.command == "calibrate":
             return _calibrate(target, args, scratch, t0)
+        if args.command == "logprob":
+            return _logprob(target, args, scratch, t0)
+        if args.command == "build":
+            return _build(target, args, scratch, t0)
         return _run(target, args, scratch, t0)
     except PorterError as exc:
         print(f"porter: error: {exc}", file=sys.stderr)
@@ -91,6 +99,31 @@ def _run(target, args, scratch: Path, t0: float) -> int:
         print(res.diagnostics)
     print(f"wall time {time.monotonic() - t0:.1f}s" + ("" if store else " (evidence not stored: scripted library)"))
     return 0 if res.ok else 1
+
+
+def _logprob(target, args, scratch: Path, t0: float) -> int:
+    from porter.gates.e2e.ds4_logprob import run_logprob_vectors
+
+    if not args.model or not args.library:
+        raise PorterError("logprob needs --model (the real GGUF) and --library (the workspace's backend)")
+    res = run_logprob_vectors(target, args.workspace, Path(args.library), args.model, scratch)
+    print(res.summary)
+    print(f"wall time {time.monotonic() - t0:.1f}s")
+    return 0 if res.ok else 1
+
+
+def _build(target, args, scratch: Path, t0: float) -> int:
+    from porter.gates.e2e.minimoe import Backend, CudaLibraries, MinimoeEngine, plan_variants
+
+    spec = target.spec.e2e
+    eng = MinimoeEngine(target, scratch, args.model, n_prompt=spec.prompt_tokens, n_decode=spec.decode_steps)
+    cuda = CudaLibraries(target, scratch) if args.mode == "cuda" else None
+    plans = plan_variants(target, args.mode, cuda)
+    eng.build(Backend("reference"))
+    for p in plans:
+        print(f"{p.kind:<7} {p.name:<40} {eng.build(p.backend)}")
+    print(f"{len(plans)} variants built in {time.monotonic() - t0:.1f}s (nothing run)")
+    return 0
 
 
 if __name__ == "__main__":

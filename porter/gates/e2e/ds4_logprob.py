@@ -117,3 +117,56 @@ def parse_output(stdout: str, stderr: str, exit_code: int) -> LogprobResult:
                    + (f"; {first.id}: {first.problems[0]}" if first and first.problems else "")
                    + ("" if verdict else "; no verdict line (crashed?)") + f" (exit {exit_code})")
     return LogprobResult(ok, list(cases.values()), verdict, exit_code, summary)
+
+
+FULL_LAYERS = 43  # the real model: the scratch copy keeps ds4's own layer count
+RUN_TIMEOUT_S = 3600
+
+
+def run_logprob_vectors(target, workspace: Path, library: Path, model: Path, scratch: Path, *,
+                        cuda_arch: str = "sm_90", store: bool = True):
+    """Build ds4_test against `library` (porter's workspace backend) and run the official vectors on the
+    user's model; a GateResult('e2e') whose evidence names the backend tree it ran on."""
+    import subprocess
+    import time
+
+    from porter.errors import PorterError
+    from porter.gates.e2e import tree
+    from porter.gates.e2e.ds4 import scratch_copy
+    from porter.gates.e2e.gate import UNIT, _sha_file, _toolchain
+    from porter.gates.result import GateResult
+
+    model = Path(model)
+    if not model.is_file():
+        return GateResult("e2e", False, f"logprob vectors skipped: no model at {model}", skipped=True)
+    build = scratch_copy(target, Path(scratch) / "ds4-full", FULL_LAYERS)
+    cmd = build_command(build, library, cuda_arch)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise PorterError(f"ds4_test build failed: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
+    argv, env_extra = run_command(build, model)
+    import os
+
+    t0 = time.monotonic()
+    try:
+        run = subprocess.run(argv, capture_output=True, text=True, cwd=build, env={**os.environ, **env_extra},
+                             timeout=RUN_TIMEOUT_S)
+        result = parse_output(run.stdout, run.stderr, run.returncode)
+    except subprocess.TimeoutExpired:
+        result = LogprobResult(False, [], None, 124, f"ds4_test --logprob-vectors ran past {RUN_TIMEOUT_S}s")
+    wall = time.monotonic() - t0
+    ws = Path(workspace)
+    dirs = tree.backend_dirs(target)
+    head = tree.head_commit(ws)
+    th = tree.tree_hash_worktree(ws, dirs)
+    ev = {"target": target.name, "unit": UNIT, "gate": "e2e", "kind": "ds4-logprob-vectors", "ok": result.ok,
+          "candidate_sha256": _sha_file(Path(library)), "tree_hash": th, "commit": head,
+          "tree_matches_head": head is not None and th == tree.tree_hash_at(ws, dirs, head),
+          "model": {"path": str(model), "bytes": model.stat().st_size}, "result": result.to_json(),
+          "command": argv, "wall_s": round(wall, 1), "toolchain": _toolchain()}
+    metrics = {"ok": result.ok, "wall_s": round(wall, 1)}
+    if store:
+        from porter.evidence import store_evidence
+
+        metrics["evidence_sha256"] = store_evidence(ws, ev)
+    return GateResult("e2e", result.ok, result.summary[:400], metrics=metrics, evidence=ev)
