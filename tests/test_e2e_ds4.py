@@ -298,3 +298,46 @@ def test_logprob_commands(tmp_path):
     argv, env = lp.run_command(tmp_path, Path("/models/ds4flash.gguf"))
     assert argv == [str(tmp_path / "ds4_test"), "--logprob-vectors"]
     assert env == {"DS4_TEST_MODEL": "/models/ds4flash.gguf"}
+
+
+# ---- the calibration driver's plumbing, with the engine runs faked -------------------
+
+def test_calibrate_ds4_builds_once_per_source_and_tabulates(target, tmp_path, monkeypatch):
+    from porter.gates.e2e.compare import PrefillOutputs
+
+    built, ran = [], []
+    rng = np.random.default_rng(0)
+    base = rng.standard_normal((5, 4, 32)).astype(np.float32)
+    logits = rng.standard_normal((1, 50)).astype(np.float32)
+
+    def fake_build(self, v):
+        built.append(self.build_key(v))
+        return tmp_path / self.build_key(v)
+
+    def fake_run(self, build_dir, v):
+        ran.append(v.name)
+        drift = np.array([1e-4, 3e-4, 1e-3, 3e-3, 1e-2], dtype=np.float32)[:, None, None]  # grows with depth
+        noise = rng.standard_normal(base.shape).astype(np.float32)
+        states = base if v.kind == "reference" else base + base * drift * noise * (1.0 if v.kind == "good" else 0)
+        if v.kind == "broken":
+            states = base.copy()
+            states[2:] *= 1.5  # wrong from layer 2 on
+        return PrefillOutputs(states, self.stage_names, logits, [0], 1.0)
+
+    monkeypatch.setattr(d4.Ds4Reduced, "ensure_model", lambda self, log=None: self.model)
+    monkeypatch.setattr(d4.Ds4Reduced, "build", fake_build)
+    monkeypatch.setattr(d4.Ds4Reduced, "run", fake_run)
+    monkeypatch.setattr(d4.Ds4Reduced, "setup", lambda self: {"layers": self.n_layer})
+    import porter.known_good as kg
+    monkeypatch.setattr(kg, "build_library", lambda target, mutation=None, out_dir=None: tmp_path / "libds4_cuda.so")
+
+    cal = d4.calibrate_ds4(target, tmp_path, log=lambda *_: None)
+    variants = d4.load_variants(target)
+    # env-only variants share the upstream build: builds = reference + upstream + porter-library + one per mutant
+    n_mutated = len([v for v in variants if v.rules])
+    assert len(set(built)) == 3 + n_mutated
+    assert ran[0] == "reference-cpu" and len(ran) == 1 + len(variants)
+    assert cal.calibrated, cal.table()
+    tol = cal.rule.stage_tol
+    assert all(a < b for a, b in zip(tol, tol[1:]))  # per-layer ceilings follow the drift
+    assert all(r.verdict.stage == "layer 2" for r in cal.rows if r.kind == "broken")

@@ -8,6 +8,8 @@
              not stored, since that library is not the workspace's tree)
   logprob    ds4: build ds4_test against --library and run the official logprob vectors on
              --model (the user's real GGUF); the result is stored as e2e evidence
+  prepare    ds4: write the synthetic GGUF and run every build into --scratch (the slow half
+             of `calibrate`, which then reuses them)
   build      minimoe: build every calibration backend of --mode and link the engines, run
              nothing (checks the plan on a machine without a GPU)
 """
@@ -25,7 +27,7 @@ from porter.errors import PorterError
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m porter.gates.e2e")
-    ap.add_argument("command", choices=["calibrate", "run", "logprob", "build"])
+    ap.add_argument("command", choices=["calibrate", "run", "logprob", "build", "prepare"])
     ap.add_argument("--target", required=True)
     ap.add_argument("--workspace", type=Path, default=Path("."))
     ap.add_argument("--source", default=None, help="the target's source checkout")
@@ -50,6 +52,12 @@ def main(argv: list[str] | None = None) -> int:
             return _logprob(target, args, scratch, t0)
         if args.command == "build":
             return _build(target, args, scratch, t0)
+        if args.command == "prepare":
+            from porter.gates.e2e.ds4 import prepare_ds4
+
+            prepare_ds4(target, scratch, args.model)
+            print(f"wall time {time.monotonic() - t0:.1f}s")
+            return 0
         return _run(target, args, scratch, t0)
     except PorterError as exc:
         print(f"porter: error: {exc}", file=sys.stderr)
