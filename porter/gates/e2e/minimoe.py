@@ -36,18 +36,59 @@ class ModelShape:
     n_layer: int
 
 
+_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+
+
+def read_metadata(model: Path) -> dict:
+    """GGUF (v2/v3) metadata key -> value; a small reader so a GPU machine needs no gguf package."""
+    import struct
+
+    with open(model, "rb") as f:
+        head = f.read(1 << 20)
+    pos = 0
+
+    def take(fmt: str):
+        nonlocal pos
+        v = struct.unpack_from(fmt, head, pos)[0]
+        pos += struct.calcsize(fmt)
+        return v
+
+    def value(t: int):
+        nonlocal pos
+        if t in _SCALAR:
+            return take(_SCALAR[t])
+        if t == 8:
+            n = take("<Q")
+            pos += n
+            return head[pos - n:pos].decode("utf-8", "replace")
+        if t == 9:
+            it, n = take("<I"), take("<Q")
+            return [value(it) for _ in range(n)]
+        raise ValueError(f"unknown GGUF value type {t}")
+
+    try:
+        if head[:4] != b"GGUF":
+            raise ValueError("bad magic")
+        pos = 8
+        _n_tensors, n_kv = take("<Q"), take("<Q")
+        meta = {}
+        for _ in range(n_kv):
+            n = take("<Q")
+            key = head[pos:pos + n].decode()
+            pos += n
+            meta[key] = value(take("<I"))
+        return meta
+    except (ValueError, struct.error) as exc:
+        raise PorterError(f"{model}: not a readable GGUF header ({exc})") from None
+
+
 def read_shape(model: Path) -> ModelShape:
-    import gguf
-
-    r = gguf.GGUFReader(str(model))
-
-    def u(key: str) -> int:
-        f = r.fields.get(key)
-        if f is None:
-            raise PorterError(f"{model}: no metadata key {key} (not a minimoe GGUF)")
-        return int(f.parts[f.data[0]][0])
-
-    return ModelShape(u("minimoe.vocab_size"), u("minimoe.embedding_length"), u("minimoe.block_count"))
+    meta = read_metadata(model)
+    try:
+        return ModelShape(int(meta["minimoe.vocab_size"]), int(meta["minimoe.embedding_length"]),
+                          int(meta["minimoe.block_count"]))
+    except KeyError as exc:
+        raise PorterError(f"{model}: no metadata key {exc.args[0]} (not a minimoe GGUF)") from None
 
 
 def prompt_tokens(n: int, n_vocab: int) -> list[int]:
