@@ -143,7 +143,9 @@ def run_command(build_dir: Path, model: Path, backend: str, prompt_file: Path, c
 
 def run_env(out_dir: Path, positions: list[int], extra: dict | None = None, threads: int | None = None) -> dict:
     env = dict(os.environ)
+    # CPU: our accessor writes the prefill logits; GPU: ds4's CLI does (DS4_METAL_DUMP_PREFILL_LOGITS)
     env.update({"DS4_E2E_STATES": str(out_dir / "states.bin"), "DS4_E2E_LOGITS": str(out_dir / "logits.f32"),
+                "DS4_METAL_DUMP_PREFILL_LOGITS": str(out_dir / "logits.f32"),
                 "DS4_E2E_TOKENS": ",".join(map(str, positions)),
                 "DS4_THREADS": str(threads or os.cpu_count() or 1)})
     env.update(extra or {})

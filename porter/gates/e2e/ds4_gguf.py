@@ -217,8 +217,13 @@ def tensor_data(spec: TensorSpec, rng: np.random.Generator, pools: dict | None =
     return raw.reshape(*shape[:-1], raw.shape[-1])
 
 
-def write_gguf(path: Path, n_layer: int, *, seed: int = 0, d: dict = DS4_DIMS, log=None) -> Path:
-    """Write the synthetic model, one tensor in memory at a time."""
+def write_gguf(path: Path, n_layer: int, *, seed: int = 0, d: dict = DS4_DIMS, log=None,
+               zero_weights: bool = False) -> Path:
+    """Write the synthetic model, one tensor in memory at a time.
+
+    zero_weights: write only the header and tensor table and extend the file to its full size
+    without data (a sparse file of zero weights, every block valid with scale 0).  For a smoke
+    run of ds4's loader and the accessor on a machine that cannot hold the real data."""
     import gguf
 
     path = Path(path)
@@ -248,6 +253,13 @@ def write_gguf(path: Path, n_layer: int, *, seed: int = 0, d: dict = DS4_DIMS, l
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
+    if zero_weights:
+        f = w.fout[0]
+        f.flush()
+        start = -(-f.tell() // w.data_alignment) * w.data_alignment
+        f.truncate(start + sum(-(-_nbytes(s) // w.data_alignment) * w.data_alignment for s in specs))
+        f.close()
+        return path
     pools: dict = {}
     for s in specs:
         arr = tensor_data(s, rng, pools)

@@ -11,7 +11,8 @@
  *                         int32 il, int32 pos, then row float32 values
  *   DS4_E2E_TOKENS=LIST   comma-separated prompt positions to record (a sample:
  *                         a full 2k-token x 16k-float state per layer is too big)
- *   DS4_E2E_LOGITS=PATH   the logits after the prefill, n_vocab float32
+ *   DS4_E2E_LOGITS=PATH   the CPU prefill's logits of the last prompt token, n_vocab float32
+ *                         (ds4's CLI writes the GPU prefill's with DS4_METAL_DUMP_PREFILL_LOGITS)
  *
  * On the GPU path a record synchronises first and resumes the command batch
  * after, as ds4's own graph dump does: an e2e run therefore cannot see a
