@@ -132,8 +132,11 @@ def prompt_text(n_tokens: int) -> str:
     return " ".join(words)[:n_tokens].rstrip().ljust(n_tokens, "a")
 
 
-def sampled_positions(n_prompt: int, stride: int = 64, tail: int = 16) -> list[int]:
-    return sorted(set(range(0, n_prompt, stride)) | set(range(max(0, n_prompt - tail), n_prompt)))
+def sampled_positions(n_prompt: int, stride: int = 64, tail: int = 16, beyond: int = 48) -> list[int]:
+    """Every stride-th position, and a run around the end of the text: the chat template adds
+    tokens ds4 places around it, so the prompt ends some way past n_prompt; positions past the
+    real end are simply never recorded."""
+    return sorted(set(range(0, n_prompt, stride)) | set(range(max(0, n_prompt - tail), n_prompt + beyond)))
 
 
 def run_command(build_dir: Path, model: Path, backend: str, prompt_file: Path, ctx: int) -> list[str]:
@@ -255,9 +258,11 @@ class Ds4Reduced:
             self.prompt_file.write_text(prompt_text(self.n_prompt))
         cmd = run_command(build_dir, self.model, v.backend, self.prompt_file, ctx=self.n_prompt + 256)
         t0 = time.monotonic()
+        # the CPU reference leaves two cores to the GPU runs it overlaps with
+        threads = max(1, (os.cpu_count() or 4) - 2) if v.backend == "cpu" else None
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
-                                  env=run_env(out, self.positions, v.env))
+                                  env=run_env(out, self.positions, v.env, threads))
         except subprocess.TimeoutExpired:
             raise PorterError(f"ds4 {v.name} ran past {RUN_TIMEOUT_S}s") from None
         wall = time.monotonic() - t0
@@ -266,9 +271,9 @@ class Ds4Reduced:
             raise PorterError(f"ds4 {v.name} failed (exit {proc.returncode}): "
                               f"{(proc.stderr.strip().splitlines() or ['no message'])[-1][:300]}")
         states, positions = read_states(out / "states.bin", self.n_layer)
-        if positions != [p for p in self.positions if p < max(positions) + 1]:
-            raise PorterError(f"ds4 {v.name}: recorded positions {positions[:4]}... are not the requested ones "
-                              f"(the prompt encoded to fewer tokens?)")
+        if positions != [p for p in self.positions if p <= positions[-1]] or positions[-1] < self.n_prompt - 1:
+            raise PorterError(f"ds4 {v.name}: recorded positions ...{positions[-3:]} are not the requested ones "
+                              f"up to the prompt's end (the prompt encoded to fewer tokens than its text?)")
         logits = np.fromfile(out / "logits.f32", dtype=np.float32) if (out / "logits.f32").is_file() else np.zeros(0)
         if logits.size != N_VOCAB:
             raise PorterError(f"ds4 {v.name}: {logits.size} logits, expected {N_VOCAB}")
@@ -348,21 +353,32 @@ def calibrate_ds4(target, scratch: Path, model: Path | None = None, library: str
     built = _build_all(red, [ref_v, *variants], log)
     if isinstance(built[ref_v.name], Exception):
         raise PorterError(f"reference build failed: {built[ref_v.name]}")
-    ref = red.run(built[ref_v.name], ref_v)
-    log(f"reference (CPU) prefill of {red.n_prompt} tokens x {red.n_layer} layers: {ref.wall_s:.1f}s")
+    # The CPU reference (minutes at 2k tokens) runs beside the GPU variants, which need the GPU
+    # and little CPU; every comparison waits for it.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        ref_future = pool.submit(red.run, built[ref_v.name], ref_v)
+        outputs: dict[str, PrefillOutputs | PorterError] = {}
+        for v in variants:
+            b = built[v.name]
+            try:
+                if isinstance(b, Exception):
+                    raise b
+                outputs[v.name] = red.run(b, v)
+                log(f"  {v.name}: {outputs[v.name].wall_s:.1f}s")
+            except PorterError as exc:
+                outputs[v.name] = exc
+                log(f"  {v.name}: failed: {exc}")
+        ref = ref_future.result()
+    log(f"reference (CPU) prefill of ~{red.n_prompt} tokens x {red.n_layer} layers: {ref.wall_s:.1f}s")
     rows = []
     for v in variants:
-        b = built[v.name]
-        try:
-            if isinstance(b, Exception):
-                raise b
-            cand = red.run(b, v)
-            cmp, wall = compare(ref, cand), cand.wall_s
-        except PorterError as exc:
+        o = outputs[v.name]
+        if isinstance(o, PrefillOutputs):
+            cmp, wall = compare(ref, o), o.wall_s
+        else:
             cmp = Comparison(ref.stage_names, np.full(ref.states.shape[:2], np.inf), float("inf"), ref.tokens, [],
-                             problem=f"run failed: {exc}")
+                             problem=f"run failed: {o}")
             wall = None
-        log(f"  {v.name}: {wall if wall is None else round(wall, 1)}s")
         rows.append(cal_mod.Variant(v.name, v.kind, cmp, v.why, wall))
     setup = red.setup()
     return cal_mod.calibrate(rows, tokens_exact=False, setup=setup)
