@@ -367,3 +367,16 @@ def test_wiring_runs_e2e_once_per_backend_tree_and_status_follows(tmp_path):
     ev_path = ws / "ledger" / "evidence" / f"{ledger[-1]['evidence']}.json"
     ev_path.write_text(ev_path.read_text().replace('"ok":true', '"ok":true '))
     assert prefill_status(ws, t, ledger)[0] == "stale"
+
+
+def test_a_mutant_the_prefill_never_reaches_is_reported_not_counted(calibration):
+    good = next(v for v in calibration.variants if v.name == "cpu-float-dot")
+    unreached = cal_mod.Variant("decode-only-mutant", "broken", good.comparison, "mutates a decode-only kernel",
+                                unreached=True)
+    cal = cal_mod.calibrate(calibration.variants + [unreached], tokens_exact=True)
+    row = next(r for r in cal.rows if r.variant == "decode-only-mutant")
+    assert cal.calibrated and row.unreached and "unreached" in cal.table()
+    assert cal.reached_broken == calibration.reached_broken
+    # a calibration whose every broken backend went unreached proves nothing
+    only = [v for v in calibration.variants if v.kind == "good"] + [unreached]
+    assert not cal_mod.calibrate(only, tokens_exact=True).calibrated

@@ -41,6 +41,9 @@ class Variant:
     comparison: Comparison
     why: str = ""
     wall_s: float | None = None
+    # broken only: its outputs are bit-identical to its unmutated base backend's, so the prefill
+    # never ran the mutated code; no tolerance can reject it, and it proves nothing either way
+    unreached: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in ("good", "broken"):
@@ -55,6 +58,7 @@ class Row:
     as_expected: bool
     why: str = ""
     wall_s: float | None = None
+    unreached: bool = False
 
 
 @dataclass
@@ -65,16 +69,22 @@ class Calibration:
     variants: list[Variant] = field(default_factory=list)  # the measurements the rule is derived from
 
     @property
+    def reached_broken(self) -> int:
+        return sum(1 for r in self.rows if r.kind == "broken" and not r.unreached)
+
+    @property
     def calibrated(self) -> bool:
-        return bool(self.rows) and all(r.as_expected for r in self.rows)
+        return bool(self.rows) and all(r.as_expected for r in self.rows) and self.reached_broken > 0
 
     def to_json(self) -> dict:
         return {"rule": self.rule.to_json(), "calibrated": self.calibrated, "margin": MARGIN,
                 "nmse_floor": NMSE_FLOOR, "setup": self.setup,
                 "variants": [{"name": v.name, "kind": v.kind, "why": v.why, "wall_s": v.wall_s,
-                              "comparison": v.comparison.to_json()} for v in self.variants],
+                              "unreached": v.unreached, "comparison": v.comparison.to_json()}
+                             for v in self.variants],
                 "rows": [{"variant": r.variant, "kind": r.kind, "as_expected": r.as_expected, "why": r.why,
-                          "wall_s": r.wall_s, "verdict": r.verdict.to_json()} for r in self.rows]}
+                          "wall_s": r.wall_s, "unreached": r.unreached, "verdict": r.verdict.to_json()}
+                         for r in self.rows]}
 
     def table(self) -> str:
         lines = [f"{'variant':<34} {'kind':<7} {'verdict':<8} {'worst/ceil':>10} {'wall s':>7}  where / why",
@@ -87,11 +97,17 @@ class Calibration:
                 where = f"{v.stage} token {v.token}" if v.token is not None else (v.stage or v.reason)
             mark = "" if r.as_expected else "   <-- NOT AS EXPECTED"
             wall = f"{r.wall_s:.1f}" if r.wall_s is not None else "-"
-            lines.append(f"{r.variant:<34} {r.kind:<7} {'accept' if v.ok else 'reject':<8} {worst:>10} {wall:>7}  "
+            verdict = "unreached" if r.unreached else ("accept" if v.ok else "reject")
+            if r.unreached:
+                where = "outputs bit-identical to the unmutated backend"
+            lines.append(f"{r.variant:<34} {r.kind:<7} {verdict:<9} {worst:>9} {wall:>7}  "
                          f"{where}{' — ' if where and r.why else ''}{r.why}{mark}")
+        n_unreached = sum(r.unreached for r in self.rows)
         lines.append(f"calibrated: {'yes' if self.calibrated else 'NO'} "
                      f"({sum(r.kind == 'good' for r in self.rows)} known-good accepted held-out, "
-                     f"{sum(r.kind == 'broken' for r in self.rows)} broken rejected; margin {MARGIN:g})")
+                     f"{self.reached_broken} broken rejected"
+                     + (f", {n_unreached} mutant(s) unreached by this prefill" if n_unreached else "")
+                     + f"; margin {MARGIN:g})")
         return "\n".join(lines)
 
 
@@ -124,6 +140,10 @@ def calibrate(variants: list[Variant], *, tokens_exact: bool, setup: dict | None
         v = decide(g.comparison, held_out)
         rows.append(Row(g.name, "good", v, v.ok, g.why, g.wall_s))
     for b in broken:
+        if b.unreached:
+            v = Verdict(True, "unreached: outputs bit-identical to the unmutated backend")
+            rows.append(Row(b.name, "broken", v, True, b.why, b.wall_s, unreached=True))
+            continue
         v = decide(b.comparison, rule)
         rows.append(Row(b.name, "broken", v, not v.ok, b.why, b.wall_s))
     return Calibration(rule, rows, dict(setup or {}), list(variants))
@@ -150,7 +170,7 @@ def load(path: Path) -> tuple[Calibration, str]:
     try:
         d = json.loads(body)
         variants = [Variant(v["name"], v["kind"], Comparison.from_json(v["comparison"]), v.get("why", ""),
-                            v.get("wall_s")) for v in d["variants"]]
+                            v.get("wall_s"), bool(v.get("unreached", False))) for v in d["variants"]]
         cal = calibrate(variants, tokens_exact=bool(d["rule"]["tokens_exact"]), setup=d.get("setup") or {})
     except (ValueError, KeyError, TypeError) as exc:
         raise PorterError(f"malformed e2e calibration {path}: {exc}") from exc
@@ -161,7 +181,9 @@ def load_rule(path: Path) -> tuple[Rule, dict, str]:
     """(rule, setup, sha256 of the file) of a calibration that holds; PorterError otherwise."""
     cal, sha = load(path)
     if not cal.calibrated:
-        bad = next(r for r in cal.rows if not r.as_expected)
+        bad = next((r for r in cal.rows if not r.as_expected), None)
+        if bad is None:
+            raise PorterError(f"e2e calibration {path} does not hold: no broken backend was reached")
         raise PorterError(f"e2e calibration {path} does not hold: {bad.kind} backend {bad.variant} is "
                           f"{'rejected' if bad.kind == 'good' else 'accepted'}; the rule is not trusted")
     return cal.rule, cal.setup, sha
