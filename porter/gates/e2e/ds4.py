@@ -231,7 +231,8 @@ class Ds4Reduced:
         """Variants that differ only in their environment share one build."""
         import hashlib
 
-        h = hashlib.sha256(repr((v.backend, v.source, v.rules, str(v.library), self.n_layer)).encode())
+        ours = b"".join((self.target.dir / "e2e" / f).read_bytes() for f in ("patches.toml", ACCESSOR))
+        h = hashlib.sha256(repr((v.backend, v.source, v.rules, str(v.library), self.n_layer)).encode() + ours)
         return f"{v.backend}-{v.source}-{h.hexdigest()[:10]}"
 
     def build(self, v: Ds4Variant) -> Path:
