@@ -204,6 +204,8 @@ def test_make_and_run_commands(tmp_path):
     assert "cpu" in cpu and "CPU_CORE_OBJS=ds4_cpu.o ds4_e2e_accessor_cpu.o" in cpu
     up = d4.make_command(tmp_path, "cuda", cuda_arch="sm_90")
     assert "CUDA_ARCH=sm_90" in up and "CORE_OBJS=ds4.o ds4_e2e_accessor.o ds4_cuda.o" in up
+    nv = next(a for a in up if a.startswith("NVCCFLAGS="))
+    assert "-arch=sm_90" in nv and "--use_fast_math" in nv and "-g" not in nv.split()
     lib = tmp_path / "lib" / "libds4_cuda.so"
     mine = d4.make_command(tmp_path, "cuda", library=lib)
     assert f"CORE_OBJS=ds4.o ds4_e2e_accessor.o {lib.resolve()}" in mine
@@ -294,8 +296,8 @@ def test_logprob_vectors_crash_or_silence_is_not_a_pass():
 def test_logprob_commands(tmp_path):
     lib = tmp_path / "libds4_cuda.so"
     build = lp.build_command(tmp_path, lib)
-    assert "ds4_test" in build and f"CORE_OBJS=ds4.o {lib.resolve()}" in build
-    assert "CORE_OBJS" not in " ".join(lp.build_command(tmp_path, None))
+    assert "ds4_test" in build and f"CORE_OBJS=ds4.o ds4_e2e_accessor.o {lib.resolve()}" in build
+    assert "CORE_OBJS=ds4.o ds4_e2e_accessor.o ds4_cuda.o" in lp.build_command(tmp_path, None)
     argv, env = lp.run_command(tmp_path, Path("/models/ds4flash.gguf"))
     assert argv == [str(tmp_path / "ds4_test"), "--logprob-vectors"]
     assert env == {"DS4_TEST_MODEL": "/models/ds4flash.gguf"}

@@ -114,7 +114,11 @@ def make_command(build_dir: Path, backend: str, *, library: Path | None = None, 
     if backend != "cuda":
         raise PorterError(f"unknown ds4 backend {backend!r} (cpu or cuda)")
     core = "ds4.o ds4_e2e_accessor.o " + (str(Path(library).resolve()) if library else "ds4_cuda.o")
-    cmd = base + ["ds4", f"CUDA_ARCH={cuda_arch}", f"CORE_OBJS={core}"]
+    # ds4's own NVCCFLAGS without -g -lineinfo: the same code and math flags, a faster compile
+    # (nine builds of ds4_cuda.cu run side by side in a calibration)
+    nvccflags = (f"NVCCFLAGS=-O3 --use_fast_math -arch={cuda_arch} -Xcompiler -march=native "
+                 "-Xcompiler -pthread")
+    cmd = base + ["ds4", f"CUDA_ARCH={cuda_arch}", f"CORE_OBJS={core}", nvccflags]
     if library:
         lib_dir = Path(library).resolve().parent
         cmd.append("CUDA_LDLIBS=-lm -Xcompiler -pthread -L$(CUDA_HOME)/lib64 -lcudart -lcublas "

@@ -57,13 +57,17 @@ class LogprobResult:
 
 
 def build_command(build_dir: Path, library: Path | None, cuda_arch: str = "sm_90", jobs: int = 16) -> list[str]:
-    """make ds4_test in the scratch copy; with `library`, porter's backend replaces ds4_cuda.o."""
-    cmd = ["make", "-C", str(build_dir), f"-j{jobs}", "ds4_test", f"CUDA_ARCH={cuda_arch}"]
+    """make ds4_test in the scratch copy (porter's patched copy: it links our accessor, inert unless
+    its environment asks); with `library`, porter's backend replaces ds4_cuda.o."""
+    from porter.gates.e2e.ds4 import MAKE_FRAGMENT
+
+    backend = str(Path(library).resolve()) if library is not None else "ds4_cuda.o"
+    cmd = ["make", "-C", str(build_dir), "-f", "Makefile", "-f", MAKE_FRAGMENT, f"-j{jobs}", "ds4_test",
+           f"CUDA_ARCH={cuda_arch}", f"CORE_OBJS=ds4.o ds4_e2e_accessor.o {backend}"]
     if library is not None:
         lib = Path(library).resolve()
-        cmd += [f"CORE_OBJS=ds4.o {lib}",
-                "CUDA_LDLIBS=-lm -Xcompiler -pthread -L$(CUDA_HOME)/lib64 -lcudart -lcublas "
-                f"-Xlinker -rpath -Xlinker {lib.parent}"]
+        cmd.append("CUDA_LDLIBS=-lm -Xcompiler -pthread -L$(CUDA_HOME)/lib64 -lcudart -lcublas "
+                   f"-Xlinker -rpath -Xlinker {lib.parent}")
     return cmd
 
 

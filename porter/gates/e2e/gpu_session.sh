@@ -23,7 +23,8 @@ mkdir -p runs/fixtures
 [ -f .carry/minimoe.gguf ] && cp .carry/minimoe.gguf runs/fixtures/minimoe.gguf
 export PYTHONUNBUFFERED=1 PORTER_BUILD_CACHE=${PORTER_BUILD_CACHE:-/tmp/porter-build-cache}
 export PORTER_DS4_SOURCE=${PORTER_DS4_SOURCE:-$PWD/external/ds4}
-DS4_SCRATCH=${DS4_SCRATCH:-/tmp/ds4-e2e}
+# under runs/ (ignored by git) so a warm machine keeps it between the ds4prep and ds4cal calls
+DS4_SCRATCH=${DS4_SCRATCH:-$PWD/runs/ds4-e2e}
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nvcc --version | tail -2; nproc; df -h /tmp | tail -1; } 2>&1 | tee "$OUT/env.txt"
 for step in ${E2E_STEPS:-minimoe}; do
   t0=$(date +%s)
