@@ -119,6 +119,9 @@ def make_command(build_dir: Path, backend: str, *, library: Path | None = None, 
     nvccflags = (f"NVCCFLAGS=-O3 --use_fast_math -arch={cuda_arch} -Xcompiler -march=native "
                  "-Xcompiler -pthread")
     cmd = base + ["ds4", f"CUDA_ARCH={cuda_arch}", f"CORE_OBJS={core}", nvccflags]
+    nvcc = shutil.which("nvcc")
+    if nvcc:  # ds4's Makefile assumes /usr/local/cuda; use the toolkit on PATH
+        cmd += [f"NVCC={nvcc}", f"CUDA_HOME={Path(nvcc).resolve().parent.parent}"]
     if library:
         lib_dir = Path(library).resolve().parent
         cmd.append("CUDA_LDLIBS=-lm -Xcompiler -pthread -L$(CUDA_HOME)/lib64 -lcudart -lcublas "
