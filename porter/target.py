@@ -58,6 +58,18 @@ class FixtureSpec(_Strict):
     file: str
 
 
+class E2ESpec(_Strict):
+    """[e2e]: how porter.gates.e2e builds the engine against a backend and what it compares (see its README)."""
+
+    driver: str  # "minimoe" or "ds4": the porter.gates.e2e driver that builds and runs this engine
+    reference: str = "cpu"  # the backend the candidate is compared with
+    prompt_tokens: int = Field(16, ge=1)
+    decode_steps: int = Field(0, ge=0)  # greedy steps whose tokens must match (0: prefill only)
+    layers: int | None = Field(None, ge=1)  # reduced layer count for a scratch build (ds4)
+    calibration: str = "e2e/calibration.json"  # relative to the target folder; written by the calibration run
+    options: dict = Field(default_factory=dict)  # driver-specific settings
+
+
 class ScriptedSpec(_Strict):
     dir: str = "scripted"
 
@@ -74,6 +86,7 @@ class TargetSpec(_Strict):
     provider: dict = Field(default_factory=dict)  # provider defaults, see porter.providers
     census: dict = Field(default_factory=dict)  # tensor-name rules -> units, see porter.scan.census
     perf: dict = Field(default_factory=dict)  # {enabled, max_slowdown}, see porter.gates.perf
+    e2e: E2ESpec | None = None  # see porter.gates.e2e
 
 
 class Target:

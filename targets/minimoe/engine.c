@@ -11,7 +11,8 @@
  *   mini_engine_prefill      — the prompt, n tokens at positions 0..n-1
  *   mini_engine_decode_step  — one token at position pos
  *
- * Usage: minimoe-cpu MODEL.gguf [--prompt 1,2,3,...] [--decode N] [--logits-out PATH] [--verbose]
+ * Usage: minimoe-cpu MODEL.gguf [--prompt 1,2,3,...] [--decode N] [--logits-out PATH]
+ *                   [--states-out PATH] [--verbose]
  * stdout:
  *   tokens: t0 t1 ... tN     t0 = argmax of the prefill logits, t1..tN the
  *                            argmax of each of the N decode steps
@@ -21,6 +22,13 @@
  * --logits-out writes every logit row (prefill's, then each decode step's) as
  * raw float32 (host byte order), (1+N) x n_vocab, for comparisons with a tolerance
  * across backends (the digest is exact, so it only compares like with like).
+ * --states-out writes the prefill's residual stream as raw float32,
+ * (1+n_layer) x n_prompt x n_embd: the embeddings, then the stream after each
+ * layer.  porter's e2e gate compares these per layer and per token, so a wrong
+ * op is named by the first layer and token where it shows.  Each snapshot is a
+ * device-side tensor_copy read back only after the prefill has finished, so
+ * dumping adds no host synchronisation inside the forward (a missing sync in
+ * the backend is not hidden by the dump).
  * --verbose adds one line on stderr naming the backend and the sizes.
  * Any failure prints one line "minimoe: error: ..." on stderr and exits 1.
  */
@@ -517,6 +525,10 @@ typedef struct {
     /* Per layer KV cache: n_ctx rows of head_dim floats (one shared KV head). */
     mini_gpu_tensor **k_cache;
     mini_gpu_tensor **v_cache;
+
+    /* --states-out only: 1+n_layer snapshots of h ([max_rows][n_embd] each),
+     * taken on the device during prefill; NULL when not asked for. */
+    mini_gpu_tensor **states;
 } mini_engine;
 
 static void engine_free(mini_engine *e) {
@@ -534,12 +546,17 @@ static void engine_free(mini_engine *e) {
             if (e->v_cache) mini_gpu_tensor_free(e->v_cache[il]);
         }
     }
+    if (e->states && e->model) {
+        for (uint32_t i = 0; i <= e->model->hp.n_layer; i++) mini_gpu_tensor_free(e->states[i]);
+    }
     free(e->k_cache);
     free(e->v_cache);
+    free(e->states);
     e->k_cache = e->v_cache = NULL;
+    e->states = NULL;
 }
 
-static int engine_init(mini_engine *e, const mini_model *m, uint32_t max_rows, uint32_t n_ctx) {
+static int engine_init(mini_engine *e, const mini_model *m, uint32_t max_rows, uint32_t n_ctx, int keep_states) {
     const mini_hparams *hp = &m->hp;
     const uint64_t n = max_rows, f = sizeof(float);
     const uint64_t q_dim = (uint64_t)hp->n_head * hp->head_dim;
@@ -576,6 +593,14 @@ static int engine_init(mini_engine *e, const mini_model *m, uint32_t max_rows, u
         e->k_cache[il] = mini_gpu_tensor_alloc((uint64_t)n_ctx * hp->head_dim * f);
         e->v_cache[il] = mini_gpu_tensor_alloc((uint64_t)n_ctx * hp->head_dim * f);
         ok = e->k_cache[il] && e->v_cache[il];
+    }
+    if (ok && keep_states) {
+        e->states = (mini_gpu_tensor **)calloc(hp->n_layer + 1, sizeof *e->states);
+        ok = e->states != NULL;
+        for (uint32_t i = 0; ok && i <= hp->n_layer; i++) {
+            e->states[i] = mini_gpu_tensor_alloc(n * hp->n_embd * f);
+            ok = e->states[i] != NULL;
+        }
     }
     if (!ok) {
         engine_free(e);
@@ -641,8 +666,10 @@ int mini_engine_prefill(mini_engine *e, const int32_t *tokens, uint32_t n_tokens
 
     CHECK(mini_gpu_tensor_write(e->tokens, 0, tokens, (uint64_t)n_tokens * sizeof(int32_t)));
     CHECK(mini_gpu_embed_rows_tensor(e->h, e->tokens, m->map, m->size, m->token_embd, hp->n_vocab, hp->n_embd, n_tokens));
+    if (e->states) CHECK(mini_gpu_tensor_copy(e->states[0], 0, e->h, 0, (uint64_t)n_tokens * row));
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         if (mini_engine_layer(e, il, n_tokens, 0) != 0) return -1;
+        if (e->states) CHECK(mini_gpu_tensor_copy(e->states[il + 1], 0, e->h, 0, (uint64_t)n_tokens * row));
     }
 
     /* Output head on the last prompt row only. */
@@ -713,6 +740,23 @@ static int save_logits(FILE *f, const float *x, uint32_t n) {
     return fwrite(x, sizeof(float), n, f) == n ? 0 : fail("short write of logits");
 }
 
+/* Reads the prefill snapshots back (after the prefill's own synchronize) and
+ * writes them to path: (1+n_layer) x n_tokens x n_embd float32. */
+static int save_states(const mini_engine *e, uint32_t n_tokens, const char *path) {
+    const mini_hparams *hp = &e->model->hp;
+    const uint64_t count = (uint64_t)n_tokens * hp->n_embd;
+    float *buf = (float *)malloc(count * sizeof(float));
+    FILE *f = fopen(path, "wb");
+    int rc = (!buf || !f) ? fail("cannot write %s: %s", path, f ? "out of memory" : strerror(errno)) : 0;
+    for (uint32_t i = 0; rc == 0 && i <= hp->n_layer; i++) {
+        if (mini_gpu_tensor_read(e->states[i], 0, buf, count * sizeof(float)) != 0) rc = fail("backend op failed: read states");
+        else if (fwrite(buf, sizeof(float), count, f) != count) rc = fail("short write of states");
+    }
+    if (f && fclose(f) != 0 && rc == 0) rc = fail("cannot write %s", path);
+    free(buf);
+    return rc;
+}
+
 /* ---- Command line ---------------------------------------------------------- */
 
 static const int32_t k_default_prompt[] = { 1, 17, 42, 99, 256, 311, 7, 480 };
@@ -752,7 +796,7 @@ static int parse_prompt(const char *s, int32_t *tokens, uint32_t *n) {
 }
 
 static void usage_error(const char *msg) {
-    fprintf(stderr, "minimoe: error: %s (usage: engine MODEL.gguf [--prompt 1,2,3,...] [--decode N] [--logits-out PATH] [--verbose])\n", msg);
+    fprintf(stderr, "minimoe: error: %s (usage: engine MODEL.gguf [--prompt 1,2,3,...] [--decode N] [--logits-out PATH] [--states-out PATH] [--verbose])\n", msg);
     exit(1);
 }
 
@@ -762,6 +806,7 @@ int main(int argc, char **argv) {
     uint32_t n_decode = 16;
     const char *path = NULL;
     const char *logits_path = NULL;
+    const char *states_path = NULL;
     int verbose = 0;
     memcpy(prompt, k_default_prompt, sizeof k_default_prompt);
 
@@ -775,6 +820,9 @@ int main(int argc, char **argv) {
         } else if (strcmp(argv[i], "--logits-out") == 0) {
             if (++i >= argc || !argv[i][0]) usage_error("--logits-out wants a path");
             logits_path = argv[i];
+        } else if (strcmp(argv[i], "--states-out") == 0) {
+            if (++i >= argc || !argv[i][0]) usage_error("--states-out wants a path");
+            states_path = argv[i];
         } else if (argv[i][0] == '-' && argv[i][1] == '-') {
             usage_error("unknown option");
         } else if (!path) {
@@ -808,7 +856,7 @@ int main(int argc, char **argv) {
     float *logits = (float *)malloc((size_t)hp->n_vocab * sizeof(float));
     int32_t *generated = (int32_t *)malloc(((size_t)n_decode + 1) * sizeof(int32_t));
     logits_digest digest = { 0xcbf29ce484222325ULL, 0.0, 0 };
-    int rc = (!logits || !generated) ? fail("out of memory") : engine_init(&engine, &model, n_prompt, n_prompt + n_decode);
+    int rc = (!logits || !generated) ? fail("out of memory") : engine_init(&engine, &model, n_prompt, n_prompt + n_decode, states_path != NULL);
     FILE *logits_file = NULL;
     if (rc == 0 && logits_path && !(logits_file = fopen(logits_path, "wb"))) {
         rc = fail("cannot write %s: %s", logits_path, strerror(errno));
@@ -825,6 +873,7 @@ int main(int argc, char **argv) {
             generated[0] = argmax(logits, hp->n_vocab);
             rc = save_logits(logits_file, logits, hp->n_vocab);
         }
+        if (rc == 0 && states_path) rc = save_states(&engine, n_prompt, states_path);
         for (uint32_t s = 0; rc == 0 && s < n_decode; s++) {
             rc = mini_engine_decode_step(&engine, generated[s], n_prompt + s, logits);
             if (rc == 0) {

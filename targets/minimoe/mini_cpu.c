@@ -20,6 +20,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The accumulator of the matmul and attention dot products.  double is the
+ * reference; porter's e2e calibration also builds this backend with
+ * -DMINI_CPU_DOT=float (sums rounded like a GPU's float accumulators) as a
+ * known-good backend that differs from the reference only by round-off. */
+#ifndef MINI_CPU_DOT
+#define MINI_CPU_DOT double
+#endif
+
 struct mini_gpu_tensor {
     void    *data;    /* host pointer (already offset for views) */
     uint64_t bytes;   /* usable bytes from data */
@@ -417,8 +425,8 @@ static int matmul_blocks(mini_gpu_tensor *out, const void *model_map, uint64_t m
         for (uint64_t b = 0; b < in_dim / block_vals; b++) dequant(wr + b * block_bytes, row + b * block_vals);
         for (uint64_t t = 0; t < n_tok; t++) {
             const float *xt = xf + t * in_dim;
-            double s = 0.0;
-            for (uint64_t i = 0; i < in_dim; i++) s += row[i] * (double)xt[i];
+            MINI_CPU_DOT s = 0.0;
+            for (uint64_t i = 0; i < in_dim; i++) s += (MINI_CPU_DOT)(row[i] * (double)xt[i]);
             acc[t] = s;
         }
         for (uint64_t t = 0; t < n_tok; t++) y[t * out_dim + o] = (float)acc[t];
@@ -543,8 +551,8 @@ int mini_gpu_attention_window_tensor(
             double m = sink_f;
             for (uint64_t j = lo; j <= p && window > 0; j++) {
                 const float *kj = kf + j * head_dim;
-                double d = 0.0;
-                for (uint32_t i = 0; i < head_dim; i++) d += (double)qh[i] * (double)kj[i];
+                MINI_CPU_DOT d = 0.0;
+                for (uint32_t i = 0; i < head_dim; i++) d += (MINI_CPU_DOT)((double)qh[i] * (double)kj[i]);
                 s[j - lo] = (double)scale * d;
                 if (s[j - lo] > m) m = s[j - lo];
             }

@@ -1,0 +1,65 @@
+"""Small C build steps for e2e engines: compile an object once (content-addressed), link an engine."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from porter.errors import PorterError
+
+COMPILE_TIMEOUT_S = 300
+
+
+def cc_path() -> str:
+    for name in (os.environ.get("CC") or "", "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    raise PorterError("no C compiler (cc, gcc or clang) on PATH: the e2e gate builds the target's engine with one")
+
+
+def _run(cmd: list[str], what: str, cwd: Path | None = None, timeout: float = COMPILE_TIMEOUT_S) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=timeout)
+    if proc.returncode != 0:
+        first = next((l for l in (proc.stderr + proc.stdout).splitlines() if "error" in l), (proc.stderr or "?").strip()[:300])
+        raise PorterError(f"{what} failed: {first}")
+
+
+def compile_object(src: Path, out_dir: Path, flags: list[str], includes: list[Path]) -> Path:
+    """cc -c src with flags; the object is named by the sha256 of what made it, so it is built once."""
+    key = hashlib.sha256(Path(src).read_bytes() + "\0".join(flags).encode() + b"".join(
+        p.read_bytes() for inc in includes for p in sorted(Path(inc).glob("*.h")))).hexdigest()[:20]
+    obj = Path(out_dir) / f"{Path(src).stem}-{key}.o"
+    if not obj.is_file():
+        obj.parent.mkdir(parents=True, exist_ok=True)
+        tmp = obj.with_suffix(f".{os.getpid()}.tmp.o")
+        _run([cc_path(), *flags, *(f"-I{i}" for i in includes), "-c", "-o", str(tmp), str(src)], f"cc {Path(src).name}")
+        os.replace(tmp, obj)
+    return obj
+
+
+def link(out: Path, objects: list[Path], *, library: Path | None = None, wrap: list[str] = (),
+         libs: list[str] = ("-lm",)) -> Path:
+    cmd = [cc_path(), "-o", str(out), *map(str, objects)]
+    if library is not None:
+        lib = Path(library).resolve()
+        cmd += [str(lib), f"-Wl,-rpath,{lib.parent}"]
+    cmd += [f"-Wl,--wrap={s}" for s in wrap]
+    cmd += list(libs)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _run(cmd, f"link {out.name}")
+    return out
+
+
+def cuda_runtime_env() -> dict:
+    """The environment for running an engine linked with a CUDA library: the toolkit's lib dir on
+    LD_LIBRARY_PATH (libcudart is found there when it is not in the loader's cache)."""
+    env = dict(os.environ)
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        root = Path(nvcc).resolve().parent.parent
+        dirs = [str(d) for d in (root / "lib64", root / "lib") if d.is_dir()]
+        env["LD_LIBRARY_PATH"] = ":".join(dirs + [p for p in [env.get("LD_LIBRARY_PATH", "")] if p])
+    return env

@@ -1,0 +1,106 @@
+"""What one prefill yields, and how two prefills are compared: per stage, per token.
+
+A *stage* is a point in the forward where the engine exposes the residual
+stream of every prompt token: the embeddings, then the stream after each layer.
+Errors from a wrong op appear at the stage of the layer that runs it and carry
+forward, so the first stage whose error leaves the known-good envelope names
+the layer; within that stage the tokens whose error leaves it name the token
+(a sliding-window fault, say, only shows past the window).
+
+The metric is NMSE (sum of squared error over sum of squared reference, as
+ggml's test-backend-ops uses): it is scale-free, so one rule serves the
+embeddings and a deep layer whose stream has grown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# A reference slice with no energy (an all-zero row) cannot scale an error:
+# its NMSE is the candidate's squared error over this floor.
+_ENERGY_FLOOR = 1e-30
+
+
+@dataclass
+class PrefillOutputs:
+    """One engine run: stage states [n_stage][n_tok][width], logits rows, greedy tokens."""
+
+    states: np.ndarray
+    stage_names: list[str]
+    logits: np.ndarray  # [n_rows][n_vocab]: row 0 from the prefill, then one per decode step
+    tokens: list[int] = field(default_factory=list)  # greedy tokens (t0 from the prefill logits)
+    wall_s: float | None = None
+
+    def __post_init__(self) -> None:
+        self.states = np.asarray(self.states, dtype=np.float32)
+        self.logits = np.atleast_2d(np.asarray(self.logits, dtype=np.float32))
+        if self.states.ndim != 3:
+            raise ValueError(f"states must be [stage][token][width], got shape {self.states.shape}")
+        if len(self.stage_names) != self.states.shape[0]:
+            raise ValueError(f"{len(self.stage_names)} stage names for {self.states.shape[0]} stages")
+
+
+@dataclass
+class Comparison:
+    """A candidate's error against the reference, per stage and token."""
+
+    stage_names: list[str]
+    stage_nmse: np.ndarray  # [n_stage][n_tok]; inf where the candidate is not finite
+    logits_nmse: float  # the prefill's logits row
+    tokens_ref: list[int]
+    tokens_cand: list[int]
+    problem: str | None = None  # a shape mismatch: nothing to compare
+
+    @property
+    def first_token_mismatch(self) -> int | None:
+        for i, (a, b) in enumerate(zip(self.tokens_ref, self.tokens_cand)):
+            if a != b:
+                return i
+        if len(self.tokens_ref) != len(self.tokens_cand):
+            return min(len(self.tokens_ref), len(self.tokens_cand))
+        return None
+
+    def to_json(self) -> dict:
+        return {"stages": self.stage_names, "stage_nmse": [[_num(v) for v in row] for row in self.stage_nmse],
+                "logits_nmse": _num(self.logits_nmse), "tokens_ref": self.tokens_ref,
+                "tokens_cand": self.tokens_cand, "problem": self.problem}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Comparison":
+        return cls(list(d["stages"]), np.array([[_unnum(v) for v in row] for row in d["stage_nmse"]], dtype=np.float64),
+                   _unnum(d["logits_nmse"]), list(d["tokens_ref"]), list(d["tokens_cand"]), d.get("problem"))
+
+
+def _num(v: float):
+    v = float(v)
+    return v if np.isfinite(v) else "inf"
+
+
+def _unnum(v) -> float:
+    return float("inf") if v == "inf" else float(v)
+
+
+def nmse_rows(cand: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """NMSE over the last axis; inf where the candidate row has a non-finite value."""
+    c = cand.astype(np.float64)
+    r = ref.astype(np.float64)
+    err = np.sum((c - r) ** 2, axis=-1)
+    energy = np.maximum(np.sum(r**2, axis=-1), _ENERGY_FLOOR)
+    out = err / energy
+    out[~np.all(np.isfinite(c), axis=-1)] = np.inf
+    return out
+
+
+def compare(ref: PrefillOutputs, cand: PrefillOutputs) -> Comparison:
+    if ref.states.shape != cand.states.shape or ref.stage_names != cand.stage_names:
+        return Comparison(ref.stage_names, np.full((len(ref.stage_names), max(1, ref.states.shape[1])), np.inf),
+                          float("inf"), list(ref.tokens), list(cand.tokens),
+                          problem=f"candidate states {cand.states.shape} {cand.stage_names[:3]}... "
+                                  f"do not match the reference's {ref.states.shape}")
+    if ref.logits.shape[1] != cand.logits.shape[1] or cand.logits.shape[0] < 1:
+        return Comparison(ref.stage_names, nmse_rows(cand.states, ref.states), float("inf"), list(ref.tokens),
+                          list(cand.tokens), problem=f"candidate logits {cand.logits.shape} vs {ref.logits.shape}")
+    logits = float(nmse_rows(cand.logits[:1], ref.logits[:1])[0])
+    return Comparison(ref.stage_names, nmse_rows(cand.states, ref.states), logits, list(ref.tokens), list(cand.tokens))

@@ -1,0 +1,414 @@
+"""ds4 reduced: the user's ds4 built with few layers in a scratch folder, on a synthetic real-width GGUF.
+
+Steps, each a function the tests exercise without a GPU where they can:
+  scratch_copy   copy the checkout, apply targets/ds4/e2e/patches.toml (the layer
+                 count and our accessor hooks), add ds4_e2e_accessor.c and a make
+                 fragment that links it
+  make_command   ds4's Makefile: `cpu` for the reference, `ds4 CUDA_ARCH=...` for a
+                 CUDA build (upstream ds4_cuda.cu, or a library in its place)
+  run_command    one prefill of the prompt (+1 token) with the accessor's env
+  read_states    the accessor's records -> [layer][sampled token][hc state]
+The prompt is long enough for the indexer (> 2048 tokens); the sampled tokens
+include the first, every `stride`-th and the last 16, so a fault is localised
+to a layer and roughly a token.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+import tomllib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from porter.errors import PorterError
+from porter.gates.e2e.compare import PrefillOutputs
+
+HC_ROW = 4 * 4096  # DS4_N_HC * DS4_N_EMBD floats per token
+N_VOCAB = 129280
+ACCESSOR = "ds4_e2e_accessor.c"
+MAKE_FRAGMENT = "porter_e2e.mk"
+RUN_TIMEOUT_S = 600
+BUILD_TIMEOUT_S = 1200
+_SKIP_DIRS = {".git", "gguf-tools", "speed-bench", "dir-steering"}
+
+
+def load_patch_rules(target) -> list[dict]:
+    path = target.dir / "e2e" / "patches.toml"
+    try:
+        rules = tomllib.loads(path.read_text()).get("rule", [])
+    except (FileNotFoundError, tomllib.TOMLDecodeError) as exc:
+        raise PorterError(f"cannot read {path}: {exc}") from None
+    for i, r in enumerate(rules):
+        if not all(isinstance(r.get(k), str) for k in ("file", "old", "new")):
+            raise PorterError(f"{path}: rule {i + 1} needs file, old and new strings")
+    return rules
+
+
+def apply_patch_rules(text: str, rules: list[dict], file: str, n_layer: int) -> str:
+    for i, r in enumerate(rules):
+        if r["file"] != file:
+            continue
+        n = text.count(r["old"])
+        if n != 1:
+            raise PorterError(f"patch rule {i + 1} ({r.get('why', '')}): its text occurs {n} times in {file}, "
+                              f"must occur exactly once (another ds4 revision? re-read the rules)")
+        text = text.replace(r["old"], r["new"].replace("{layers}", str(int(n_layer))), 1)
+    return text
+
+
+def make_fragment() -> str:
+    """Rules for the accessor's objects, added to ds4's Makefile with `make -f Makefile -f porter_e2e.mk`."""
+    return (
+        "# porter e2e: the accessor linked into the reduced build (see ds4_e2e_accessor.c)\n"
+        "ds4_e2e_accessor.o: ds4_e2e_accessor.c ds4_gpu.h\n"
+        "\t$(CC) $(CFLAGS) -c -o $@ ds4_e2e_accessor.c\n"
+        "ds4_e2e_accessor_cpu.o: ds4_e2e_accessor.c\n"
+        "\t$(CC) $(CFLAGS) -DDS4_NO_GPU -c -o $@ ds4_e2e_accessor.c\n"
+    )
+
+
+def scratch_copy(target, dest: Path, n_layer: int, cuda_rules: list[tuple[str, str]] = ()) -> Path:
+    """A patched copy of the checkout in dest (made fresh); cuda_rules mutate its ds4_cuda.cu."""
+    src = Path(target.checkout)
+    dest = Path(dest)
+    if dest.exists():
+        shutil.rmtree(dest)
+    rules = load_patch_rules(target)
+    for root, dirs, files in os.walk(src):
+        dirs[:] = [d for d in dirs if d not in _SKIP_DIRS]
+        rel = Path(root).relative_to(src)
+        (dest / rel).mkdir(parents=True, exist_ok=True)
+        for f in files:
+            p = Path(root) / f
+            if p.suffix in (".o", ".gguf") or not p.is_file():
+                continue
+            shutil.copy2(p, dest / rel / f)
+    ds4c = dest / "ds4.c"
+    ds4c.write_text(apply_patch_rules(ds4c.read_text(), rules, "ds4.c", n_layer))
+    if cuda_rules:
+        cu = dest / "ds4_cuda.cu"
+        text = cu.read_text()
+        for i, (search, replace) in enumerate(cuda_rules):
+            n = text.count(search)
+            if n != 1:
+                raise PorterError(f"ds4_cuda.cu rule {i + 1}: search text occurs {n} times, must occur once")
+            text = text.replace(search, replace, 1)
+        cu.write_text(text)
+    shutil.copy2(target.dir / "e2e" / ACCESSOR, dest / ACCESSOR)
+    (dest / MAKE_FRAGMENT).write_text(make_fragment())
+    return dest
+
+
+def make_command(build_dir: Path, backend: str, *, library: Path | None = None, cuda_arch: str = "sm_90",
+                 jobs: int = 8) -> list[str]:
+    """backend 'cpu' -> ds4's `make cpu`; 'cuda' -> `make ds4` with ds4_cuda.o, or `library` in its place."""
+    base = ["make", "-C", str(build_dir), "-f", "Makefile", "-f", MAKE_FRAGMENT, f"-j{jobs}"]
+    if backend == "cpu":
+        return base + ["cpu", "CPU_CORE_OBJS=ds4_cpu.o ds4_e2e_accessor_cpu.o"]
+    if backend != "cuda":
+        raise PorterError(f"unknown ds4 backend {backend!r} (cpu or cuda)")
+    core = "ds4.o ds4_e2e_accessor.o " + (str(Path(library).resolve()) if library else "ds4_cuda.o")
+    # ds4's own NVCCFLAGS without -g -lineinfo: the same code and math flags, a faster compile
+    # (nine builds of ds4_cuda.cu run side by side in a calibration)
+    nvccflags = (f"NVCCFLAGS=-O3 --use_fast_math -arch={cuda_arch} -Xcompiler -march=native "
+                 "-Xcompiler -pthread")
+    cmd = base + ["ds4", f"CUDA_ARCH={cuda_arch}", f"CORE_OBJS={core}", nvccflags]
+    nvcc = shutil.which("nvcc")
+    if nvcc:  # ds4's Makefile assumes /usr/local/cuda; use the toolkit on PATH
+        cmd += [f"NVCC={nvcc}", f"CUDA_HOME={Path(nvcc).resolve().parent.parent}"]
+    if library:
+        lib_dir = Path(library).resolve().parent
+        cmd.append("CUDA_LDLIBS=-lm -Xcompiler -pthread -L$(CUDA_HOME)/lib64 -lcudart -lcublas "
+                   f"-Xlinker -rpath -Xlinker {lib_dir}")
+    return cmd
+
+
+def prompt_text(n_tokens: int) -> str:
+    """About n_tokens byte tokens of text (the synthetic vocabulary has no merges that apply)."""
+    words = []
+    x = 12345
+    while sum(len(w) + 1 for w in words) <= n_tokens + 1:
+        x = (x * 1103515245 + 12345) % (1 << 31)
+        words.append("".join(chr(ord("a") + (x >> (5 * k)) % 26) for k in range(4)))
+    return " ".join(words)[:n_tokens].rstrip().ljust(n_tokens, "a")
+
+
+def sampled_positions(n_prompt: int, stride: int = 64, tail: int = 16, beyond: int = 48) -> list[int]:
+    """Every stride-th position, and a run around the end of the text: the chat template adds
+    tokens ds4 places around it, so the prompt ends some way past n_prompt; positions past the
+    real end are simply never recorded."""
+    return sorted(set(range(0, n_prompt, stride)) | set(range(max(0, n_prompt - tail), n_prompt + beyond)))
+
+
+def run_command(build_dir: Path, model: Path, backend: str, prompt_file: Path, ctx: int) -> list[str]:
+    return [str(Path(build_dir) / "ds4"), "-m", str(model), f"--{backend}", "--prompt-file", str(prompt_file),
+            "-n", "1", "--temp", "0", "--nothink", "-c", str(ctx)]
+
+
+def run_env(out_dir: Path, positions: list[int], extra: dict | None = None, threads: int | None = None) -> dict:
+    env = dict(os.environ)
+    # CPU: our accessor writes the prefill logits; GPU: ds4's CLI does (DS4_METAL_DUMP_PREFILL_LOGITS)
+    env.update({"DS4_E2E_STATES": str(out_dir / "states.bin"), "DS4_E2E_LOGITS": str(out_dir / "logits.f32"),
+                "DS4_METAL_DUMP_PREFILL_LOGITS": str(out_dir / "logits.f32"),
+                "DS4_E2E_TOKENS": ",".join(map(str, positions)),
+                "DS4_THREADS": str(threads or os.cpu_count() or 1)})
+    env.update(extra or {})
+    return env
+
+
+def read_states(path: Path, n_layer: int, row: int = HC_ROW) -> tuple[np.ndarray, list[int]]:
+    """The accessor's records -> ([n_layer][n_pos][row] float32, positions). A record is int32 il,
+    int32 pos, then row floats; every layer must have the same positions (a prefill in chunks
+    still records each position once per layer)."""
+    raw = Path(path).read_bytes()
+    rec = 8 + 4 * row
+    if not raw or len(raw) % rec:
+        raise PorterError(f"{path}: {len(raw)} bytes is not a whole number of {rec}-byte state records")
+    by_layer: dict[int, dict[int, np.ndarray]] = {}
+    for off in range(0, len(raw), rec):
+        il, pos = np.frombuffer(raw, dtype=np.int32, count=2, offset=off)
+        by_layer.setdefault(int(il), {})[int(pos)] = np.frombuffer(raw, dtype=np.float32, count=row, offset=off + 8)
+    if sorted(by_layer) != list(range(n_layer)):
+        raise PorterError(f"{path}: states for layers {sorted(by_layer)}, expected 0..{n_layer - 1}")
+    positions = sorted(by_layer[0])
+    for il, rows in by_layer.items():
+        if sorted(rows) != positions:
+            raise PorterError(f"{path}: layer {il} has other positions than layer 0")
+    states = np.stack([np.stack([by_layer[il][p] for p in positions]) for il in range(n_layer)])
+    return states, positions
+
+
+# ------------------------------------------------------------------ the reduced run
+
+@dataclass
+class Ds4Variant:
+    name: str
+    kind: str  # good | broken | reference
+    why: str = ""
+    backend: str = "cuda"  # cpu | cuda
+    source: str = "upstream"  # upstream | porter-library | library
+    rules: list[tuple[str, str]] = field(default_factory=list)  # ds4_cuda.cu mutations
+    env: dict = field(default_factory=dict)
+    library: Path | None = None
+
+
+class Ds4Reduced:
+    def __init__(self, target, scratch: Path, model: Path | None = None, *, jobs: int | None = None):
+        spec = target.spec.e2e
+        self.target = target
+        self.scratch = Path(scratch)
+        self.n_layer = spec.layers or 5
+        self.n_prompt = spec.prompt_tokens
+        self.opts = spec.options
+        self.jobs = jobs or os.cpu_count() or 4
+        self.model = Path(model) if model else self.scratch / f"ds4-synthetic-{self.n_layer}l.gguf"
+        self.positions = sampled_positions(self.n_prompt, int(self.opts.get("token_stride", 64)))
+        self.prompt_file = self.scratch / "prompt.txt"
+
+    @property
+    def stage_names(self) -> list[str]:
+        return [f"layer {i}" for i in range(self.n_layer)]
+
+    def ensure_model(self, log=print) -> Path:
+        if not self.model.is_file():
+            from porter.gates.e2e.ds4_gguf import write_gguf
+
+            t0 = time.monotonic()
+            write_gguf(self.model.with_suffix(".partial"), self.n_layer, seed=int(self.opts.get("seed", 0)))
+            os.replace(self.model.with_suffix(".partial"), self.model)
+            log(f"synthetic GGUF {self.model} ({self.model.stat().st_size / 1e9:.1f} GB) in {time.monotonic() - t0:.0f}s")
+        return self.model
+
+    def setup(self) -> dict:
+        from porter.gates.e2e.minimoe import sha256_file
+
+        return {"layers": self.n_layer, "prompt_tokens": self.n_prompt, "positions": self.positions,
+                "stages": self.stage_names, "model_seed": int(self.opts.get("seed", 0)),
+                "ds4_c_sha256": sha256_file(Path(self.target.checkout) / "ds4.c"),
+                "patches_sha256": sha256_file(self.target.dir / "e2e" / "patches.toml"),
+                "reference": "ds4 CPU path (make cpu, --cpu)"}
+
+    def build_key(self, v: Ds4Variant) -> str:
+        """Variants that differ only in their environment share one build."""
+        import hashlib
+
+        ours = b"".join((self.target.dir / "e2e" / f).read_bytes() for f in ("patches.toml", ACCESSOR))
+        h = hashlib.sha256(repr((v.backend, v.source, v.rules, str(v.library), self.n_layer)).encode() + ours)
+        return f"{v.backend}-{v.source}-{h.hexdigest()[:10]}"
+
+    def build(self, v: Ds4Variant) -> Path:
+        d = self.scratch / "build" / self.build_key(v)
+        exe = d / "ds4"
+        if exe.is_file():
+            return d
+        scratch_copy(self.target, d, self.n_layer, v.rules)
+        cmd = make_command(d, v.backend, library=v.library, cuda_arch=self.opts.get("cuda_arch", "sm_90"),
+                           jobs=max(1, min(self.jobs, 8)))
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+        (d / "porter-build.log").write_text(" ".join(cmd) + "\n" + proc.stdout + proc.stderr)
+        if proc.returncode != 0 or not exe.is_file():
+            err = next((l for l in (proc.stderr + proc.stdout).splitlines() if "error" in l.lower()), "see porter-build.log")
+            raise PorterError(f"ds4 build {v.name} failed: {err[:300]}")
+        return d
+
+    def run(self, build_dir: Path, v: Ds4Variant) -> PrefillOutputs:
+        out = self.scratch / "out" / v.name
+        if out.exists():
+            shutil.rmtree(out)
+        out.mkdir(parents=True)
+        if not self.prompt_file.is_file():
+            self.prompt_file.write_text(prompt_text(self.n_prompt))
+        cmd = run_command(build_dir, self.model, v.backend, self.prompt_file, ctx=self.n_prompt + 256)
+        t0 = time.monotonic()
+        # the CPU reference leaves two cores to the GPU runs it overlaps with
+        threads = max(1, (os.cpu_count() or 4) - 2) if v.backend == "cpu" else None
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+                                  env=run_env(out, self.positions, v.env, threads))
+        except subprocess.TimeoutExpired:
+            raise PorterError(f"ds4 {v.name} ran past {RUN_TIMEOUT_S}s") from None
+        wall = time.monotonic() - t0
+        (out / "stderr.txt").write_text(proc.stderr)
+        if proc.returncode != 0:
+            raise PorterError(f"ds4 {v.name} failed (exit {proc.returncode}): "
+                              f"{(proc.stderr.strip().splitlines() or ['no message'])[-1][:300]}")
+        states, positions = read_states(out / "states.bin", self.n_layer)
+        if positions != [p for p in self.positions if p <= positions[-1]] or positions[-1] < self.n_prompt - 1:
+            raise PorterError(f"ds4 {v.name}: recorded positions ...{positions[-3:]} are not the requested ones "
+                              f"up to the prompt's end (the prompt encoded to fewer tokens than its text?)")
+        logits = np.fromfile(out / "logits.f32", dtype=np.float32) if (out / "logits.f32").is_file() else np.zeros(0)
+        if logits.size != N_VOCAB:
+            raise PorterError(f"ds4 {v.name}: {logits.size} logits, expected {N_VOCAB}")
+        return PrefillOutputs(states, self.stage_names, logits[None, :], [int(np.argmax(logits))], wall)
+
+
+def load_variants(target) -> list[Ds4Variant]:
+    from porter.known_good import load_mutations
+
+    path = target.dir / "e2e" / "variants.toml"
+    try:
+        data = tomllib.loads(path.read_text())
+    except (FileNotFoundError, tomllib.TOMLDecodeError) as exc:
+        raise PorterError(f"cannot read {path}: {exc}") from None
+    mutants = {m.name: m for m in load_mutations(target)}
+    out = []
+    for kind in ("good", "broken"):
+        for v in data.get(kind, []):
+            rules = [(r["search"], r["replace"]) for r in v.get("rule", [])]
+            why = v.get("why", "")
+            if "mutant" in v:
+                m = mutants.get(v["mutant"])
+                if m is None:
+                    raise PorterError(f"{path}: mutant {v['mutant']!r} is not in {target.name}/mutants.toml")
+                if m.file != "ds4_cuda.cu":
+                    raise PorterError(f"{path}: mutant {m.name} mutates {m.file}, not ds4_cuda.cu")
+                rules = [(r.search, r.replace) for r in m.rules]
+                why = why or f"{m.unit}: {m.why}"
+            out.append(Ds4Variant(v["name"], kind, why, "cuda", v.get("source", "upstream"), rules,
+                                  dict(v.get("env", {}))))
+    return out
+
+
+def _build_all(red: Ds4Reduced, variants: list[Ds4Variant], log) -> dict[str, Path | Exception]:
+    """Every distinct build side by side (each CUDA build is one long nvcc of ds4_cuda.cu, and
+    porter's library of the upstream backend is one more), so the wall time is about one build."""
+    t0 = time.monotonic()
+    groups: dict[str, list[Ds4Variant]] = {}
+    for v in variants:
+        groups.setdefault(red.build_key(v), []).append(v)
+
+    def one(key: str):
+        members = groups[key]
+        try:
+            if members[0].source == "porter-library" and members[0].library is None:
+                from porter.known_good import build_library
+
+                lib = build_library(red.target)
+                for m in members:
+                    m.library = lib
+            return key, red.build(members[0])
+        except PorterError as exc:
+            return key, exc
+    with ThreadPoolExecutor(max_workers=max(1, len(groups))) as pool:
+        by_key = dict(pool.map(one, list(groups)))
+    failed = [str(r) for r in by_key.values() if isinstance(r, Exception)]
+    log(f"built {len(groups)} ds4 builds for {len(variants)} variants in {time.monotonic() - t0:.0f}s"
+        + (f"; {len(failed)} failed: {'; '.join(failed)[:500]}" if failed else ""))
+    return {v.name: by_key[key] for key, members in groups.items() for v in members}
+
+
+def prepare_ds4(target, scratch: Path, model: Path | None = None, log=print) -> None:
+    """The slow half of a calibration: the synthetic GGUF and every build (kept in scratch)."""
+    red = Ds4Reduced(target, scratch, model)
+    red.ensure_model(log)
+    _build_all(red, [Ds4Variant("reference-cpu", "reference", backend="cpu"), *load_variants(target)], log)
+
+
+def calibrate_ds4(target, scratch: Path, model: Path | None = None, library: str | None = None, log=print):
+    from porter.gates.e2e import calibration as cal_mod
+    from porter.gates.e2e.compare import Comparison, compare
+
+    red = Ds4Reduced(target, scratch, model)
+    red.ensure_model(log)
+    ref_v = Ds4Variant("reference-cpu", "reference", backend="cpu")
+    variants = load_variants(target)
+    built = _build_all(red, [ref_v, *variants], log)
+    if isinstance(built[ref_v.name], Exception):
+        raise PorterError(f"reference build failed: {built[ref_v.name]}")
+    # The CPU reference (minutes at 2k tokens) runs beside the GPU variants, which need the GPU
+    # and little CPU; every comparison waits for it.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        ref_future = pool.submit(red.run, built[ref_v.name], ref_v)
+        outputs: dict[str, PrefillOutputs | PorterError] = {}
+        for v in variants:
+            b = built[v.name]
+            try:
+                if isinstance(b, Exception):
+                    raise b
+                outputs[v.name] = red.run(b, v)
+                log(f"  {v.name}: {outputs[v.name].wall_s:.1f}s")
+            except PorterError as exc:
+                outputs[v.name] = exc
+                log(f"  {v.name}: failed: {exc}")
+        ref = ref_future.result()
+    log(f"reference (CPU) prefill of ~{red.n_prompt} tokens x {red.n_layer} layers: {ref.wall_s:.1f}s")
+    base = outputs.get("upstream-cuda")
+    rows = []
+    for v in variants:
+        o = outputs[v.name]
+        if isinstance(o, PrefillOutputs):
+            cmp, wall = compare(ref, o), o.wall_s
+            # a mutant of the upstream source whose outputs equal the unmutated build's bit for bit
+            # never ran its mutated code in this prefill
+            unreached = (v.kind == "broken" and v.source == "upstream" and not v.env
+                         and isinstance(base, PrefillOutputs) and np.array_equal(o.states, base.states)
+                         and np.array_equal(o.logits, base.logits))
+        else:
+            cmp = Comparison(ref.stage_names, np.full(ref.states.shape[:2], np.inf), float("inf"), ref.tokens, [],
+                             problem=f"run failed: {o}")
+            wall, unreached = None, False
+        rows.append(cal_mod.Variant(v.name, v.kind, cmp, v.why, wall, unreached))
+    setup = red.setup()
+    return cal_mod.calibrate(rows, tokens_exact=False, setup=setup)
+
+
+def ds4_prefill_pair(target, scratch: Path, library: Path, model: Path | None):
+    """The gate: the reference CPU build vs a build linked with the workspace's library."""
+    from porter.gates.e2e.gate import ReferenceFailure
+
+    red = Ds4Reduced(target, scratch, model)
+    red.ensure_model(lambda *_: None)
+    ref_v = Ds4Variant("reference-cpu", "reference", backend="cpu")
+    cand_v = Ds4Variant("candidate", "candidate", source="library", library=Path(library))
+    try:
+        ref = red.run(red.build(ref_v), ref_v)
+    except PorterError as exc:
+        raise ReferenceFailure(f"reference backend: {exc}") from exc
+    cand = red.run(red.build(cand_v), cand_v)
+    return ref, cand, red.setup()

@@ -1,0 +1,171 @@
+"""The e2e gate: the target's engine on the workspace's backend vs the reference backend, one prefill.
+
+run_e2e builds the engine twice in a scratch folder (reference backend;
+candidate = the workspace's CUDA library), runs the same prefill on both,
+compares the residual stream per stage and token, and decides with the
+target's calibrated rule (porter.gates.e2e.calibration).  A rule that is
+missing, does not hold, or was calibrated for another setup (model, prompt,
+stages, engine source) makes the gate *skipped*, never ok.
+
+The evidence names the backend tree hash (porter.gates.e2e.tree) of the
+sources on disk when it ran, so status can tie "prefill verified" to exactly
+the code at HEAD.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import platform
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from porter.errors import PorterError
+from porter.gates.e2e import calibration as cal_mod
+from porter.gates.e2e import tree
+from porter.gates.e2e.compare import PrefillOutputs, compare
+from porter.gates.e2e.rule import decide
+from porter.gates.result import GateResult
+
+GATE = "e2e"
+UNIT = "e2e:prefill"  # e2e evidence is about the backend as a whole, not one unit
+
+
+class ReferenceFailure(PorterError):
+    """The reference backend could not produce outputs: a harness problem, not the candidate's fault."""
+
+
+@dataclass
+class E2EOptions:
+    scratch: Path | None = None  # build/run folder (default: a fresh temp folder)
+    model: Path | None = None  # the model the engine runs (default: the target's fixture / synthetic GGUF)
+    store: bool = True  # write the evidence into ledger/evidence/
+
+
+def _sha_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _toolchain() -> dict:
+    from porter.gates.parity.gate import driver_facts, nvcc_version
+
+    d = driver_facts()
+    return {"nvcc": nvcc_version(), "gpu": d.get("gpu"), "driver": d.get("driver"),
+            "python": platform.python_version(), "numpy": np.__version__}
+
+
+def prefill_pair(target, scratch: Path, library: Path, model: Path | None) -> tuple[PrefillOutputs, PrefillOutputs, dict]:
+    """(reference outputs, candidate outputs, setup) from the target's driver."""
+    spec = target.spec.e2e
+    if spec.driver == "minimoe":
+        from porter.gates.e2e.minimoe import Backend, MinimoeEngine
+
+        eng = MinimoeEngine(target, scratch, model, n_prompt=spec.prompt_tokens, n_decode=spec.decode_steps)
+        try:
+            ref = eng.run(eng.build(Backend("reference")), "reference")
+        except PorterError as exc:
+            raise ReferenceFailure(f"reference backend: {exc}") from exc
+        cand = eng.run(eng.build(Backend("candidate", library=Path(library))), "candidate")
+        return ref, cand, eng.setup()
+    if spec.driver == "ds4":
+        from porter.gates.e2e.ds4 import ds4_prefill_pair
+
+        return ds4_prefill_pair(target, scratch, library, model)
+    raise PorterError(f"target {target.name}: unknown e2e driver {spec.driver!r} (minimoe, ds4)")
+
+
+def setup_mismatch(calibrated: dict, now: dict) -> str | None:
+    for key in sorted(set(calibrated) | set(now)):
+        if key in ("device", "mode"):  # facts about the calibration run, not about what the rule holds for
+            continue
+        if calibrated.get(key) != now.get(key):
+            return f"the rule was calibrated for another {key}"
+    return None
+
+
+def run_e2e(target, workspace_root: Path, library_path: Path, *, options: E2EOptions | None = None) -> GateResult:
+    opts = options or E2EOptions()
+    ws = Path(workspace_root)
+    spec = target.spec.e2e
+    if spec is None:
+        return GateResult(GATE, False, f"e2e skipped: target {target.name} declares no [e2e]", skipped=True)
+    lib = Path(library_path)
+    if not lib.is_file():
+        return GateResult(GATE, False, f"e2e skipped: no backend library at {lib}", skipped=True)
+    cal_path = target.dir / spec.calibration
+    try:
+        rule, cal_setup, cal_sha = cal_mod.load_rule(cal_path)
+    except PorterError as exc:
+        return GateResult(GATE, False, f"e2e skipped: {exc}", skipped=True)
+
+    dirs = tree.backend_dirs(target)
+    tree_hash = tree.tree_hash_worktree(ws, dirs)
+    head = tree.head_commit(ws)
+    head_tree = tree.tree_hash_at(ws, dirs, head) if head else None
+    lib_sha = _sha_file(lib)
+
+    scratch = Path(opts.scratch) if opts.scratch else Path(tempfile.mkdtemp(prefix=f"porter-e2e-{target.name}-"))
+    t0 = time.monotonic()
+    try:
+        ref, cand, setup = prefill_pair(target, scratch, lib, opts.model)
+    except ReferenceFailure as exc:
+        return GateResult(GATE, False, f"e2e skipped: {exc}"[:400], skipped=True)
+    except PorterError as exc:
+        # A candidate that cannot build or run its prefill fails: a crash is a verdict.
+        ev = _evidence(target, False, lib, lib_sha, tree_hash, head, head_tree, cal_path, cal_sha, {}, None, None,
+                       {}, str(exc))
+        metrics = {"ok": False}
+        if opts.store:
+            from porter.evidence import store_evidence
+
+            metrics["evidence_sha256"] = store_evidence(ws, ev)
+        return GateResult(GATE, False, f"e2e failed: {exc}"[:400], metrics=metrics, evidence=ev)
+    mismatch = setup_mismatch(cal_setup, setup)
+    if mismatch:
+        return GateResult(GATE, False, f"e2e skipped: {mismatch} ({cal_path.name}); recalibrate", skipped=True)
+    cmp = compare(ref, cand)
+    verdict = decide(cmp, rule)
+    walls = {"reference_s": ref.wall_s, "candidate_s": cand.wall_s, "total_s": round(time.monotonic() - t0, 3)}
+    ev = _evidence(target, verdict.ok, lib, lib_sha, tree_hash, head, head_tree, cal_path, cal_sha, setup, cmp,
+                   verdict, walls, None)
+    metrics = {"ok": verdict.ok, "worst_ratio": verdict.worst_ratio if np.isfinite(verdict.worst_ratio) else None,
+               "stage": verdict.stage, "token": verdict.token, **walls}
+    if opts.store:
+        from porter.evidence import store_evidence
+
+        metrics["evidence_sha256"] = store_evidence(ws, ev)
+    diag = _diagnostics(cmp, rule)
+    return GateResult(GATE, verdict.ok, verdict.reason[:400], diag, metrics, ev)
+
+
+def _evidence(target, ok, lib, lib_sha, tree_hash, head, head_tree, cal_path, cal_sha, setup, cmp, verdict, walls,
+              error) -> dict:
+    return {
+        "target": target.name, "unit": UNIT, "gate": GATE, "ok": bool(ok), "candidate_sha256": lib_sha,
+        "library": {"path": str(lib), "sha256": lib_sha},
+        "tree_hash": tree_hash, "commit": head, "tree_matches_head": tree_hash == head_tree,
+        "backend_dirs": tree.backend_dirs(target),
+        "driver": target.spec.e2e.driver, "setup": setup,
+        "calibration": {"file": str(cal_path.relative_to(target.workspace)) if target.workspace in cal_path.parents
+                        else str(cal_path), "sha256": cal_sha},
+        "verdict": verdict.to_json() if verdict else None,
+        "comparison": cmp.to_json() if cmp else None,
+        "wall_s": walls, "error": error, "toolchain": _toolchain(),
+    }
+
+
+def _diagnostics(cmp, rule) -> str:
+    lines = [f"{'stage':<14} {'max NMSE':>10} {'ceiling':>10}  worst token"]
+    for s, name in enumerate(cmp.stage_names):
+        row = cmp.stage_nmse[s]
+        t = int(np.argmax(row))
+        lines.append(f"{name:<14} {row[t]:>10.2e} {rule.stage_tol[s]:>10.2e}  {t}")
+    lines.append(f"{'logits':<14} {cmp.logits_nmse:>10.2e} {rule.logits_tol:>10.2e}")
+    return "\n".join(lines)

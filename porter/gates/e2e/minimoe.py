@@ -1,0 +1,303 @@
+"""minimoe's e2e driver: its engine linked with a backend, one prefill + greedy decode, outputs read back.
+
+The engine (targets/minimoe/engine.c) is compiled once; a backend is either
+the CPU reference (mini_cpu.c, compiled with given flags) or a CUDA library
+(porter's workspace library, or one built for calibration).  Faults from
+targets/minimoe/e2e/faults.c are linked in with -Wl,--wrap.  Each run writes
+the prefill logits and greedy decode logits (--logits-out) and the residual
+stream after the embeddings and each layer for every prompt token
+(--states-out), which porter.gates.e2e.compare reads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from porter.errors import PorterError
+from porter.gates.e2e import cbuild
+from porter.gates.e2e.compare import PrefillOutputs
+
+RUN_TIMEOUT_S = 120
+REFERENCE_CFLAGS = ["-O2"]
+
+
+@dataclass
+class ModelShape:
+    n_vocab: int
+    n_embd: int
+    n_layer: int
+
+
+_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+
+
+def read_metadata(model: Path) -> dict:
+    """GGUF (v2/v3) metadata key -> value; a small reader so a GPU machine needs no gguf package."""
+    import struct
+
+    with open(model, "rb") as f:
+        head = f.read(1 << 20)
+    pos = 0
+
+    def take(fmt: str):
+        nonlocal pos
+        v = struct.unpack_from(fmt, head, pos)[0]
+        pos += struct.calcsize(fmt)
+        return v
+
+    def value(t: int):
+        nonlocal pos
+        if t in _SCALAR:
+            return take(_SCALAR[t])
+        if t == 8:
+            n = take("<Q")
+            pos += n
+            return head[pos - n:pos].decode("utf-8", "replace")
+        if t == 9:
+            it, n = take("<I"), take("<Q")
+            return [value(it) for _ in range(n)]
+        raise ValueError(f"unknown GGUF value type {t}")
+
+    try:
+        if head[:4] != b"GGUF":
+            raise ValueError("bad magic")
+        pos = 8
+        _n_tensors, n_kv = take("<Q"), take("<Q")
+        meta = {}
+        for _ in range(n_kv):
+            n = take("<Q")
+            key = head[pos:pos + n].decode()
+            pos += n
+            meta[key] = value(take("<I"))
+        return meta
+    except (ValueError, struct.error) as exc:
+        raise PorterError(f"{model}: not a readable GGUF header ({exc})") from None
+
+
+def read_shape(model: Path) -> ModelShape:
+    meta = read_metadata(model)
+    try:
+        return ModelShape(int(meta["minimoe.vocab_size"]), int(meta["minimoe.embedding_length"]),
+                          int(meta["minimoe.block_count"]))
+    except KeyError as exc:
+        raise PorterError(f"{model}: no metadata key {exc.args[0]} (not a minimoe GGUF)") from None
+
+
+def prompt_tokens(n: int, n_vocab: int) -> list[int]:
+    """A fixed prompt of n tokens that visits the vocabulary (a stride coprime to it)."""
+    return [(1 + 37 * i) % n_vocab for i in range(n)]
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def ensure_model(target, model: Path | None) -> Path:
+    if model is not None:
+        if not Path(model).is_file():
+            raise PorterError(f"model {model} does not exist")
+        return Path(model)
+    path = target.fixture_path
+    if path is None:
+        raise PorterError(f"target {target.name} has no [fixture] and no --model was given")
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.run([sys.executable, str(target.fixture_script), str(path)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise PorterError(f"{target.fixture_script.name} failed: {(proc.stderr or proc.stdout).strip()[-300:]}")
+    return path
+
+
+@dataclass
+class Backend:
+    """How one engine is linked: the CPU reference sources or a library, plus an optional wrap fault."""
+
+    name: str
+    cflags: list[str] | None = None  # CPU backend built with these
+    library: Path | None = None  # or: a backend shared library
+    fault: str | None = None  # FAULT_<fault> of faults.c
+    wrap: list[str] = field(default_factory=list)
+
+
+class MinimoeEngine:
+    def __init__(self, target, scratch: Path, model: Path | None = None, *, n_prompt: int, n_decode: int):
+        self.target = target
+        self.scratch = Path(scratch)
+        self.model = ensure_model(target, model)
+        self.shape = read_shape(self.model)
+        self.prompt = prompt_tokens(n_prompt, self.shape.n_vocab)
+        self.n_decode = n_decode
+        self.src = target.checkout  # engine.c, mini_cpu.c, mini_gpu.h
+        self.faults = target.dir / "e2e" / "faults.c"
+
+    @property
+    def stage_names(self) -> list[str]:
+        return ["embeddings"] + [f"layer {i}" for i in range(self.shape.n_layer)]
+
+    def setup(self) -> dict:
+        return {"model_sha256": sha256_file(self.model), "prompt": self.prompt, "decode": self.n_decode,
+                "stages": self.stage_names,
+                "engine_sha256": hashlib.sha256((self.src / "engine.c").read_bytes()).hexdigest(),
+                "reference": "mini_cpu.c " + " ".join(REFERENCE_CFLAGS)}
+
+    def build(self, b: Backend) -> Path:
+        objs = self.scratch / "obj"
+        inc = [self.src]
+        engine_o = cbuild.compile_object(self.src / "engine.c", objs, ["-O2", f'-DMINI_BACKEND_NAME="{b.name}"'], inc)
+        parts = [engine_o]
+        if b.library is None:
+            parts.append(cbuild.compile_object(self.src / "mini_cpu.c", objs, ["-fPIC", *(b.cflags or REFERENCE_CFLAGS)], inc))
+        if b.fault:
+            parts.append(cbuild.compile_object(self.faults, objs, ["-O2", f"-DFAULT_{b.fault}"], inc))
+        exe = self.scratch / "bin" / f"minimoe-{b.name}"
+        return cbuild.link(exe, parts, library=b.library, wrap=b.wrap if b.fault else [])
+
+    def run(self, exe: Path, tag: str) -> PrefillOutputs:
+        out = self.scratch / "out" / tag
+        out.mkdir(parents=True, exist_ok=True)
+        logits, states = out / "logits.f32", out / "states.f32"
+        for p in (logits, states):
+            p.unlink(missing_ok=True)
+        cmd = [str(exe), str(self.model), "--prompt", ",".join(map(str, self.prompt)), "--decode", str(self.n_decode),
+               "--logits-out", str(logits), "--states-out", str(states)]
+        t0 = time.monotonic()
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=cbuild.cuda_runtime_env())
+        except subprocess.TimeoutExpired:
+            raise PorterError(f"engine {exe.name} ran past {RUN_TIMEOUT_S}s") from None
+        wall = time.monotonic() - t0
+        if proc.returncode != 0:
+            raise PorterError(f"engine {exe.name} failed (exit {proc.returncode}): "
+                              f"{(proc.stderr.strip().splitlines() or ['no message'])[-1][:300]}")
+        return parse_run(proc.stdout, logits, states, self.stage_names, len(self.prompt), self.shape, self.n_decode, wall)
+
+
+def parse_run(stdout: str, logits_path: Path, states_path: Path, stage_names: list[str], n_prompt: int,
+              shape: ModelShape, n_decode: int, wall: float | None = None) -> PrefillOutputs:
+    line = next((l for l in stdout.splitlines() if l.startswith("tokens:")), None)
+    if line is None:
+        raise PorterError("engine printed no 'tokens:' line")
+    tokens = [int(t) for t in line.split()[1:]]
+    lg = np.fromfile(logits_path, dtype=np.float32)
+    st = np.fromfile(states_path, dtype=np.float32)
+    want_l, want_s = (1 + n_decode) * shape.n_vocab, len(stage_names) * n_prompt * shape.n_embd
+    if lg.size != want_l or st.size != want_s:
+        raise PorterError(f"engine outputs have {lg.size} logits / {st.size} state values, "
+                          f"expected {want_l} / {want_s}")
+    return PrefillOutputs(st.reshape(len(stage_names), n_prompt, shape.n_embd), stage_names,
+                          lg.reshape(1 + n_decode, shape.n_vocab), tokens, wall)
+
+
+# ---------------------------------------------------------------- calibration variants
+
+def load_variants(target) -> dict:
+    path = target.dir / "e2e" / "variants.toml"
+    try:
+        return tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise PorterError(f"target {target.name} has no e2e/variants.toml (the calibration's backends)") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise PorterError(f"malformed {path}: {exc}") from exc
+
+
+class CudaLibraries:
+    """CUDA libraries for calibration: the scripted good answers, with flags, unit or glue swaps."""
+
+    def __init__(self, target, scratch: Path):
+        from porter.calibrate import known_good_sources
+
+        self.target = target
+        self.scratch = Path(scratch)
+        self.sources, _, self.origin = known_good_sources(target, "scripted")
+
+    def _target_with(self, nvcc_extra: list[str] = (), glue: dict | None = None):
+        from porter.target import Target
+
+        spec = self.target.spec
+        cuda = spec.cuda
+        updates = {}
+        if nvcc_extra:
+            updates["nvcc_flags"] = [*cuda.nvcc_flags, *nvcc_extra]
+        if glue:
+            d = self.scratch / "glue" / hashlib.sha256(repr(sorted(glue.items())).encode()).hexdigest()[:12]
+            d.mkdir(parents=True, exist_ok=True)
+            for f in self.target.cuda_dir.iterdir():
+                if f.is_file():
+                    (d / f.name).write_bytes(f.read_bytes())
+            text = (self.target.cuda_dir / glue["file"]).read_text()
+            if text.count(glue["old"]) != 1:
+                raise PorterError(f"glue fault: {glue['old']!r} does not occur exactly once in {glue['file']}")
+            (d / glue["file"]).write_text(text.replace(glue["old"], glue["new"]))
+            updates["dir"] = str(d)
+        new_spec = spec.model_copy(update={"cuda": cuda.model_copy(update=updates)})
+        return Target(new_spec, self.target.dir, self.target.checkout, self.target.workspace)
+
+    def library(self, *, nvcc_extra: list[str] = (), unit: str | None = None, source: str | None = None,
+                glue: dict | None = None) -> Path:
+        from porter.gates.parity.libbuild import LibBuilder
+
+        t = self._target_with(nvcc_extra, glue)
+        srcs = dict(self.sources)
+        if unit:
+            srcs[unit] = source
+        return LibBuilder(t, self.scratch / "cuda-cache").library(srcs, tag=unit or "scripted")
+
+
+@dataclass
+class VariantPlan:
+    name: str
+    kind: str  # good | broken
+    why: str
+    backend: Backend
+
+
+def plan_variants(target, mode: str, cuda: CudaLibraries | None) -> list[VariantPlan]:
+    """The calibration's backends for `mode` ('cpu': CPU rows only; 'cuda': every row, faults on the CUDA base)."""
+    table = load_variants(target)
+    plans: list[VariantPlan] = []
+    base_lib = cuda.library() if (mode == "cuda" and cuda) else None
+    for kind in ("good", "broken"):
+        for v in table.get(kind, []):
+            if v["mode"] == "cuda" and mode != "cuda":
+                continue
+            name, why = v["name"], v.get("why", "")
+            if "wrap" in v:
+                if mode == "cuda":
+                    plans.append(VariantPlan(name, kind, why, Backend(name, library=base_lib, fault=v["wrap"],
+                                                                      wrap=list(v["symbols"]))))
+                else:
+                    plans.append(VariantPlan(name, kind, why, Backend(name, cflags=REFERENCE_CFLAGS, fault=v["wrap"],
+                                                                      wrap=list(v["symbols"]))))
+            elif v.get("base", "cpu") == "cpu" and "adversarial" not in v:
+                plans.append(VariantPlan(name, kind, why, Backend(name, cflags=list(v.get("cflags", REFERENCE_CFLAGS)))))
+            elif "adversarial" in v:
+                from porter.calibrate import adversarial
+
+                by_file = {m.file: m for m in adversarial(target)}
+                for f in v["adversarial"]:
+                    m = by_file.get(f)
+                    if m is None:
+                        raise PorterError(f"variants.toml: adversarial file {f} is not in adversarial/manifest.toml")
+                    lib = cuda.library(unit=m.unit, source=m.source)
+                    plans.append(VariantPlan(f"unit:{Path(f).stem}", kind, m.why, Backend(Path(f).stem, library=lib)))
+            elif "unit" in v:
+                lib = cuda.library(unit=v["unit"], source=(target.dir / "e2e" / v["file"]).read_text())
+                plans.append(VariantPlan(name, kind, why, Backend(name, library=lib)))
+            elif "glue" in v:
+                plans.append(VariantPlan(name, kind, why, Backend(name, library=cuda.library(glue=v["glue"]))))
+            else:
+                plans.append(VariantPlan(name, kind, why, Backend(name, library=cuda.library(
+                    nvcc_extra=list(v.get("nvcc_flags", []))))))
+    return plans

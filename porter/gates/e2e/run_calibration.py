@@ -1,0 +1,50 @@
+"""Running an e2e calibration: every backend of the target's variants.toml through the same prefill."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from porter.errors import PorterError
+from porter.gates.e2e import calibration as cal_mod
+from porter.gates.e2e.compare import Comparison, compare
+
+
+def calibrate_minimoe(target, scratch: Path, mode: str, model: Path | None = None, out=print) -> cal_mod.Calibration:
+    from porter.gates.e2e.minimoe import Backend, CudaLibraries, MinimoeEngine, plan_variants
+
+    spec = target.spec.e2e
+    if mode not in ("cpu", "cuda"):
+        raise PorterError(f"calibration mode {mode!r} (cpu or cuda)")
+    eng = MinimoeEngine(target, scratch, model, n_prompt=spec.prompt_tokens, n_decode=spec.decode_steps)
+    ref = eng.run(eng.build(Backend("reference")), "reference")
+    out(f"reference  mini_cpu.c -O2: {ref.wall_s:.2f}s, tokens {' '.join(map(str, ref.tokens))}")
+    t0 = time.monotonic()
+    cuda = CudaLibraries(target, scratch) if mode == "cuda" else None
+    plans = plan_variants(target, mode, cuda)
+    if cuda:
+        out(f"built {len({p.backend.library for p in plans if p.backend.library})} CUDA libraries in "
+            f"{time.monotonic() - t0:.1f}s")
+    variants = []
+    for p in plans:
+        try:
+            cand = eng.run(eng.build(p.backend), p.name)
+            cmp, wall = compare(ref, cand), cand.wall_s
+        except PorterError as exc:
+            # A backend that crashes or refuses is a measured outcome: it can never be accepted.
+            cmp = Comparison(ref.stage_names, _inf_like(ref), float("inf"), ref.tokens, [], problem=f"run failed: {exc}")
+            wall = None
+        variants.append(cal_mod.Variant(p.name, p.kind, cmp, p.why, wall))
+    setup = eng.setup()
+    setup["mode"] = mode
+    if mode == "cuda":
+        from porter.gates.e2e.gate import _toolchain
+
+        setup["device"] = _toolchain().get("gpu")
+    return cal_mod.calibrate(variants, tokens_exact=spec.decode_steps > 0, setup=setup)
+
+
+def _inf_like(ref):
+    import numpy as np
+
+    return np.full(ref.states.shape[:2], np.inf)

@@ -1,0 +1,80 @@
+"""What status may say about prefill, and when porter run owes an e2e run.
+
+Both are pure functions of e2e evidence and hashes; nothing here reads a
+stored verdict such as "prefill works".  An e2e record counts only through its
+evidence (ok and the backend tree hash it ran on), and only when that evidence
+is intact in ledger/evidence/.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+VERIFIED, STALE, UNVERIFIED = "verified", "stale", "unverified"
+
+
+def prefill_state(e2e_records: list[dict], head_tree_hash: str | None) -> tuple[str, str | None, str]:
+    """(state, commit, reason) from e2e evidence records, oldest first.
+
+    'verified' (with the commit it ran at) only when a passing record's backend
+    tree hash equals HEAD's; 'stale' when the newest passing record ran on
+    another tree; 'unverified' when nothing ever passed (or HEAD has no
+    backend tree to compare).
+    """
+    passing = [r for r in e2e_records if r.get("ok") is True and r.get("gate") == "e2e" and r.get("tree_hash")]
+    if head_tree_hash is None:
+        return UNVERIFIED, None, "no HEAD commit: no backend tree to verify"
+    for rec in reversed(passing):
+        if rec["tree_hash"] == head_tree_hash:
+            return VERIFIED, rec.get("commit"), f"e2e passed on this backend tree ({_short(rec.get('commit'))})"
+    if passing:
+        newest = passing[-1]
+        return STALE, newest.get("commit"), (f"e2e last passed at {_short(newest.get('commit'))}; the backend "
+                                             f"sources changed since")
+    failed = [r for r in e2e_records if r.get("gate") == "e2e" and r.get("ok") is False]
+    if failed and failed[-1].get("tree_hash") == head_tree_hash:
+        return UNVERIFIED, None, f"e2e failed on this backend tree: {failed[-1].get('summary', '')}"[:300]
+    return UNVERIFIED, None, "no passing e2e record"
+
+
+def prefill_line(state: tuple[str, str | None, str]) -> str:
+    """The status line: 'prefill: verified at <commit>', 'prefill: stale (...)', 'prefill: unverified (...)'."""
+    s, commit, reason = state
+    if s == VERIFIED:
+        return f"prefill: verified at {_short(commit)}"
+    return f"prefill: {s} ({reason})"
+
+
+def e2e_records_from_ledger(workspace: Path, target: str, ledger_records: list[dict]) -> list[dict]:
+    """The evidence of every e2e gate record of `target`, in ledger order; records whose evidence is
+    missing, edited or swapped are left out (they cannot count)."""
+    from porter.evidence import check_evidence
+
+    out = []
+    for rec in ledger_records:
+        if rec.get("kind") != "gate" or rec.get("gate") != "e2e" or rec.get("target") != target:
+            continue
+        ev, problem = check_evidence(workspace, str(rec.get("evidence")))
+        if problem is None and ev.get("gate") == "e2e" and ev.get("target") == target and ev.get("ok") == rec.get("ok"):
+            out.append(ev)
+    return out
+
+
+def e2e_due(unit_states: dict[str, str], prefill_units: list[str], e2e_records: list[dict],
+            head_tree_hash: str | None) -> tuple[bool, str]:
+    """(due, why): porter run owes an e2e run when every prefill-tier unit is verified and no e2e
+    record (pass or fail) exists for the current backend tree; a unit change makes a new tree."""
+    if not prefill_units:
+        return False, "the target has no prefill-tier units"
+    waiting = [u for u in prefill_units if unit_states.get(u) != VERIFIED]
+    if waiting:
+        return False, f"{len(waiting)} prefill-tier unit(s) not verified (first: {waiting[0]})"
+    if head_tree_hash is None:
+        return False, "no HEAD commit"
+    if any(r.get("tree_hash") == head_tree_hash for r in e2e_records if r.get("gate") == "e2e"):
+        return False, "e2e already ran on this backend tree"
+    return True, "every prefill-tier unit is verified and this backend tree has no e2e record"
+
+
+def _short(commit: str | None) -> str:
+    return (commit or "?")[:12]
