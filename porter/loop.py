@@ -56,16 +56,18 @@ from porter.evidence import store_evidence
 from porter.extract import ExtractionError, extract_unit_source
 from porter.gates import parity
 from porter.gates.build import nvcc_path
-from porter.gates.driver import Candidate, GateContext, passed, run_gates, verdict_word
+from porter.gates.driver import E2E_UNIT, Candidate, GateContext, passed, run_gates, verdict_word
+from porter.gates.e2e.wiring import head_backend_tree, run_e2e_if_due
 from porter.gates.parity.spec import load_spec
 from porter.gates.result import GateResult
-from porter.history import History, Step, typed
+from porter.history import GateRecord, History, Step, typed
 from porter.ledger import Ledger, load_key
 from porter.lock import RunLock
 from porter.plan import ranked_units
 from porter.prompt import build_prompt
 from porter.providers import ProviderError, get_provider
 from porter.providers.budget import usage_record
+from porter.status import derive
 from porter.target import load_target
 
 KILL_POINTS = (
@@ -510,8 +512,35 @@ def run(opts: RunOptions) -> int:
         lock.release()
 
 
+def end_to_end(ws: Path, target, r: Run) -> None:
+    """The e2e gate on the whole backend once every prefill-tier unit is verified, and again after any
+    of them changed (a new backend tree at HEAD); its record is what status's prefill line reads."""
+    if target.spec.e2e is None or not r.parity_ok:
+        return
+    report = derive(ws, target=target)
+    states = {u.unit: u.state for u in report.units}
+    prefill_units = [u.unit for u in report.units if u.tier == "prefill"]
+    e2e_records = [g.raw for g in r.history().mine if isinstance(g, GateRecord) and g.gate == "e2e"]
+
+    def build_and_run() -> GateResult:
+        unit = (prefill_units or target.units)[0]  # any unit's current file: the build links them all
+        ctx = GateContext(target, ws)
+        built = run_gates(Candidate.of(unit, target.unit_path(unit).read_text()), ctx, gates=("build",))[-1]
+        if not built.ok:
+            return GateResult("e2e", False, f"e2e: the backend does not build: {built.summary}", check="build")
+        return run_gates(Candidate(E2E_UNIT, "", head_backend_tree(ws, target) or ""), ctx, gates=("e2e",))[-1]
+
+    def record(res: GateResult) -> None:
+        r._record_gate(E2E_UNIT, 0, res)
+        r.out.line(f"e2e: {res.summary}", "green" if res.ok else "red")
+
+    run_e2e_if_due(target, ws, states, prefill_units, e2e_records, run=build_and_run, record=record)
+
+
 def finish(ws: Path, target, r: Run, results: dict[str, str], stop_reason: str | None, run_dir: Path) -> int:
-    """Commit the records since the last step commit (failures, exhausted, reconcile); say how the run ended."""
+    """Run e2e when it is due, commit the records since the last step commit (failures, exhausted,
+    reconcile, e2e); say how the run ended."""
+    end_to_end(ws, target, r)
     if gitops.dirty_paths(ws, "ledger"):
         n_fail = sum(1 for v in results.values() if v == "exhausted")
         gitops.commit_paths(ws, ["ledger"], f"porter: ledger of run {r.run_id} ({n_fail} unit(s) exhausted)\n\n"

@@ -44,7 +44,9 @@ from porter.errors import PorterError
 from porter.evidence import check_evidence
 from porter.gates import static
 from porter.gates.driver import Candidate, GateContext
-from porter.history import History, Step, UnitHistory
+from porter.gates.e2e.state import prefill_line
+from porter.gates.e2e.wiring import prefill_status
+from porter.history import GateRecord, History, Step, UnitHistory
 from porter.digest import sha256_bytes
 from porter.ledger import Ledger, load_key
 from porter.placeholder import is_placeholder
@@ -159,6 +161,8 @@ class StatusReport:
     ledger: dict
     notes: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # tampering not tied to one unit
+    # prefill, from e2e evidence whose backend tree hash is HEAD's only: state, commit, reason
+    prefill: dict = field(default_factory=lambda: {"state": "unverified", "commit": None, "reason": ""})
 
     @property
     def tampered(self) -> bool:
@@ -183,6 +187,7 @@ class StatusReport:
             "ledger": self.ledger,
             "problems": self.problems,
             "notes": self.notes,
+            "prefill": self.prefill,
         }
 
 
@@ -468,8 +473,11 @@ def derive(
     li = scan.integrity
     ledger_info = {"records": li.records, "ok": not integ.ledger_problems, "keyed": li.keyed, "key": li.key_state(),
                    "problems": integ.ledger_problems, "notes": list(li.notes), "committed_records": integ.committed_lines}
+    e2e_records = [r.raw for r in history.mine if isinstance(r, GateRecord) and r.gate == "e2e"]
+    p_state, p_commit, p_reason = prefill_status(workspace, target, e2e_records)
     return StatusReport(target=target.name, units=results, counts=_count(results), critical_path=critical,
-                        ledger=ledger_info, notes=notes, problems=integ.problems)
+                        ledger=ledger_info, notes=notes, problems=integ.problems,
+                        prefill={"state": p_state, "commit": p_commit, "reason": p_reason})
 
 
 # ---- CLI ------------------------------------------------------------------------
@@ -519,6 +527,8 @@ def render(report: StatusReport, console=None) -> None:
         console.print(text, style=style, markup=False, highlight=False)
 
     say(f"units ({report.counts['total']}): {counts_line(report.counts)}")
+    say(prefill_line((report.prefill["state"], report.prefill["commit"], report.prefill["reason"])),
+        "bold green" if report.prefill["state"] == "verified" else None)
     cp = report.critical_path
     if cp["available"]:
         say(f"critical path ({'+'.join(cp['tiers'])}, {cp['counts']['total']} units): {counts_line(cp['counts'])}")

@@ -331,8 +331,8 @@ def test_calibrate_ds4_builds_once_per_source_and_tabulates(target, tmp_path, mo
     monkeypatch.setattr(d4.Ds4Reduced, "build", fake_build)
     monkeypatch.setattr(d4.Ds4Reduced, "run", fake_run)
     monkeypatch.setattr(d4.Ds4Reduced, "setup", lambda self: {"layers": self.n_layer})
-    import porter.known_good as kg
-    monkeypatch.setattr(kg, "build_library", lambda target, mutation=None, out_dir=None: tmp_path / "libds4_cuda.so")
+    import porter.calibration.libraries as libs
+    monkeypatch.setattr(libs, "build_upstream", lambda target, mutant=None, out_dir=None: tmp_path / "libds4_cuda.so")
 
     cal = d4.calibrate_ds4(target, tmp_path, log=lambda *_: None)
     variants = d4.load_variants(target)

@@ -336,8 +336,9 @@ def test_wiring_runs_e2e_once_per_backend_tree_and_status_follows(tmp_path):
     ledger: list[dict] = []
     calls = []
 
-    def fake_run(target, workspace, library, options):
-        calls.append(options.store)
+    def fake_run():
+        calls.append(False)
+        target = t
         head = _git(ws, "rev-parse", "HEAD").strip()
         ev = {"target": "minimoe", "unit": "e2e:prefill", "gate": "e2e", "ok": True, "candidate_sha256": "x",
               "tree_hash": tree.tree_hash_worktree(ws, tree.backend_dirs(target)), "commit": head}
@@ -349,18 +350,18 @@ def test_wiring_runs_e2e_once_per_backend_tree_and_status_follows(tmp_path):
 
     states = {"a": "verified", "b": "verified"}
     assert prefill_status(ws, t, ledger)[0] == "unverified"
-    assert run_e2e_if_due(t, ws, Path("lib.so"), {"a": "verified", "b": "failing"}, ["a", "b"], ledger,
+    assert run_e2e_if_due(t, ws, {"a": "verified", "b": "failing"}, ["a", "b"], ledger,
                           record=record, run=fake_run) is None
-    assert run_e2e_if_due(t, ws, Path("lib.so"), states, ["a", "b"], ledger, record=record, run=fake_run).ok
+    assert run_e2e_if_due(t, ws, states, ["a", "b"], ledger, record=record, run=fake_run).ok
     assert calls == [False] and prefill_status(ws, t, ledger)[0] == "verified"
     # nothing changed: not due again
-    assert run_e2e_if_due(t, ws, Path("lib.so"), states, ["a", "b"], ledger, record=record, run=fake_run) is None
+    assert run_e2e_if_due(t, ws, states, ["a", "b"], ledger, record=record, run=fake_run) is None
     # a unit changes and is committed: stale until e2e runs again, then verified at the new commit
     unit.write_text("// v2\n")
     _git(ws, "add", "-A")
     _git(ws, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "v2")
     assert prefill_status(ws, t, ledger)[0] == "stale"
-    assert run_e2e_if_due(t, ws, Path("lib.so"), states, ["a", "b"], ledger, record=record, run=fake_run).ok
+    assert run_e2e_if_due(t, ws, states, ["a", "b"], ledger, record=record, run=fake_run).ok
     state, commit, _ = prefill_status(ws, t, ledger)
     assert (state, commit) == ("verified", _git(ws, "rev-parse", "HEAD").strip())
     # a ledger record whose evidence was edited no longer counts

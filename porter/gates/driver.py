@@ -3,7 +3,8 @@
     ctx = GateContext(target)                      # workspace, build cache, parity options
     results = run_gates(Candidate.of(unit, source), ctx, on_result=record)
 
-Every gate module exposes `run(candidate, ctx) -> GateResult`.  The order lives
+Every gate module exposes `run(candidate, ctx) -> GateResult`; e2e's candidate is the
+whole backend (E2E_UNIT) and its library the one the build gate linked.  The order lives
 here only (porter run, status --reverify, calibration and the benchmark all call
 run_gates): cheap gates first, so an answer that does not compile never costs a
 GPU run, and perf only judges a candidate parity measured and passed (timing a
@@ -20,6 +21,8 @@ from typing import Callable
 
 from porter.digest import sha256_text
 from porter.gates import build, parity, perf, static
+from porter.gates.e2e import gate as e2e
+from porter.gates.e2e.gate import UNIT as E2E_UNIT
 from porter.gates.result import GATE_ORDER, GateResult
 from porter.history import History
 
@@ -68,7 +71,9 @@ class GateContext:
         return History.read(self.workspace, self.target.name)
 
 
-GATES = {"static": static, "build": build, "parity": parity, "perf": perf}
+GATES = {"static": static, "build": build, "parity": parity, "perf": perf, "e2e": e2e}
+# e2e judges the whole backend, not one candidate: porter run asks for it once every prefill-tier unit
+# is verified, after the build gate linked the workspace's files, on a Candidate named E2E_UNIT
 
 
 def run_gates(candidate: Candidate, ctx: GateContext, gates=CANDIDATE_GATES,

@@ -18,9 +18,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from porter.errors import PorterError
+
 # A reference slice with no energy (an all-zero row) cannot scale an error:
 # its NMSE is the candidate's squared error over this floor.
 _ENERGY_FLOOR = 1e-30
+
+
+class ReferenceFailure(PorterError):
+    """The reference backend could not produce outputs: a harness problem, not the candidate's fault."""
 
 
 @dataclass

@@ -26,8 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
+from porter.calibration import libraries
+from porter.calibration.mutants import rule_mutants
 from porter.errors import PorterError
-from porter.gates.e2e.compare import PrefillOutputs
+from porter.gates.e2e.compare import PrefillOutputs, ReferenceFailure
 
 HC_ROW = 4 * 4096  # DS4_N_HC * DS4_N_EMBD floats per token
 N_VOCAB = 129280
@@ -289,14 +291,12 @@ class Ds4Reduced:
 
 
 def load_variants(target) -> list[Ds4Variant]:
-    from porter.known_good import load_mutations
-
     path = target.dir / "e2e" / "variants.toml"
     try:
         data = tomllib.loads(path.read_text())
     except (FileNotFoundError, tomllib.TOMLDecodeError) as exc:
         raise PorterError(f"cannot read {path}: {exc}") from None
-    mutants = {m.name: m for m in load_mutations(target)}
+    mutants = {m.name: m for m in rule_mutants(target)}
     out = []
     for kind in ("good", "broken"):
         for v in data.get(kind, []):
@@ -327,9 +327,7 @@ def _build_all(red: Ds4Reduced, variants: list[Ds4Variant], log) -> dict[str, Pa
         members = groups[key]
         try:
             if members[0].source == "porter-library" and members[0].library is None:
-                from porter.known_good import build_library
-
-                lib = build_library(red.target)
+                lib = libraries.build_upstream(red.target)
                 for m in members:
                     m.library = lib
             return key, red.build(members[0])
@@ -400,7 +398,6 @@ def calibrate_ds4(target, scratch: Path, model: Path | None = None, library: str
 
 def ds4_prefill_pair(target, scratch: Path, library: Path, model: Path | None):
     """The gate: the reference CPU build vs a build linked with the workspace's library."""
-    from porter.gates.e2e.gate import ReferenceFailure
 
     red = Ds4Reduced(target, scratch, model)
     red.ensure_model(lambda *_: None)

@@ -137,7 +137,8 @@ def run_logprob_vectors(target, workspace: Path, library: Path, model: Path, scr
     from porter.errors import PorterError
     from porter.gates.e2e import tree
     from porter.gates.e2e.ds4 import scratch_copy
-    from porter.gates.e2e.gate import UNIT, _sha_file, _toolchain
+    from porter.digest import sha256_file
+    from porter.gates.e2e.gate import UNIT, _toolchain
     from porter.gates.result import GateResult
 
     model = Path(model)
@@ -164,7 +165,7 @@ def run_logprob_vectors(target, workspace: Path, library: Path, model: Path, scr
     head = tree.head_commit(ws)
     th = tree.tree_hash_worktree(ws, dirs)
     ev = {"target": target.name, "unit": UNIT, "gate": "e2e", "kind": "ds4-logprob-vectors", "ok": result.ok,
-          "candidate_sha256": _sha_file(Path(library)), "tree_hash": th, "commit": head,
+          "candidate_sha256": sha256_file(Path(library)), "tree_hash": th, "commit": head,
           "tree_matches_head": head is not None and th == tree.tree_hash_at(ws, dirs, head),
           "model": {"path": str(model), "bytes": model.stat().st_size}, "result": result.to_json(),
           "command": argv, "wall_s": round(wall, 1), "toolchain": _toolchain()}

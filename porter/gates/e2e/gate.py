@@ -14,7 +14,6 @@ the code at HEAD.
 
 from __future__ import annotations
 
-import hashlib
 import platform
 import tempfile
 import time
@@ -23,19 +22,17 @@ from pathlib import Path
 
 import numpy as np
 
+from porter.digest import sha256_file
 from porter.errors import PorterError
 from porter.gates.e2e import calibration as cal_mod
 from porter.gates.e2e import tree
+from porter.gates.e2e.compare import ReferenceFailure
 from porter.gates.e2e.compare import PrefillOutputs, compare
 from porter.gates.e2e.rule import decide
 from porter.gates.result import GateResult
 
 GATE = "e2e"
 UNIT = "e2e:prefill"  # e2e evidence is about the backend as a whole, not one unit
-
-
-class ReferenceFailure(PorterError):
-    """The reference backend could not produce outputs: a harness problem, not the candidate's fault."""
 
 
 @dataclass
@@ -45,12 +42,10 @@ class E2EOptions:
     store: bool = True  # write the evidence into ledger/evidence/
 
 
-def _sha_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+def run(candidate, ctx) -> GateResult:
+    """The driver's shape: the candidate is the whole backend (unit e2e:prefill), ctx.library the library
+    the build gate linked from the workspace's unit files; the caller records the evidence."""
+    return run_e2e(ctx.target, ctx.workspace, ctx.library or Path("/nonexistent"), options=E2EOptions(store=False))
 
 
 def _toolchain() -> dict:
@@ -109,7 +104,7 @@ def run_e2e(target, workspace_root: Path, library_path: Path, *, options: E2EOpt
     tree_hash = tree.tree_hash_worktree(ws, dirs)
     head = tree.head_commit(ws)
     head_tree = tree.tree_hash_at(ws, dirs, head) if head else None
-    lib_sha = _sha_file(lib)
+    lib_sha = sha256_file(lib)
 
     scratch = Path(opts.scratch) if opts.scratch else Path(tempfile.mkdtemp(prefix=f"porter-e2e-{target.name}-"))
     t0 = time.monotonic()

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from porter.calibration.libraries import SourceLibraries, sources_from
+from porter.calibration.mutants import adversarial
 from porter.errors import PorterError
 from porter.gates.e2e import cbuild
 from porter.gates.e2e.compare import PrefillOutputs
@@ -216,11 +218,9 @@ class CudaLibraries:
     """CUDA libraries for calibration: the scripted good answers, with flags, unit or glue swaps."""
 
     def __init__(self, target, scratch: Path):
-        from porter.calibrate import known_good_sources
-
         self.target = target
         self.scratch = Path(scratch)
-        self.sources, _, self.origin = known_good_sources(target, "scripted")
+        self.sources, self.origin = sources_from(target, "scripted")
 
     def _target_with(self, nvcc_extra: list[str] = (), glue: dict | None = None):
         from porter.target import Target
@@ -246,13 +246,11 @@ class CudaLibraries:
 
     def library(self, *, nvcc_extra: list[str] = (), unit: str | None = None, source: str | None = None,
                 glue: dict | None = None) -> Path:
-        from porter.gates.parity.libbuild import LibBuilder
-
         t = self._target_with(nvcc_extra, glue)
         srcs = dict(self.sources)
         if unit:
             srcs[unit] = source
-        return LibBuilder(t, self.scratch / "cuda-cache").library(srcs, tag=unit or "scripted")
+        return SourceLibraries(t, self.scratch / "cuda-cache", srcs, self.origin).library(srcs, tag=unit or "scripted")
 
 
 @dataclass
@@ -283,9 +281,7 @@ def plan_variants(target, mode: str, cuda: CudaLibraries | None) -> list[Variant
             elif v.get("base", "cpu") == "cpu" and "adversarial" not in v:
                 plans.append(VariantPlan(name, kind, why, Backend(name, cflags=list(v.get("cflags", REFERENCE_CFLAGS)))))
             elif "adversarial" in v:
-                from porter.calibrate import adversarial
-
-                by_file = {m.file: m for m in adversarial(target)}
+                by_file = {m.name: m for m in adversarial(target)}
                 for f in v["adversarial"]:
                     m = by_file.get(f)
                     if m is None:
