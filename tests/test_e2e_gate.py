@@ -381,3 +381,14 @@ def test_a_mutant_the_prefill_never_reaches_is_reported_not_counted(calibration)
     # a calibration whose every broken backend went unreached proves nothing
     only = [v for v in calibration.variants if v.kind == "good"] + [unreached]
     assert not cal_mod.calibrate(only, tokens_exact=True).calibrated
+
+
+def test_a_race_that_passes_some_runs_is_judged_by_its_worst_run():
+    """Several prefills of one backend: one clean run and one with a bad layer is the bad one."""
+    from porter.gates.e2e.compare import Comparison, worst
+
+    clean = Comparison(["l0", "l1"], np.array([[1e-9, 1e-9], [1e-9, 1e-9]]), 1e-9, [1, 2], [1, 2])
+    raced = Comparison(["l0", "l1"], np.array([[1e-9, 1e-9], [1e-9, 0.3]]), 1e-2, [1, 2], [1, 5])
+    w = worst([clean, raced, clean])
+    assert w.stage_nmse[1, 1] == 0.3 and w.logits_nmse == 1e-2 and w.first_token_mismatch == 1
+    assert worst([clean]) is clean

@@ -110,3 +110,17 @@ def compare(ref: PrefillOutputs, cand: PrefillOutputs) -> Comparison:
                           list(cand.tokens), problem=f"candidate logits {cand.logits.shape} vs {ref.logits.shape}")
     logits = float(nmse_rows(cand.logits[:1], ref.logits[:1])[0])
     return Comparison(ref.stage_names, nmse_rows(cand.states, ref.states), logits, list(ref.tokens), list(cand.tokens))
+
+
+def worst(comparisons: list["Comparison"]) -> "Comparison":
+    """Several prefills of one backend against the reference, judged by the worst: per stage and token the
+    largest error, and the first run whose greedy tokens differ (a race passes some runs, not all)."""
+    first = comparisons[0]
+    if len(comparisons) == 1:
+        return first
+    broken = next((c for c in comparisons if c.problem), None)
+    if broken is not None:
+        return broken
+    stage = np.max(np.stack([np.nan_to_num(c.stage_nmse, nan=np.inf) for c in comparisons]), axis=0)
+    tokens = next((c.tokens_cand for c in comparisons if c.first_token_mismatch is not None), first.tokens_cand)
+    return Comparison(first.stage_names, stage, max(c.logits_nmse for c in comparisons), first.tokens_ref, tokens)

@@ -26,8 +26,7 @@ from porter.digest import sha256_file
 from porter.errors import PorterError
 from porter.gates.e2e import calibration as cal_mod
 from porter.gates.e2e import tree
-from porter.gates.e2e.compare import ReferenceFailure
-from porter.gates.e2e.compare import PrefillOutputs, compare
+from porter.gates.e2e.compare import PrefillOutputs, ReferenceFailure, compare, worst
 from porter.gates.e2e.rule import decide
 from porter.gates.result import GateResult
 
@@ -56,8 +55,8 @@ def _toolchain() -> dict:
             "python": platform.python_version(), "numpy": np.__version__}
 
 
-def prefill_pair(target, scratch: Path, library: Path, model: Path | None) -> tuple[PrefillOutputs, PrefillOutputs, dict]:
-    """(reference outputs, candidate outputs, setup) from the target's driver."""
+def prefill_pair(target, scratch: Path, library: Path, model: Path | None) -> tuple[PrefillOutputs, list, dict]:
+    """(reference outputs, the candidate's outputs of [e2e] runs prefills, setup) from the target's driver."""
     spec = target.spec.e2e
     if spec.driver == "minimoe":
         from porter.gates.e2e.minimoe import Backend, MinimoeEngine
@@ -67,12 +66,14 @@ def prefill_pair(target, scratch: Path, library: Path, model: Path | None) -> tu
             ref = eng.run(eng.build(Backend("reference")), "reference")
         except PorterError as exc:
             raise ReferenceFailure(f"reference backend: {exc}") from exc
-        cand = eng.run(eng.build(Backend("candidate", library=Path(library))), "candidate")
-        return ref, cand, eng.setup()
+        built = eng.build(Backend("candidate", library=Path(library)))
+        cands = [eng.run(built, "candidate") for _ in range(spec.runs)]
+        return ref, cands, dict(eng.setup(), runs=spec.runs)
     if spec.driver == "ds4":
         from porter.gates.e2e.ds4 import ds4_prefill_pair
 
-        return ds4_prefill_pair(target, scratch, library, model)
+        ref, cand, setup = ds4_prefill_pair(target, scratch, library, model)
+        return ref, [cand], setup
     raise PorterError(f"target {target.name}: unknown e2e driver {spec.driver!r} (minimoe, ds4)")
 
 
@@ -109,7 +110,7 @@ def run_e2e(target, workspace_root: Path, library_path: Path, *, options: E2EOpt
     scratch = Path(opts.scratch) if opts.scratch else Path(tempfile.mkdtemp(prefix=f"porter-e2e-{target.name}-"))
     t0 = time.monotonic()
     try:
-        ref, cand, setup = prefill_pair(target, scratch, lib, opts.model)
+        ref, cands, setup = prefill_pair(target, scratch, lib, opts.model)
     except ReferenceFailure as exc:
         return GateResult(GATE, False, f"e2e skipped: {exc}"[:400], skipped=True)
     except PorterError as exc:
@@ -125,9 +126,10 @@ def run_e2e(target, workspace_root: Path, library_path: Path, *, options: E2EOpt
     mismatch = setup_mismatch(cal_setup, setup)
     if mismatch:
         return GateResult(GATE, False, f"e2e skipped: {mismatch} ({cal_path.name}); recalibrate", skipped=True)
-    cmp = compare(ref, cand)
+    cmp = worst([compare(ref, c) for c in cands])
     verdict = decide(cmp, rule)
-    walls = {"reference_s": ref.wall_s, "candidate_s": cand.wall_s, "total_s": round(time.monotonic() - t0, 3)}
+    walls = {"reference_s": ref.wall_s, "candidate_s": cands[0].wall_s, "runs": len(cands),
+             "total_s": round(time.monotonic() - t0, 3)}
     ev = _evidence(target, verdict.ok, lib, lib_sha, tree_hash, head, head_tree, cal_path, cal_sha, setup, cmp,
                    verdict, walls, None)
     metrics = {"ok": verdict.ok, "worst_ratio": verdict.worst_ratio if np.isfinite(verdict.worst_ratio) else None,

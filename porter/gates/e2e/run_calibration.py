@@ -9,7 +9,7 @@ import numpy as np
 
 from porter.errors import PorterError
 from porter.gates.e2e import calibration as cal_mod
-from porter.gates.e2e.compare import Comparison, compare
+from porter.gates.e2e.compare import Comparison, compare, worst
 
 
 UNIT_SWAP_BASE = "cuda-scripted"  # the backend the adversarial units are swapped into (variants.toml)
@@ -32,9 +32,11 @@ def calibrate_minimoe(target, scratch: Path, mode: str, model: Path | None = Non
             f"{time.monotonic() - t0:.1f}s")
     variants, runs = [], {}
     for p in plans:
-        try:
-            cand = runs[p.name] = eng.run(eng.build(p.backend), p.name)
-            cmp, wall = compare(ref, cand), cand.wall_s
+        try:  # each backend as the gate runs a candidate: [e2e] runs prefills, the worst judged
+            built = eng.build(p.backend)
+            outs = [eng.run(built, p.name) for _ in range(spec.runs)]
+            cand = runs[p.name] = outs[0]
+            cmp, wall = worst([compare(ref, o) for o in outs]), cand.wall_s
         except PorterError as exc:
             # A backend that crashes or refuses is a measured outcome: it can never be accepted.
             cmp = Comparison(ref.stage_names, _inf_like(ref), float("inf"), ref.tokens, [], problem=f"run failed: {exc}")
@@ -46,7 +48,7 @@ def calibrate_minimoe(target, scratch: Path, mode: str, model: Path | None = Non
         unreached = (p.kind == "broken" and p.name.startswith("unit:") and base is not None and cand is not None
                      and np.array_equal(cand.states, base.states) and np.array_equal(cand.logits, base.logits))
         variants.append(cal_mod.Variant(p.name, p.kind, cmp, p.why, wall, unreached))
-    setup = eng.setup()
+    setup = dict(eng.setup(), runs=spec.runs)
     setup["mode"] = mode
     if mode == "cuda":
         from porter.gates.e2e.gate import _toolchain

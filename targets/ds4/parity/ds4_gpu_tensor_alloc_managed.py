@@ -11,9 +11,10 @@ rt = sibling(__file__, "_runtime")
 def build(case, ctx, rng):
     s = Script(rng)
     rt.play_init(s)
-    rt.play_alloc(s, case.dims['n'], managed=True)
+    rt.play_alloc(s, case.dims['n'], managed=True, refuse_huge=False)
     rt.play_managed_host(s, case.dims['n'])
     rt.play_roundtrip(s, case.dims['n'], managed=True)
+    rt.play_refuse_huge(s, managed=True)
     s.call("ds4_gpu_cleanup", expect="ok")  # the next case starts from a fresh backend, as a new engine does
     return s
 
