@@ -17,6 +17,7 @@ DEFAULT_OUT = "runs/report"
 def build(workspace: Path, target: str | None = None, out: Path | None = None, source=None) -> Path:
     """Write the site; return its index.html."""
     from porter.report.collect import collect
+    from porter.report.links import broken_links
     from porter.report.render import write_site
 
     workspace = Path(workspace).resolve()
@@ -25,6 +26,9 @@ def build(workspace: Path, target: str | None = None, out: Path | None = None, s
         raise PorterError(f"--out {out} exists and is not a directory")
     site = collect(workspace, target, source)
     write_site(site, out)
+    broken = broken_links(out)
+    if broken:  # a bug of ours, not of the workspace: say where
+        raise PorterError(f"the report written to {out} has {len(broken)} broken link(s), first: {broken[0]}")
     return out / "index.html"
 
 

@@ -96,13 +96,19 @@ def _calibration(target: Target, history: History) -> tuple[dict[str, dict], lis
 
 
 def _runs(history: History) -> list[RunSummary]:
+    """One line per run. Attempt records carry the run id; gate, failure and step records may not,
+    so they join the run of their own (unit, attempt)."""
     runs: dict[str, RunSummary] = {}
+    run_of: dict[tuple, str] = {}
     for r in history.mine:
-        if not isinstance(r.run, str) or not r.run:
+        run = r.run if isinstance(r.run, str) and r.run else run_of.get((r.unit, r.attempt))
+        if run is None:
             continue
-        s = runs.get(r.run)
+        if isinstance(r, Attempt):
+            run_of[(r.unit, r.attempt)] = run
+        s = runs.get(run)
         if s is None:
-            s = runs[r.run] = RunSummary(r.run, r.time, r.time, [], 0, 0, {})
+            s = runs[run] = RunSummary(run, r.time, r.time, [], 0, 0, {})
         s.end = max(s.end, r.time or "")
         s.start = min(s.start, r.time or s.start)
         if isinstance(r.unit, str) and r.unit not in s.units:
@@ -133,11 +139,15 @@ def collect(workspace: Path, target_name: str | None = None, source=None) -> Sit
 
     pages = []
     for st in status.units:
+        data = audit(workspace, target.name, st.unit, source, key=key, report=status)
+        host = data["metal"]["host"]
+        if host.get("path") and Path(host["path"]).is_relative_to(workspace):  # the page names workspace paths as git does
+            host["path"] = Path(host["path"]).relative_to(workspace).as_posix()
         r = ranked.get(st.unit)
         pages.append(UnitPage(
             unit=st.unit, state=st.state, reason=st.reason, tier=st.tier, rank=r.rank if r else None,
             kernels=list(r.kernels) if r else [], path=list(r.path) if r else [],
-            audit=audit(workspace, target.name, st.unit, source, key=key, report=status),
+            audit=data,
             evidence=_evidence(workspace, st.evidence), calibration=calibration.get(st.unit),
         ))
 
