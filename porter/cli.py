@@ -131,6 +131,12 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 def _cmd_init(args) -> int:
     from porter.workspace import init_workspace
 
+    existing = Path(args.directory).expanduser().resolve()
+    if (existing / ".git").exists() and (existing / "targets" / args.target / "target.toml").is_file():
+        # Re-running a setup script must neither fail nor reset a workspace that holds work: keep it as it is.
+        print(f"porter: {existing} is already a workspace with target {args.target}; left as it is "
+              f"(`porter -C {existing} status` says where it stands)")
+        return 0
     ws = init_workspace(args.directory, [args.target], source=args.source)
     print(f"porter: new workspace {ws} (target {args.target}, every unit a placeholder)")
     scripted = (ws / "targets" / args.target / "scripted" / "manifest.toml").is_file()
