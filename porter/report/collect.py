@@ -65,6 +65,7 @@ class SiteData:
     calibration: list[dict]
     runs: list[RunSummary]
     entries: dict[str, list[str]]
+    refused: dict[str, int] = field(default_factory=dict)  # gate -> answers it refused, over every unit
     notes: list[str] = field(default_factory=list)
 
 
@@ -151,6 +152,15 @@ def collect(workspace: Path, target_name: str | None = None, source=None) -> Sit
             evidence=_evidence(workspace, st.evidence), calibration=calibration.get(st.unit),
         ))
 
+    refused: dict[str, int] = {}
+    for p in pages:
+        for a in p.audit["attempts"]:
+            for f in a["failures"]:
+                refused[f["gate"]] = refused.get(f["gate"], 0) + 1
+
+    order = ("extract", "static", "build", "parity", "perf")  # the gates' own order, cheapest first
+    refused = dict(sorted(refused.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order), str(kv[0]))))
+
     tiers = {t: {s: 0 for s in STATES} for t in (*TIERS, "unranked")}
     for p in pages:
         tiers[p.tier or "unranked"][p.state] += 1
@@ -169,4 +179,4 @@ def collect(workspace: Path, target_name: str | None = None, source=None) -> Sit
     return SiteData(target=target.name, workspace=workspace, status=status, units=pages, tiers=tiers,
                     critical=status.critical_path, prefill=prefill, ledger=status.ledger,
                     calibration=[calibration[u] for u in sorted(calibration)], runs=_runs(history),
-                    entries=entries, notes=notes + list(status.notes))
+                    entries=entries, refused=refused, notes=notes + list(status.notes))
