@@ -132,3 +132,30 @@ def test_out_that_is_a_file_is_bad_input(ws, tmp_path, capsys):
     f.write_text("x")
     assert main(["-C", str(ws.root), "report", "--out", str(f)]) == 2
     assert capsys.readouterr().err.startswith("porter: error: --out")
+
+
+def test_perf_against_known_good_and_peak(tmp_path):
+    """What a GPU run records (parity timing, perf ratio) is what the unit page shows, numbers and all."""
+    from ws_builder import SOURCES
+
+    ws = make_workspace(tmp_path / "gpu-ws")
+    unit = "mini_gpu_add_tensor"
+    cand = ws.write_unit(unit, SOURCES[unit])
+    ws.attempt(unit, 1, SOURCES[unit])
+    timing = {"case": "real 4096", "bytes": 49152, "median_ms": 0.0125, "p90_ms": 0.013, "reps": 50,
+              "gbps": 1376.3, "peak_gbps": 3352.0, "pct_of_peak": 41.06}
+    evidence = [ws.gate(unit, 1, "build", True, cand)[1],
+                ws.gate(unit, 1, "parity", True, cand, seeds=["00000000000000aa", "00000000000000bb"],
+                        timing=timing, cases=[{"label": "real 4096", "passes": [{"metrics": {"out": {"nmse": 2e-12}}}],
+                                               "timing": {"median_ms": 0.0125, "gbps": 1376.3}}])[1],
+                ws.gate(unit, 1, "perf", True, cand, ratio=1.25, baseline={"median_ms": 0.01}, max_slowdown=8.0)[1]]
+    step = ws.ledger.append("step", target=TARGET, unit=unit, attempt=1, state="verified", candidate_sha256=cand,
+                            unit_file=ws.rel(ws.unit_path(unit)), evidence=evidence)
+    ws.commit_step(step)
+    site = build(ws.root, TARGET, tmp_path / "gpu-site").parent
+    text = text_of(page(site, unit))
+    assert "0.0125 ms median on real 4096" in text
+    assert "1376.3 GB/s, 41.1% of the device's peak (3352 GB/s)" in text
+    assert "1.25x the known-good's 0.01 ms (limit 8.0x)" in text
+    assert "seeds 00000000000000aa, 00000000000000bb" in text
+    assert "real 4096 pass 1: out nmse=2e-12 0.0125 ms, 1376.3 GB/s" in text
