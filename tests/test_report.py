@@ -62,6 +62,17 @@ def test_every_unit_has_a_page_and_every_link_resolves(ws, site):
         assert f'href="units/{unit}.html"' in index
 
 
+def test_graph_colours_units_by_state_and_draws_entry_to_kernel(site):
+    from porter.report.graph import STATE_COLOURS
+
+    svg = (site / "graph.html").read_text()
+    box = re.search(rf'<a href="units/{REFUSED}.html"><rect [^>]*fill="([^"]+)"', svg)
+    assert box and box.group(1) == STATE_COLOURS["verified"]
+    assert re.search(rf'<a href="units/{BUILT}.html"><rect [^>]*fill="{STATE_COLOURS["built"]}"', svg)
+    assert ">mini_engine_prefill<" in svg and ">kernel_swiglu_f32<" in svg
+    assert svg.count("<path ") >= 20  # entry -> unit and unit -> kernel edges
+
+
 def test_the_link_check_can_fail(site):
     (site / "units" / f"{BUILT}.html").unlink()
     (site / "extra.html").write_text('<a href="index.html#no-such-id">x</a> <img src="https://example.org/x.png">')

@@ -32,6 +32,7 @@ class UnitPage:
     rank: int | None
     kernels: list[str]
     path: list[str]  # call chain from the entry point
+    phases: list[str]  # "prefill", "decode": the entry points that reach it
     audit: dict
     evidence: list[dict]  # the latest step's evidence, loaded and hash-checked
     calibration: dict | None
@@ -147,7 +148,7 @@ def collect(workspace: Path, target_name: str | None = None, source=None) -> Sit
         r = ranked.get(st.unit)
         pages.append(UnitPage(
             unit=st.unit, state=st.state, reason=st.reason, tier=st.tier, rank=r.rank if r else None,
-            kernels=list(r.kernels) if r else [], path=list(r.path) if r else [],
+            kernels=list(r.kernels) if r else [], path=list(r.path) if r else [], phases=list(r.phases) if r else [],
             audit=data,
             evidence=_evidence(workspace, st.evidence), calibration=calibration.get(st.unit),
         ))

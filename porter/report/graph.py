@@ -16,8 +16,8 @@ STATE_COLOURS = {
 }
 ROW = 24
 BOX_H = 18
-COL_X = (10, 250, 640)
-COL_W = (200, 330, 330)
+COL_X = (10, 250, 670)
+COL_W = (200, 370, 330)
 
 
 def _box(x: int, y: int, w: int, text: str, fill: str, href: str | None = None, title: str | None = None,
@@ -73,8 +73,11 @@ def critical_path_svg(units, entries: dict[str, list[str]], link=lambda unit: No
     for u in drawn:
         y = unit_y[u.unit] + BOX_H / 2
         colour = STATE_COLOURS.get(u.state, "#57606a")
-        if u.path:
-            parts.append(_edge(COL_X[0] + COL_W[0], entry_y[u.path[0]] + BOX_H / 2, COL_X[1], y, "#57606a"))
+        sources = [u.path[0]] if u.path else []
+        for phase in getattr(u, "phases", []):  # a unit reached from decode too hangs off that entry as well
+            sources += [e for e in entries.get(phase, [])[:1] if e not in sources]
+        for e in sources:
+            parts.append(_edge(COL_X[0] + COL_W[0], entry_y[e] + BOX_H / 2, COL_X[1], y, "#57606a"))
         for k in u.kernels:
             parts.append(_edge(COL_X[1] + COL_W[1], y, COL_X[2], kernel_y[k] + BOX_H / 2, colour))
     for e, y in entry_y.items():
