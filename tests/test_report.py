@@ -170,3 +170,14 @@ def test_perf_against_known_good_and_peak(tmp_path):
     assert "1.25x the known-good's 0.01 ms (limit 8.0x)" in text
     assert "seeds 00000000000000aa, 00000000000000bb" in text
     assert "real 4096 pass 1: out nmse=2e-12 0.0125 ms, 1376.3 GB/s" in text
+
+
+def test_prefill_slot_shapes():
+    from porter.report.collect import prefill_slot
+
+    assert prefill_slot(None) == {"state": "none", "text": "no end-to-end evidence"}
+    assert prefill_slot("stale: HEAD moved since the e2e run") == {"state": "stale",
+                                                                   "text": "stale: HEAD moved since the e2e run"}
+    assert prefill_slot({"state": "verified", "commit": "0123456789abcdef"}) == \
+        {"state": "verified", "text": "verified at 0123456789ab"}
+    assert prefill_slot({"state": "unverified", "reason": "no e2e record"})["text"] == "unverified (no e2e record)"

@@ -70,6 +70,22 @@ class SiteData:
     notes: list[str] = field(default_factory=list)
 
 
+def prefill_slot(value) -> dict:
+    """derive()'s end-to-end verdict as {"state", "text"}: the e2e gate is being wired into status
+    (verified at <commit> / stale / unverified); until it is, the slot reads "no end-to-end evidence".
+    Accepts a word, or a dict with "state" and optionally "text"/"reason"/"commit"."""
+    if not value:
+        return dict(NO_PREFILL)
+    if isinstance(value, str):
+        return {"state": value.split()[0].rstrip(":,;"), "text": value}
+    if isinstance(value, dict):
+        state = str(value.get("state") or "unverified")
+        text = value.get("text") or " ".join(str(x) for x in (state, value.get("commit") and f"at {value['commit'][:12]}",
+                                                             value.get("reason") and f"({value['reason']})") if x)
+        return {"state": state, "text": text}
+    return {"state": "unverified", "text": f"unreadable prefill verdict: {value!r}"[:200]}
+
+
 def unit_page_name(unit: str) -> str:
     return f"units/{unit}.html"
 
@@ -168,7 +184,7 @@ def collect(workspace: Path, target_name: str | None = None, source=None) -> Sit
     tiers = {t: c for t, c in tiers.items() if any(c.values())}
 
     data = status.to_json()
-    prefill = data.get("prefill") or NO_PREFILL  # filled by the end-to-end gate once derive() reports it
+    prefill = prefill_slot(data.get("prefill"))
     entries = {}
     try:
         from porter.scan import scan
