@@ -491,7 +491,6 @@ def counts_line(counts: dict) -> str:
 
 def render(report: StatusReport, console=None, wide: bool = False) -> None:
     from rich import box
-    from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
