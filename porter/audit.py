@@ -171,13 +171,17 @@ def attempts_of(workspace: Path, uh: UnitHistory) -> tuple[list[dict], list[dict
 # ---- the audit -----------------------------------------------------------------------
 
 
-def audit(workspace: Path, target_name: str | None, unit: str, source=None, key=None, use_key=True) -> dict:
+def audit(workspace: Path, target_name: str | None, unit: str, source=None, key=None, use_key=True,
+          report=None) -> dict:
+    """`report`: a StatusReport already derived for this workspace (porter report audits every unit
+    and derives once)."""
     workspace = Path(workspace).resolve()
     target = load_target(workspace, _resolve_target_name(workspace, target_name), source)
     target.api_function(unit)  # unknown unit -> PorterError naming `porter units`
     if use_key and key is None:
         key = load_key(workspace)
-    report = derive(workspace, target=target, key=key)
+    if report is None:
+        report = derive(workspace, target=target, key=key)
     st = report.unit(unit)
     attempts, other = attempts_of(workspace, History.read(workspace, target.name, key).unit(unit))
 

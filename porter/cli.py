@@ -1,6 +1,6 @@
 """porter's command line: `porter <command> ...` (also `python3 -m porter`).
 
-Commands owned by other modules (status, audit, plan, prompt, calibrate) are
+Commands owned by other modules (status, audit, plan, prompt, report, calibrate) are
 imported only when chosen, through their `add_arguments(parser)` and
 `run(args) -> int`; a missing one is reported in one line (exit 2).
 """
@@ -27,6 +27,7 @@ examples:
                                            port one unit with a real model
   porter status                            per-unit state, derived from git + ledger + evidence
   porter audit mini_gpu_add_tensor         one unit's chain: ledger records, evidence, commits, file
+  porter report                            the same for every unit as a static HTML site (runs/report/)
 
 exit codes: 0 ok, 1 a run ended with units failing, 2 bad input, 3 ledger tampered.
 `porter COMMAND --help` explains each command.
@@ -38,6 +39,7 @@ DELEGATED = {
     "audit": ("porter.audit", "one unit's chain of evidence: ledger records, evidence hashes, commits, the current file"),
     "plan": ("porter.plan", "the order units are ported in: runtime, prefill path, decode path, unreachable"),
     "prompt": ("porter.prompt.cli", "show the prompt porter would send for a unit (nothing is sent)"),
+    "report": ("porter.report", "write the reviewer's view as a static HTML site: overview, critical-path graph, a page per unit"),
     "calibrate": ("porter.calibration.command", "check that each parity spec accepts a known-good build and rejects mutants"),
 }
 READ_COMMANDS = {"units", "status", "audit", "plan", "prompt"}
@@ -129,6 +131,12 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 def _cmd_init(args) -> int:
     from porter.workspace import init_workspace
 
+    existing = Path(args.directory).expanduser().resolve()
+    if (existing / ".git").exists() and (existing / "targets" / args.target / "target.toml").is_file():
+        # Re-running a setup script must neither fail nor reset a workspace that holds work: keep it as it is.
+        print(f"porter: {existing} is already a workspace with target {args.target}; left as it is "
+              f"(`porter -C {existing} status` says where it stands)")
+        return 0
     ws = init_workspace(args.directory, [args.target], source=args.source)
     print(f"porter: new workspace {ws} (target {args.target}, every unit a placeholder)")
     scripted = (ws / "targets" / args.target / "scripted" / "manifest.toml").is_file()

@@ -111,6 +111,7 @@ class Reporter:
 
     def __init__(self, log_path: Path | None = None, quiet: bool = False):
         self.console = Console(highlight=False, soft_wrap=True)
+        self.bar = None  # the run's progress bar, on a terminal only
         self.log_path = log_path
         self.quiet = quiet
         self._log = open(log_path, "a", buffering=1) if log_path else None
@@ -122,10 +123,46 @@ class Reporter:
             stamp = datetime.now(timezone.utc).strftime("%H:%M:%S")
             self._log.write(f"{stamp} {text}\n")
 
+    def progress(self, total: int, what: str) -> "UnitBar":
+        """A progress bar under the lines on a terminal; nothing extra in pipes and logs (the lines say it)."""
+        self.bar = UnitBar(self.console if (self.console.is_terminal and not self.quiet) else None, total, what)
+        return self.bar
+
     def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
         if self._log:
             self._log.close()
             self._log = None
+
+
+class UnitBar:
+    """rich's Progress over the run's units: the current unit as its label; inert without a console."""
+
+    def __init__(self, console: Console | None, total: int, what: str):
+        self._p = None
+        if console is None or total <= 0:
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._p = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                           console=console, transient=True)
+        self._task = self._p.add_task(what, total=total)
+        self._what = what
+        self._p.start()
+
+    def working_on(self, label: str) -> None:
+        if self._p is not None:
+            self._p.update(self._task, description=f"{self._what}: {label}")
+
+    def advance(self) -> None:
+        if self._p is not None:
+            self._p.advance(self._task)
+
+    def stop(self) -> None:
+        if self._p is not None:
+            self._p.stop()
+            self._p = None
 
 
 # ---------------------------------------------------------------- options
@@ -496,16 +533,20 @@ def run(opts: RunOptions) -> int:
         results: dict[str, str] = {}
         stop_reason = None
         out_of_time = lambda: budget_s is not None and time.monotonic() - started > budget_s  # noqa: E731
+        bar = out.progress(min(len(todo), opts.max_units if opts.max_units is not None else len(todo)), "porting")
         for i, unit in enumerate(todo):
             if opts.max_units is not None and i >= opts.max_units:
                 stop_reason = f"--max-units {opts.max_units} reached"
                 break
             out.line(f"[{i + 1}/{len(todo)}] {unit} ({'runtime' if unit in target.runtime_units else 'op'})", "bold cyan")
+            bar.working_on(unit)
             ended, stop_reason = port_unit(unit, r, opts, unit in reverify, out_of_time)
+            bar.advance()
             if ended:
                 results[unit] = ended
             if stop_reason:
                 break
+        bar.stop()
         return finish(ws, target, r, results, stop_reason, run_dir)
     finally:
         out.close()

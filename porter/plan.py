@@ -213,6 +213,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--model", metavar="GGUF", help="census this model file: which quant variants each unit needs")
     parser.add_argument("--why", metavar="UNIT", help="print the call chain(s) from the entry points to UNIT")
     parser.add_argument("--rescan", action="store_true", help="ignore the scan cache (runs/scan-cache/)")
+    from porter.term import add_wide_argument
+
+    add_wide_argument(parser)
     for flag, kw in (("--json", dict(action="store_true", help="machine-readable output")),
                      ("--target", dict(metavar="NAME", help="target to plan")),
                      ("--source", dict(metavar="DIR", help="the target's source checkout"))):
@@ -251,40 +254,78 @@ def run(args) -> int:
             "units": [r.to_dict() for r in ranked],
         }, indent=2))
         return 0
-    _print_table(target, s, ranked, model)
+    _print_table(target, s, ranked, model, getattr(args, "wide", False))
     return 0
 
 
-def _print_table(target, s, ranked: list[RankedUnit], model) -> None:
+def _important(reason: str) -> bool:
+    return reason.startswith(("census FLAG", "census: absent")) or "UNRESOLVED" in reason or "unreachable" in reason
+
+
+def _print_table(target, s, ranked: list[RankedUnit], model, wide: bool = False) -> None:
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    from porter.term import console as make_console
+
+    con = make_console(wide)
+
+    def say(text: str) -> None:  # scanned names and paths are data, never rich markup
+        con.print(text, markup=False, highlight=False)
+
     counts = {t: sum(r.tier == t for r in ranked) for t in TIERS}
     src = "cached scan" if s.from_cache else "scan"
-    print(f"{target.name}: {len(ranked)} units — " + ", ".join(f"{counts[t]} {t}" for t in TIERS)
-          + f"  ({src} of {s.lines} lines, {s.seconds:.2f}s)")
+    say(f"{target.name}: {len(ranked)} units — " + ", ".join(f"{counts[t]} {t}" for t in TIERS)
+        + f"  ({src} of {s.lines} lines, {s.seconds:.2f}s)")
     if s.engine:
-        print(f"  prefill entry: {', '.join(s.engine.entries.get('prefill', []))}; "
-              f"decode entry: {', '.join(s.engine.entries.get('decode', []))}"
-              + (f"; MISSING entry functions: {', '.join(s.engine.missing_entries)}" if s.engine.missing_entries else ""))
+        say(f"  prefill entry: {', '.join(s.engine.entries.get('prefill', []))}; "
+            f"decode entry: {', '.join(s.engine.entries.get('decode', []))}"
+            + (f"; MISSING entry functions: {', '.join(s.engine.missing_entries)}" if s.engine.missing_entries else ""))
     if s.missing:
-        print(f"  not found in the checkout: {', '.join(s.missing)}")
-    print(f"  model: {model}" if model else "  model: none (quant types are what the target expects; pass --model GGUF)")
+        say(f"  not found in the checkout: {', '.join(s.missing)}")
+    say(f"  model: {model}" if model else "  model: none (quant types are what the target expects; pass --model GGUF)")
+
+    # On a narrow terminal the kernels and notes go under the unit's name; wide enough, each has a column.
+    narrow = not wide and con.width < 140
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False)
+    table.add_column("#", justify="right", no_wrap=True)
+    table.add_column("unit / kernels / notes" if narrow else "unit", no_wrap=not narrow, ratio=1 if narrow else None)
+    table.add_column("tier", no_wrap=True)
+    table.add_column("depth", justify="right", no_wrap=True)
+    table.add_column("quant types", no_wrap=wide)
+    if not narrow:
+        table.add_column("kernels", no_wrap=wide)
+        table.add_column("notes", no_wrap=wide, min_width=20)
     tier = None
     for r in ranked:
-        if r.tier != tier:
-            tier = r.tier
-            print(f"\n[{tier}]")
-        ks = ", ".join(r.kernels[:3]) + (f" +{len(r.kernels) - 3}" if len(r.kernels) > 3 else "")
-        q = "/".join(r.quant_types) or "-"
-        d = f"d{r.depth}" if r.depth is not None else "  "
-        print(f"{r.rank:>3}. {r.unit:<48} {d:>3}  {q:<16} {ks or '-'}")
-        for reason in r.reasons:
-            if reason.startswith(("census FLAG", "census: absent")) or "UNRESOLVED" in reason or "unreachable" in reason:
-                print(f"       {reason}")
+        if tier is not None and r.tier != tier:
+            table.add_section()
+        tier = r.tier
+        shown = r.kernels if wide else r.kernels[:3]
+        ks = ", ".join(shown) + (f" +{len(r.kernels) - len(shown)}" if len(r.kernels) > len(shown) else "")
+        notes = "; ".join(x for x in r.reasons if wide or _important(x))
+        row = [Text(str(r.rank))]
+        if narrow:
+            cell = Text(r.unit)
+            for extra in (f"kernels: {ks}" if ks else "", notes):
+                if extra:
+                    cell.append("\n" + extra, style="dim")
+            row.append(cell)
+        else:
+            row.append(Text(r.unit))
+        row += [Text(r.tier), Text(str(r.depth) if r.depth is not None else ""), Text("/".join(r.quant_types) or "-")]
+        if not narrow:
+            row += [Text(ks or "-"), Text(notes)]
+        table.add_row(*row)
+    con.print(table)
     unres = s.unresolved()
     if unres:
-        print(f"\nUNRESOLVED dispatches ({len(unres)}):")
+        say(f"\nUNRESOLVED dispatches ({len(unres)}):")
         for u, x in unres:
             c = f" -> fits {', '.join(x.candidates)}" if x.candidates else ""
-            print(f"  {u}: {x.pattern} — {x.reason} [{x.where}]{c}")
+            say(f"  {u}: {x.pattern} — {x.reason} [{x.where}]{c}")
+    say("\nwhy a unit is where it is: porter plan --why UNIT" + ("" if wide else "; every reason and kernel: --wide"))
 
 
 def _why(target, s, ranked: list[RankedUnit], unit: str, as_json: bool) -> int:

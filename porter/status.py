@@ -497,29 +497,35 @@ def counts_line(counts: dict) -> str:
     return ", ".join(f"{counts[s]} {s}" for s in STATES if counts.get(s)) or "none"
 
 
-def render(report: StatusReport, console=None) -> None:
+def render(report: StatusReport, console=None, wide: bool = False) -> None:
     from rich import box
-    from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
     if console is None:
-        console = Console()
-        if not console.is_terminal:  # logs and pipes: keep one unit per line
-            console.width = max(console.width, 200)
+        from porter.term import console as make_console
+
+        console = make_console(wide)
     ranked = report.critical_path["available"]
+    # On a narrow terminal the reason goes under its unit's name (headed "unit / reason") and the commit
+    # column gives way; wide enough, each gets its own column.
+    narrow = not wide and console.width < 120
     table = Table(title=f"porter status: {report.target}", title_justify="left", box=box.SIMPLE_HEAD)
-    table.add_column("unit", no_wrap=True)
+    table.add_column("unit / reason" if narrow else "unit", no_wrap=not narrow, ratio=1 if narrow else None)
     if ranked:
         table.add_column("tier", no_wrap=True)
     table.add_column("state", no_wrap=True)
     table.add_column("att", justify="right", no_wrap=True)
-    table.add_column("commit", no_wrap=True)
-    table.add_column("reason", overflow="fold")
+    if not narrow:
+        table.add_column("commit", no_wrap=True)
+        table.add_column("reason", no_wrap=wide, min_width=20)
     for u in report.units:
-        row = [Text(u.unit)] + ([Text(u.tier or "")] if ranked else [])
-        row += [Text(u.state, style=_STYLE[u.state]), Text(str(u.attempts)), Text(u.commit[:10] if u.commit else ""),
-                Text(u.reason)]  # Text, not markup: reasons quote ledger and compiler text
+        # Text, not markup: reasons quote ledger and compiler text
+        first = Text.assemble(u.unit, "\n", Text(u.reason, style="dim")) if narrow else Text(u.unit)
+        row = [first] + ([Text(u.tier or "")] if ranked else [])
+        row += [Text(u.state, style=_STYLE[u.state]), Text(str(u.attempts))]
+        if not narrow:
+            row += [Text(u.commit[:10] if u.commit else ""), Text(u.reason)]
         table.add_row(*row)
     console.print(table)
 
@@ -548,6 +554,9 @@ def render(report: StatusReport, console=None) -> None:
 
 def add_arguments(parser) -> None:
     parser.add_argument("--json", action="store_true", help="machine-readable output (stable schema)")
+    from porter.term import add_wide_argument
+
+    add_wide_argument(parser)
     parser.add_argument("--reverify", action="store_true", help="also run static, build and (with a GPU) parity on the current files now; exit 1 if that contradicts a recorded built/verified")
 
 
@@ -565,7 +574,7 @@ def run(args) -> int:
             out["reverify"] = {"units": [r.to_json() for r in fresh], "contradicted": contradicted_units}
         sys.stdout.write(json.dumps(out, indent=2, sort_keys=False) + "\n")
     else:
-        render(report)
+        render(report, wide=getattr(args, "wide", False))
         if fresh is not None:
             print("\nre-verified now (nothing recorded):")
             print("\n".join(render_lines(fresh)))

@@ -199,6 +199,21 @@ def test_status_and_units_agree_with_the_walk(walk, porter_cli_module):
     assert {u["state"] for u in units} == {"ported"}
 
 
+def test_report_of_the_walk(walk, porter_cli_module, tmp_path):
+    """`porter report` on the scripted demo workspace: a page per unit, every link resolves, and each
+    refused scripted answer appears on its unit's page with the gate that refused it."""
+    from porter.report.links import broken_links
+
+    out = tmp_path / "report"
+    r = porter_cli_module(walk["ws"], "report", "--out", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(p.stem for p in (out / "units").glob("*.html")) == sorted(walk["target"].units)
+    assert broken_links(out) == []
+    for f in of(walk["records"], "failure"):
+        html = (out / "units" / f"{f['unit']}.html").read_text()
+        assert f"refused by {f['gate']}" in html, f"{f['unit']} attempt {f['attempt']} missing from its page"
+
+
 def test_a_second_run_has_nothing_to_do(walk):
     r = walk["second"]
     assert r.returncode == 0, r.stdout + r.stderr

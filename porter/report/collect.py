@@ -1,0 +1,199 @@
+"""Everything the report shows, gathered once from the workspace and nothing else.
+
+The past is read only through porter.status.derive (states, ledger integrity),
+porter.audit (one unit's attempts, sources and landing commit) and
+porter.history (runs, calibrations): the report never re-walks ledger records
+itself, so it cannot disagree with `porter status` or `porter audit`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from porter.audit import audit
+from porter.evidence import check_evidence
+from porter.history import Attempt, Failure, History, Step
+from porter.ledger import load_key
+from porter.plan import TIERS, ranked_units
+from porter.status import CRITICAL_TIERS, STATES, StatusReport, _resolve_target_name, derive
+from porter.target import Target, load_target
+
+# Until the end-to-end gate lands in derive(), its slot reads as this.
+NO_PREFILL = {"state": "none", "text": "no end-to-end evidence"}
+
+
+@dataclass
+class UnitPage:
+    unit: str
+    state: str
+    reason: str
+    tier: str | None
+    rank: int | None
+    kernels: list[str]
+    path: list[str]  # call chain from the entry point
+    phases: list[str]  # "prefill", "decode": the entry points that reach it
+    audit: dict
+    evidence: list[dict]  # the latest step's evidence, loaded and hash-checked
+    calibration: dict | None
+
+    @property
+    def page(self) -> str:
+        return unit_page_name(self.unit)
+
+
+@dataclass
+class RunSummary:
+    run: str
+    start: str
+    end: str
+    units: list[str]
+    attempts: int
+    failures: int
+    steps: dict[str, int]  # state -> count
+
+
+@dataclass
+class SiteData:
+    target: str
+    workspace: Path
+    status: StatusReport
+    units: list[UnitPage]
+    tiers: dict[str, dict[str, int]]  # tier -> state -> count
+    critical: dict
+    prefill: dict
+    ledger: dict
+    calibration: list[dict]
+    runs: list[RunSummary]
+    entries: dict[str, list[str]]
+    refused: dict[str, int] = field(default_factory=dict)  # gate -> answers it refused, over every unit
+    notes: list[str] = field(default_factory=list)
+
+
+def prefill_slot(value) -> dict:
+    """derive()'s end-to-end verdict as {"state", "text"}: the e2e gate is being wired into status
+    (verified at <commit> / stale / unverified); until it is, the slot reads "no end-to-end evidence".
+    Accepts a word, or a dict with "state" and optionally "text"/"reason"/"commit"."""
+    if not value:
+        return dict(NO_PREFILL)
+    if isinstance(value, str):
+        return {"state": value.split()[0].rstrip(":,;"), "text": value}
+    if isinstance(value, dict):
+        state = str(value.get("state") or "unverified")
+        text = value.get("text") or " ".join(str(x) for x in (state, value.get("commit") and f"at {value['commit'][:12]}",
+                                                             value.get("reason") and f"({value['reason']})") if x)
+        return {"state": state, "text": text}
+    return {"state": "unverified", "text": f"unreadable prefill verdict: {value!r}"[:200]}
+
+
+def unit_page_name(unit: str) -> str:
+    return f"units/{unit}.html"
+
+
+def _evidence(workspace: Path, shas: list[str]) -> list[dict]:
+    out = []
+    for sha in shas:
+        ev, problem = check_evidence(workspace, sha)
+        out.append({"sha256": sha, "problem": problem, "data": ev or {}})
+    return out
+
+
+def _calibration(target: Target, history: History) -> tuple[dict[str, dict], list[str]]:
+    """Per unit with a parity spec: whether that exact spec (by sha256) is calibrated."""
+    try:
+        from porter.gates.parity.spec import load_specs
+
+        specs = load_specs(target)
+    except Exception as exc:  # a broken spec must not take the report down; say so instead
+        return {}, [f"parity specs unreadable ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"]
+    out = {}
+    for unit, spec in specs.items():
+        st = history.calibration_status(unit, spec.sha256)
+        out[unit] = dict(st, unit=unit, spec=spec.path.name if spec.path else None, spec_sha256=spec.sha256)
+    return out, []
+
+
+def _runs(history: History) -> list[RunSummary]:
+    """One line per run. Attempt records carry the run id; gate, failure and step records may not,
+    so they join the run of their own (unit, attempt)."""
+    runs: dict[str, RunSummary] = {}
+    run_of: dict[tuple, str] = {}
+    for r in history.mine:
+        run = r.run if isinstance(r.run, str) and r.run else run_of.get((r.unit, r.attempt))
+        if run is None:
+            continue
+        if isinstance(r, Attempt):
+            run_of[(r.unit, r.attempt)] = run
+        s = runs.get(run)
+        if s is None:
+            s = runs[run] = RunSummary(run, r.time, r.time, [], 0, 0, {})
+        s.end = max(s.end, r.time or "")
+        s.start = min(s.start, r.time or s.start)
+        if isinstance(r.unit, str) and r.unit not in s.units:
+            s.units.append(r.unit)
+        if isinstance(r, Attempt):
+            s.attempts += 1
+        elif isinstance(r, Failure):
+            s.failures += 1
+        elif isinstance(r, Step) and isinstance(r.state, str):
+            s.steps[r.state] = s.steps.get(r.state, 0) + 1
+    return sorted(runs.values(), key=lambda s: s.start)
+
+
+def collect(workspace: Path, target_name: str | None = None, source=None) -> SiteData:
+    workspace = Path(workspace).resolve()
+    target = load_target(workspace, _resolve_target_name(workspace, target_name), source)
+    key = load_key(workspace)
+    status = derive(workspace, target=target, key=key)
+    history = History.read(workspace, target.name, key)
+    notes: list[str] = []
+    try:
+        ranked = {r.unit: r for r in ranked_units(target)}
+    except Exception as exc:  # same rule as status: a partial scan still gives a report
+        ranked = {}
+        notes.append(f"ranking unavailable ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})")
+    calibration, cal_notes = _calibration(target, history)
+    notes += cal_notes
+
+    pages = []
+    for st in status.units:
+        data = audit(workspace, target.name, st.unit, source, key=key, report=status)
+        host = data["metal"]["host"]
+        if host.get("path") and Path(host["path"]).is_relative_to(workspace):  # the page names workspace paths as git does
+            host["path"] = Path(host["path"]).relative_to(workspace).as_posix()
+        r = ranked.get(st.unit)
+        pages.append(UnitPage(
+            unit=st.unit, state=st.state, reason=st.reason, tier=st.tier, rank=r.rank if r else None,
+            kernels=list(r.kernels) if r else [], path=list(r.path) if r else [], phases=list(r.phases) if r else [],
+            audit=data,
+            evidence=_evidence(workspace, st.evidence), calibration=calibration.get(st.unit),
+        ))
+
+    refused: dict[str, int] = {}
+    for p in pages:
+        for a in p.audit["attempts"]:
+            for f in a["failures"]:
+                refused[f["gate"]] = refused.get(f["gate"], 0) + 1
+
+    order = ("extract", "static", "build", "parity", "perf")  # the gates' own order, cheapest first
+    refused = dict(sorted(refused.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order), str(kv[0]))))
+
+    tiers = {t: {s: 0 for s in STATES} for t in (*TIERS, "unranked")}
+    for p in pages:
+        tiers[p.tier or "unranked"][p.state] += 1
+    tiers = {t: c for t, c in tiers.items() if any(c.values())}
+
+    data = status.to_json()
+    prefill = prefill_slot(data.get("prefill"))
+    entries = {}
+    try:
+        from porter.scan import scan
+
+        eng = scan(target).engine
+        entries = dict(eng.entries) if eng else {}
+    except Exception:  # noqa: BLE001  the graph then starts at the units
+        pass
+    return SiteData(target=target.name, workspace=workspace, status=status, units=pages, tiers=tiers,
+                    critical=status.critical_path, prefill=prefill, ledger=status.ledger,
+                    calibration=[calibration[u] for u in sorted(calibration)], runs=_runs(history),
+                    entries=entries, refused=refused, notes=notes + list(status.notes))

@@ -1,0 +1,183 @@
+"""`porter report`: the static site a reviewer reads, built from a small workspace (no nvcc)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from porter.cli import main
+from porter.report import build
+from porter.report.links import broken_links
+from porter.status import StatusReport
+from ws_builder import TARGET, make_workspace
+
+REFUSED = "mini_gpu_swiglu_tensor"
+BUILT = "mini_gpu_add_tensor"
+EXHAUSTED = "mini_gpu_synchronize"
+
+
+@pytest.fixture(autouse=True)
+def _no_key(monkeypatch, tmp_path):
+    monkeypatch.delenv("PORTER_LEDGER_KEY", raising=False)
+    monkeypatch.delenv("PORTER_LEDGER_KEY_FILE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+
+
+@pytest.fixture
+def ws(tmp_path):
+    ws = make_workspace(tmp_path / "ws")
+    ws.fail(REFUSED, 1, gate="build", summary="nvcc: 1 error",
+            diagnostics='kernel.cu(3): error: identifier "blockIdy" is undefined\n1 error detected\n')
+    ws.fail(REFUSED, 2, gate="static", summary="stub body: it only returns -1 <script>alert(1)</script>")
+    ws.port(REFUSED, 3)
+    ws.port(BUILT, 1, state="built")
+    ws.fail(EXHAUSTED, 1, gate="static", summary="no kernel launch")
+    ws.exhaust(EXHAUSTED, 1)
+    return ws
+
+
+@pytest.fixture
+def site(ws, tmp_path):
+    index = build(ws.root, TARGET, tmp_path / "site")
+    return index.parent
+
+
+def page(site: Path, unit: str) -> str:
+    return (site / "units" / f"{unit}.html").read_text()
+
+
+def text_of(html: str) -> str:
+    return " ".join(re.sub(r"<[^>]+>", " ", html).split())
+
+
+def test_every_unit_has_a_page_and_every_link_resolves(ws, site):
+    assert sorted(p.stem for p in (site / "units").glob("*.html")) == sorted(ws.target.units)
+    assert (site / "graph.html").is_file() and (site / "style.css").is_file()
+    assert broken_links(site) == []
+    index = (site / "index.html").read_text()
+    for unit in ws.target.units:  # the overview links every unit page, the graph the drawn ones
+        assert f'href="units/{unit}.html"' in index
+
+
+def test_graph_colours_units_by_state_and_draws_entry_to_kernel(site):
+    from porter.report.graph import STATE_COLOURS
+
+    svg = (site / "graph.html").read_text()
+    box = re.search(rf'<a href="units/{REFUSED}.html"><rect [^>]*fill="([^"]+)"', svg)
+    assert box and box.group(1) == STATE_COLOURS["verified"]
+    assert re.search(rf'<a href="units/{BUILT}.html"><rect [^>]*fill="{STATE_COLOURS["built"]}"', svg)
+    assert ">mini_engine_prefill<" in svg and ">kernel_swiglu_f32<" in svg
+    assert svg.count("<path ") >= 20  # entry -> unit and unit -> kernel edges
+
+
+def test_the_link_check_can_fail(site):
+    (site / "units" / f"{BUILT}.html").unlink()
+    (site / "extra.html").write_text('<a href="index.html#no-such-id">x</a> <img src="https://example.org/x.png">')
+    problems = broken_links(site)
+    assert any(f"units/{BUILT}.html (no such file" in p for p in problems)
+    assert any("no id 'no-such-id'" in p for p in problems)
+    assert any("no external link" in p for p in problems)
+
+
+def test_overview_counts_states_by_tier_and_names_what_is_missing(site):
+    text = text_of((site / "index.html").read_text())
+    assert "24: 1 verified, 1 built, 1 exhausted, 21 unported" in text
+    assert re.search(r"critical path runtime\+prefill, \d+ units: 1 verified, 1 built, 1 exhausted", text)
+    assert "attempts 5 in 1 run(s); 3 answers refused (2 by static, 1 by build)" in text
+    assert "prefill no end-to-end evidence" in text  # the e2e slot, empty until derive() reports it
+    assert "chain ok" in text and "UNKEYED" in text
+    assert "uncalibrated never calibrated" in text
+    # the timeline: run-1 made 5 attempts on 3 units, 3 refused, 2 steps
+    assert re.search(r"run-1 \S+ \S+ 3 5 3 1 verified 1 built", text), text[-300:]
+
+
+def test_unit_page_shows_sources_refusals_diff_and_evidence(site):
+    html = page(site, REFUSED)
+    text = text_of(html)
+    assert "refused by build" in text and "refused by static" in text
+    assert 'identifier "blockIdy" is undefined' in html.replace("&#34;", '"').replace("&quot;", '"')
+    assert "kernel_swiglu_f32" in text  # the Metal kernel slice
+    assert "swiglu_kernel" in text  # the CUDA file now
+    assert text.count('class="code"') == 0 and html.count('class="code"') >= 3  # host, kernels, CUDA highlighted
+    assert '<span class="gi">+' in html  # the landing commit's diff, highlighted as a diff
+    assert "seeds 11, 12" in text and "nmse=1e-09" in text
+    assert "No timing evidence" in text  # no GPU here: perf says so instead of inventing a number
+
+
+def test_ledger_text_is_escaped_not_executed(site):
+    html = page(site, REFUSED)
+    assert "<script>alert(1)</script>" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+
+
+def test_tampered_evidence_shows_on_the_overview_and_the_unit(ws, tmp_path):
+    ev = next((ws.root / "ledger" / "evidence").glob("*.json"))
+    ev.write_text(ev.read_text().replace('"ok": true', '"ok": false').replace('"ok":true', '"ok":false'))
+    site = build(ws.root, TARGET, tmp_path / "tampered").parent
+    assert "tampered" in text_of((site / "index.html").read_text())
+    tampered = [u for u in ws.target.units if "st-tampered\">tampered" in page(site, u)]
+    assert tampered, "an edited evidence file must mark its unit tampered in the report"
+
+
+def test_prefill_slot_shows_what_derive_reports(ws, tmp_path, monkeypatch):
+    real = StatusReport.to_json
+    monkeypatch.setattr(StatusReport, "to_json",
+                        lambda self: dict(real(self), prefill={"state": "verified", "text": "verified at 0123abcd"}))
+    site = build(ws.root, TARGET, tmp_path / "e2e").parent
+    text = text_of((site / "index.html").read_text())
+    assert "prefill verified at 0123abcd" in text and "no end-to-end evidence" not in text
+
+
+def test_cli_writes_the_site(ws, tmp_path, capsys):
+    out = tmp_path / "cli-site"
+    assert main(["-C", str(ws.root), "report", "--out", str(out)]) == 0
+    assert f"report: {out / 'index.html'}" in capsys.readouterr().out
+    assert (out / "units" / f"{BUILT}.html").is_file()
+
+
+def test_out_that_is_a_file_is_bad_input(ws, tmp_path, capsys):
+    f = tmp_path / "a-file"
+    f.write_text("x")
+    assert main(["-C", str(ws.root), "report", "--out", str(f)]) == 2
+    assert capsys.readouterr().err.startswith("porter: error: --out")
+
+
+def test_perf_against_known_good_and_peak(tmp_path):
+    """What a GPU run records (parity timing, perf ratio) is what the unit page shows, numbers and all."""
+    from ws_builder import SOURCES
+
+    ws = make_workspace(tmp_path / "gpu-ws")
+    unit = "mini_gpu_add_tensor"
+    cand = ws.write_unit(unit, SOURCES[unit])
+    ws.attempt(unit, 1, SOURCES[unit])
+    timing = {"case": "real 4096", "bytes": 49152, "median_ms": 0.0125, "p90_ms": 0.013, "reps": 50,
+              "gbps": 1376.3, "peak_gbps": 3352.0, "pct_of_peak": 41.06}
+    evidence = [ws.gate(unit, 1, "build", True, cand)[1],
+                ws.gate(unit, 1, "parity", True, cand, seeds=["00000000000000aa", "00000000000000bb"],
+                        timing=timing, cases=[{"label": "real 4096", "passes": [{"metrics": {"out": {"nmse": 2e-12}}}],
+                                               "timing": {"median_ms": 0.0125, "gbps": 1376.3}}])[1],
+                ws.gate(unit, 1, "perf", True, cand, ratio=1.25, baseline={"median_ms": 0.01}, max_slowdown=8.0)[1]]
+    step = ws.ledger.append("step", target=TARGET, unit=unit, attempt=1, state="verified", candidate_sha256=cand,
+                            unit_file=ws.rel(ws.unit_path(unit)), evidence=evidence)
+    ws.commit_step(step)
+    site = build(ws.root, TARGET, tmp_path / "gpu-site").parent
+    text = text_of(page(site, unit))
+    assert "0.0125 ms median on real 4096" in text
+    assert "1376.3 GB/s, 41.1% of the device's peak (3352 GB/s)" in text
+    assert "1.25x the known-good's 0.01 ms (limit 8.0x)" in text
+    assert "seeds 00000000000000aa, 00000000000000bb" in text
+    assert "real 4096 pass 1: out nmse=2e-12 0.0125 ms, 1376.3 GB/s" in text
+
+
+def test_prefill_slot_shapes():
+    from porter.report.collect import prefill_slot
+
+    assert prefill_slot(None) == {"state": "none", "text": "no end-to-end evidence"}
+    assert prefill_slot("stale: HEAD moved since the e2e run") == {"state": "stale",
+                                                                   "text": "stale: HEAD moved since the e2e run"}
+    assert prefill_slot({"state": "verified", "commit": "0123456789abcdef"}) == \
+        {"state": "verified", "text": "verified at 0123456789ab"}
+    assert prefill_slot({"state": "unverified", "reason": "no e2e record"})["text"] == "unverified (no e2e record)"
