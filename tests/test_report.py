@@ -87,7 +87,7 @@ def test_overview_counts_states_by_tier_and_names_what_is_missing(site):
     assert "24: 1 verified, 1 built, 1 exhausted, 21 unported" in text
     assert re.search(r"critical path runtime\+prefill, \d+ units: 1 verified, 1 built, 1 exhausted", text)
     assert "attempts 5 in 1 run(s); 3 answers refused (2 by static, 1 by build)" in text
-    assert "prefill no end-to-end evidence" in text  # the e2e slot, empty until derive() reports it
+    assert "prefill unverified (no passing e2e record)" in text  # derive()'s prefill line: no e2e evidence
     assert "chain ok" in text and "UNKEYED" in text
     assert "uncalibrated never calibrated" in text
     # the timeline: run-1 made 5 attempts on 3 units, 3 refused, 2 steps

@@ -58,7 +58,7 @@ def test_overview_and_unit_page_render_as_meant(site, tmp_path):
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000, f"{png} is not a rendered page"
     assert seen["title"]["shown"] and seen["title"]["text"] == f"porter report: {TARGET}"
     assert seen["summary"]["shown"], "the summary must be on the first screen"
-    assert seen["prefill"]["shown"] and seen["prefill"]["text"] == "no end-to-end evidence"
+    assert seen["prefill"]["shown"] and seen["prefill"]["text"] == "unverified (no passing e2e record)"
     assert seen["unit_links"] == 24
     assert seen["state"]["shown"] and seen["state"]["text"] == "verified"
     (l_left, l_right, l_top), (r_left, r_right, r_top) = seen["panes"]
