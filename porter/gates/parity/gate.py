@@ -27,7 +27,7 @@ import numpy as np
 
 from porter.gates.parity import compare, runner
 from porter.gates.parity.compare import Failure
-from porter.gates.parity.spec import (Call, Context, Exact, In, InOut, Map, Out, Same, Shape, SpecError,
+from porter.gates.parity.spec import (Call, Context, Exact, Flag, In, InOut, Map, Out, Same, Shape, SpecError,
                                       UnitSpec, header_params, validate_call)
 from porter.digest import sha256_file
 from porter.gates.result import GateResult
@@ -66,7 +66,7 @@ def _layout(spec: UnitSpec, params: list[dict], call: Call) -> dict:
             bind[p["name"]] = p["name"]
         elif isinstance(a, Map):
             map_info = {"size": a.size, "file": a.file}
-        elif not isinstance(a, Same):
+        elif not isinstance(a, (Same, Flag)):
             scalars[p["name"]] = float(a) if p["kind"] in ("f32", "f64") else int(a)
     for p in params:
         a = call.args[p["name"]]
