@@ -170,7 +170,9 @@ def attention_output_low_q8(model_map, out_a_offset: int, group_dim: int, rank: 
     h = _rows(heads, n_tokens * n_groups, group_dim)
     q, d = quantize_q8_0_activation(h)
     hd = _dequant_activation(q, d, 32)[:, :group_dim].reshape(n_tokens, n_groups, group_dim)
-    low = np.einsum("grk,tgk->tgr", w, hd)
+    low = np.empty((n_tokens, n_groups, rank), dtype=np.float64)
+    for g in range(n_groups):
+        low[:, g, :] = hd[:, g, :] @ w[g].T
     return low.reshape(n_tokens, n_groups * rank).astype(np.float32)
 
 
