@@ -29,11 +29,11 @@ DISPATCH = {
         "n_tokens >= 2 (DS4_CUDA_ATTENTION_OUTPUT_A_CUBLAS_MIN), cuBLAS ready, not quality mode -> reached by shape "
         "'attn out 8 x 4096 -> 1024 -> 4096, 2 tokens'",
     "grouped_q8_0_a_preq_warp8_kernel for n_tokens > 1 (A)":
-        "DS4_CUDA_NO_CUBLAS_ATTENTION_OUTPUT_A, DS4_CUDA_NO_ATTENTION_OUTPUT_F16_CACHE or DS4_CUDA_NO_Q8_F16_CACHE, "
-        "or odd sizes whose F16 cache is refused -> knob",
-    "matmul_q8_0_preq_batch_warp8_kernel (B)": "n_tokens > 1, no F16 cache, low_dim <= 1024 -> reached by shape "
-                                               "'odd 3 groups of 100 -> 37 -> 53, 3 tokens'",
-    "matmul_q8_0_preq_kernel (B)": "n_tokens > 1, no F16 cache, low_dim > 1024 -> knob DS4_CUDA_NO_Q8_F16_CACHE at ds4's sizes",
+        "n_tokens >= 2 with DS4_CUDA_NO_CUBLAS_ATTENTION_OUTPUT_A, DS4_CUDA_NO_ATTENTION_OUTPUT_F16_CACHE or "
+        "DS4_CUDA_NO_Q8_F16_CACHE (the label attn_output_a allows the F16 cache at any size) -> knob",
+    "matmul_q8_0_preq_batch_warp8_kernel / matmul_q8_0_preq_kernel (B, n_tokens > 1)":
+        "DS4_CUDA_NO_ATTENTION_OUTPUT_F16_CACHE or DS4_CUDA_NO_Q8_F16_CACHE; batch warp when n_groups*rank <= 1024 "
+        "(shape 'odd 3 groups of 100 -> 37 -> 53, 3 tokens'), preq kernel above (ds4's sizes) -> knob",
 }
 KNOWN_GOOD_ENV = [{"DS4_CUDA_NO_CUBLAS_ATTENTION_OUTPUT_A": "1"}, {"DS4_CUDA_NO_ATTENTION_OUTPUT_F16_CACHE": "1"},
                   {"DS4_CUDA_NO_Q8_F16_CACHE": "1"}, {"DS4_CUDA_ATTENTION_OUTPUT_A_CUBLAS_MIN": "130"},

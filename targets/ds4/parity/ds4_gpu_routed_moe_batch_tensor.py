@@ -35,8 +35,7 @@ DISPATCH = {
     "moe_gate_up_mid_decode_lut_qwarp32_kernel": "n_tokens == 1, in_dim/256 <= 16, IQ2_XXS -> reached by shape "
                                                  "'decode through the batch call: 1 token, 6 of 256'",
     "moe_gate_up_mid_qwarp32_kernel (non-LUT IQ2_XXS dot)": "n_tokens == 1 and in_dim > 4096, or "
-        "DS4_CUDA_MOE_NO_DECODE_LUT_GATE -> reached by ds4_gpu_routed_moe_one_tensor's shape "
-        "'6 experts, 4352 -> 256 -> 256 (17 blocks: non-LUT gate)' (same launcher)",
+        "DS4_CUDA_MOE_NO_DECODE_LUT_GATE -> reached by shape '1 token, 6 of 256, 4352 -> 256 -> 256 (non-LUT gate)'",
     "moe_down_sum6_qwarp32_kernel": "n_tokens == 1, n_expert == 6 -> reached by shape "
                                     "'decode through the batch call: 1 token, 6 of 256'",
     "moe_gate_up_mid_decode_q4K_qwarp32_kernel + moe_down_q4K_sum6_qwarp32_kernel":
@@ -59,7 +58,7 @@ DISPATCH = {
     "moe_down_expert_tile16_row32_kernel": "n_tokens >= 128 with DS4_CUDA_MOE_NO_DOWN_ROW2048 -> knob",
     "moe_down_expert_tile8_row32_kernel (atomic)": "n_tokens >= 128 with DS4_CUDA_MOE_NO_DOWN_TILE16 -> knob",
     "moe_down_qwarp32_kernel + moe_sum_kernel": "n_tokens == 1, n_expert != 6 (or DS4_CUDA_MOE_NO_DIRECT_DOWN_SUM6) "
-                                                "-> reached by ds4_gpu_routed_moe_one_tensor's 4-expert shape",
+                                                "-> reached by shape '1 token, 4 of 256, 512 -> 256 -> 512 (generic down + sum)'",
     "Q4_K with n_tokens > 1 or n_expert != 6": "upstream returns 0 (Metal runs it) -> no case",
 }
 KNOWN_GOOD_ENV = [{"DS4_CUDA_MOE_TILE4": "1"}, {"DS4_CUDA_MOE_NO_EXPERT_TILES": "1"},
@@ -92,6 +91,10 @@ SPEC = UnitSpec(
         _real("prefill 128 tokens, 6 of 256", 128),
         _real("prefill 129 tokens, 6 of 256", 129, timed=True),
         _real("Q4_K decode: 1 token, 6 of 256", 1, dims={"gate": "Q4_K"}),
+        Shape("1 token, 6 of 256, 4352 -> 256 -> 256 (non-LUT gate)",
+              {"n_tokens": 1, "n_expert": 6, "in_dim": 4352, "mid_dim": 256, "out_dim": 256, "clamp": C}),
+        Shape("1 token, 4 of 256, 512 -> 256 -> 512 (generic down + sum)",
+              {"n_tokens": 1, "n_expert": 4, "in_dim": 512, "mid_dim": 256, "out_dim": 512, "clamp": C}),
         Shape("odd: 5 tokens, 4 of 256, 512 -> 256 -> 768, no clamp",
               {"n_tokens": 5, "n_expert": 4, "in_dim": 512, "mid_dim": 256, "out_dim": 768, "clamp": 0.0}),
         Shape("odd: 130 tokens, 3 of 256, 256 -> 512 -> 256",
