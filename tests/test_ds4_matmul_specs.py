@@ -295,3 +295,73 @@ def test_large_weight_maps_are_sparse_files(tmp_path):
     p = placed[0]
     assert np.asarray(m.array[p.offset + 5 * p.expert_bytes: p.offset + 5 * p.expert_bytes + 4096]).max() == 0
     assert np.asarray(m.array[p.offset + 255 * p.expert_bytes: p.offset + 255 * p.expert_bytes + 4096]).max() > 0
+
+
+# ---------------------------------------------------------------------------
+# the `bool *` out-flag and a sparse-file map through the parity child (host mode)
+# ---------------------------------------------------------------------------
+
+FLAG_STAND_IN_C = r"""
+#include <stdint.h>
+#include <stdbool.h>
+typedef struct { void *ptr; uint64_t bytes; int owner; } T;
+int ds4_gpu_init(void) { return 1; }
+/* out[t][o] = the map's byte at gate_offset + o (so the map must arrive whole), and the
+   out-flag must be a writable bool (ds4_gpu.h: *mid_is_f16 says how mid is stored) */
+int ds4_gpu_routed_moe_batch_tensor(T *out, T *gate, T *up, T *mid, T *experts, const void *map, uint64_t size,
+    uint64_t gate_offset, uint64_t up_offset, uint64_t down_offset, uint32_t gate_type, uint32_t down_type,
+    uint64_t geb, uint64_t grb, uint64_t deb, uint64_t drb, uint32_t in_dim, uint32_t mid_dim, uint32_t out_dim,
+    const T *selected, const T *weights, uint32_t n_expert, float clamp, const T *x, uint32_t n_tokens,
+    bool *mid_is_f16) {
+  if (!mid_is_f16 || *mid_is_f16) return 0;
+  *mid_is_f16 = true;
+  const unsigned char *m = map;
+  float *o = out->ptr;
+  for (uint32_t t = 0; t < n_tokens; t++)
+    for (uint32_t i = 0; i < out_dim; i++)
+#ifdef FAULT_OFF_BY_ONE
+      o[(uint64_t)t * out_dim + i] = (float)m[gate_offset + i + 1];
+#else
+      o[(uint64_t)t * out_dim + i] = (float)m[gate_offset + i];
+#endif
+  return 1;
+}
+"""
+
+
+@needs_checkout
+@pytest.mark.parametrize("fault,check", [(None, "pass"), ("FAULT_OFF_BY_ONE", "values")])
+def test_flag_and_sparse_map_reach_the_library_in_host_mode(target, tmp_path, monkeypatch, fault, check):
+    import shutil
+    import subprocess
+
+    from porter.gates.parity import weights as W
+    from porter.gates.parity.gate import run_spec
+    from porter.gates.parity.spec import Call, Shape, Tol, UnitSpec
+    from porter.known_good import first_check
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler for the host stand-in")
+    src = tmp_path / "flag.c"
+    src.write_text(FLAG_STAND_IN_C)
+    lib = tmp_path / "libflag.so"
+    subprocess.run([cc, "-O1", "-shared", "-fPIC", *([f"-D{fault}"] if fault else []), "-o", str(lib), str(src)],
+                   check=True, capture_output=True)
+    monkeypatch.setattr(W, "SPARSE_MIN", 1 << 20)  # this case's 2.6 MB map becomes a sparse file
+    real = module("ds4_gpu_routed_moe_batch_tensor")
+    dims = {"n_tokens": 2, "n_expert": 2, "in_dim": 256, "mid_dim": 256, "out_dim": 64, "clamp": 10.0}
+    seen_files = []
+
+    def build(shape, ctx, rng):
+        call = real.SPEC.build(Shape(shape.label, dims, source="model:" + ",".join(L3)), ctx, rng)
+        m, a = call.args["model_map"], call.args
+        seen_files.append(m.file)
+        want = np.asarray(m.array[a["gate_offset"]:a["gate_offset"] + 64], dtype=np.float32)
+        return Call(args=a, expect={"out": np.tile(want, (2, 1))})
+
+    spec = UnitSpec(unit="ds4_gpu_routed_moe_batch_tensor", reference="test", outputs={"out": Tol(nmse=0, max_abs=0)},
+                    shapes=[Shape("flag", dims)], build=build)
+    res = run_spec(target, spec, lib, workspace=tmp_path, mode="host", timing_reps=0)
+    assert all(seen_files), "the map did not go through a sparse file"
+    assert first_check(res) == check, res.summary
