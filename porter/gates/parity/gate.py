@@ -432,11 +432,15 @@ def _run_spec(target, spec: UnitSpec, library: Path, *, workspace: Path | None =
         if not keep:
             shutil.rmtree(plan_dir, ignore_errors=True)
     t_done = time.monotonic()
-    return _result(target, spec, library, cases, seeds, outcome, failures, reports, mode=mode, sanitize=san,
-                   candidate_sha256=candidate_sha256, calibration=calibration,
-                   timings={"prepare_s": t_prepared - t_start, "child_s": outcome.elapsed_s,
-                            "total_s": t_done - t_start},
-                   plan_dir=plan_dir if keep else None)
+    res = _result(target, spec, library, cases, seeds, outcome, failures, reports, mode=mode, sanitize=san,
+                  candidate_sha256=candidate_sha256, calibration=calibration,
+                  timings={"prepare_s": t_prepared - t_start, "child_s": outcome.elapsed_s,
+                           "total_s": t_done - t_start},
+                  plan_dir=plan_dir if keep else None)
+    if res.evidence is not None:  # "model:" shapes read the user's tensors when a model was given
+        mp = ctx.model_path
+        res.evidence["weights"] = {"model": str(mp), "bytes": mp.stat().st_size} if mp else {"model": None}
+    return res
 
 
 def _sanitize(plan_dir, spec, api_fn, cases, library, target, limit) -> dict:
