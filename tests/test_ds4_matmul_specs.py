@@ -5,8 +5,8 @@
   header, so these skip without it);
 * every DISPATCH entry names a shape that exists (or a knob of
   KNOWN_GOOD_ENV), and every spec has a timed case at ds4's real sizes;
-* the matmul/MoE mutants each apply exactly once, two or more per unit, and all
-  together (their search texts do not overlap);
+* the matmul/MoE mutants (porter.calibration.mutants) each apply exactly once,
+  two or more per unit, and all together (their search texts do not overlap);
 * weights by GGUF tensor name: a tiny GGUF with ds4's real tensor names and
   types (written here with gguf-py) feeds a routed-MoE case its real bytes;
   without it the same case gets synthetic tensors of the census type.
@@ -129,18 +129,20 @@ def _family_names():
 
 @needs_checkout
 def test_family_mutants_apply_once_each_and_together(target):
-    from porter.known_good import apply_mutation, load_mutations
+    from porter.calibration.mutants import rule_mutants
 
     names = set(_family_names())
-    muts = [m for m in load_mutations(target) if m.name in names]
+    muts = [m for m in rule_mutants(target) if m.name in names]
     assert {m.name for m in muts} == names
     src = (target.checkout / "ds4_cuda.cu").read_text()
     combined = src
     for m in muts:
+        assert m.file == "ds4_cuda.cu"
         for rule in m.rules:
             assert src.count(rule.search) == 1, (m.name, rule.search[:60])
-        assert apply_mutation(src, m) != src
-        combined = apply_mutation(combined, m)  # no two mutants touch the same text
+        out = m.apply(src)
+        assert out != src and "porter mutant" in out
+        combined = m.apply(combined)  # no two mutants touch the same text
     per_unit = {}
     for m in muts:
         per_unit.setdefault(m.unit, []).append(m.name)
@@ -153,13 +155,13 @@ def test_family_mutants_apply_once_each_and_together(target):
 
 @needs_checkout
 def test_a_search_text_that_occurs_twice_is_refused(target):
-    from porter.known_good import Mutation, Rule, apply_mutation
+    from porter.calibration.mutants import Mutant, Rule
 
     src = (target.checkout / "ds4_cuda.cu").read_text()
     dup = "uint64_t bn = in_dim - i0 < 32 ? in_dim - i0 : 32;"
     assert src.count(dup) > 1
     with pytest.raises(PorterError, match="must occur exactly once"):
-        apply_mutation(src, Mutation("m", "u", "ds4_cuda.cu", "values", "why", (Rule(dup, "x"),)))
+        Mutant("u", "m", "values", "why", "rules", file="ds4_cuda.cu", rules=(Rule(dup, "x"),)).apply(src)
 
 
 # ---------------------------------------------------------------------------
@@ -338,7 +340,6 @@ def test_flag_and_sparse_map_reach_the_library_in_host_mode(target, tmp_path, mo
     from porter.gates.parity import weights as W
     from porter.gates.parity.gate import run_spec
     from porter.gates.parity.spec import Call, Shape, Tol, UnitSpec
-    from porter.known_good import first_check
 
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
@@ -364,4 +365,4 @@ def test_flag_and_sparse_map_reach_the_library_in_host_mode(target, tmp_path, mo
                     shapes=[Shape("flag", dims)], build=build)
     res = run_spec(target, spec, lib, workspace=tmp_path, mode="host", timing_reps=0)
     assert all(seen_files), "the map did not go through a sparse file"
-    assert first_check(res) == check, res.summary
+    assert res.word == check, res.summary
