@@ -291,12 +291,12 @@ def test_large_weight_maps_are_sparse_files(tmp_path):
 
     wants = [W.Want("IQ2_XXS", (256, 2048, 4096), (0, 255)), W.Want("IQ2_XXS", (256, 2048, 4096), (0, 255)),
              W.Want("Q2_K", (256, 4096, 2048), (0, 255))]
-    m, placed = W.place(wants, ["g", "u", "d"], np.random.default_rng(0), scratch=tmp_path)
-    assert m.file and m.size > 1_800_000_000
-    assert os.stat(m.file).st_blocks * 512 < 64 << 20  # only the two experts' pages are on disk
+    data, file, placed = W.place(wants, ["g", "u", "d"], np.random.default_rng(0), scratch=tmp_path)
+    assert file and data.size > 1_800_000_000
+    assert os.stat(file).st_blocks * 512 < 64 << 20  # only the two experts' pages are on disk
     p = placed[0]
-    assert np.asarray(m.array[p.offset + 5 * p.expert_bytes: p.offset + 5 * p.expert_bytes + 4096]).max() == 0
-    assert np.asarray(m.array[p.offset + 255 * p.expert_bytes: p.offset + 255 * p.expert_bytes + 4096]).max() > 0
+    assert np.asarray(data[p.offset + 5 * p.expert_bytes: p.offset + 5 * p.expert_bytes + 4096]).max() == 0
+    assert np.asarray(data[p.offset + 255 * p.expert_bytes: p.offset + 255 * p.expert_bytes + 4096]).max() > 0
 
 
 # ---------------------------------------------------------------------------

@@ -55,6 +55,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from porter.errors import PorterError
+from porter.gates.parity import weights as W
 
 SPEC_DIR = "parity"
 MODEL_ENV = "PORTER_PARITY_MODEL"  # the user's GGUF: "model:" shapes read their tensors from it
@@ -271,8 +272,6 @@ class Context:
     def weights(self, shape: "Shape", wants: list, rng: np.random.Generator):
         """(Map, [Placed]) for a "model:<names>" shape: the user's tensors by name when a
         model is given, else synthetic tensors of each Want's type (porter.gates.parity.weights)."""
-        from porter.gates.parity import weights as W
-
         names = shape.model_tensors
         if not names:
             raise SpecError(f"shape {shape.label!r}: ctx.weights needs a source 'model:<tensor>,...'")
@@ -281,9 +280,10 @@ class Context:
         if self._scratch is None:
             self._scratch = tempfile.TemporaryDirectory(prefix="porter-weights-")
         try:
-            return W.place(wants, names, rng, self._model, Path(self._scratch.name))
+            data, file, placed = W.place(wants, names, rng, self._model, Path(self._scratch.name))
         except W.WeightsError as exc:
             raise SpecError(f"shape {shape.label!r}: {exc}") from None
+        return Map(data, file=file), placed
 
     def _load(self) -> None:
         if self._tensors is not None:

@@ -112,8 +112,8 @@ def _row_bytes(qtype: str, cols: int) -> int:
 
 def place(wants: list[Want], names: list[str], rng: np.random.Generator, model: ModelFile | None = None,
           scratch: Path | None = None):
-    """(Map, [Placed]) for the wanted tensors, real (model given) or synthetic."""
-    from porter.gates.parity.spec import Map
+    """(bytes, file, [Placed]) for the wanted tensors, real (model given) or synthetic: the map's
+    bytes (a read-only memmap of `file` when sparse, else an in-memory array with file None)."""
     from reference import quant
 
     if len(names) != len(wants):
@@ -178,5 +178,5 @@ def place(wants: list[Want], names: list[str], rng: np.random.Generator, model: 
         placed.append(Placed(name, qtype, tuple(w.shape), off, rb, per, real))
     if sparse:
         f.close()
-        return Map(np.memmap(path, dtype=np.uint8, mode="r"), file=path), placed
-    return Map(buf), placed
+        return np.memmap(path, dtype=np.uint8, mode="r"), path, placed
+    return buf, None, placed

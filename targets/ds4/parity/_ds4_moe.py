@@ -15,7 +15,7 @@ first token's set and expert 0 in the last token's.  Real-size cases draw from
 all 256."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, Flag, In, Out, SpecError
+from porter.gates.parity.spec import Call, Flag, In, Map, Out, SpecError
 from porter.gates.parity.weights import Want, place
 from reference import ds4_matmul_ops as mo
 from reference import ds4_ops as ops
@@ -56,8 +56,9 @@ def build(shape, ctx, rng, batch: bool):
              Want(dq, (N, out_dim, mid_dim), experts, types=(dq,) if dq == "Q4_K" else DOWN_TYPES)]
     if shape.model_tensors:
         m, placed = ctx.weights(shape, wants, rng)
-    else:
-        m, placed = place(wants, ["gate", "up", "down"], rng)
+    else:  # small widths: an in-memory map, no tensor names
+        data, _, placed = place(wants, ["gate", "up", "down"], rng)
+        m = Map(data)
     g, u, dn = placed
     if g.qtype != u.qtype or PAIR.get(g.qtype) != dn.qtype:
         raise SpecError(f"shape {shape.label!r}: the model's expert types ({g.qtype}, {u.qtype}, {dn.qtype}) "
