@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from porter.calibration.libraries import libraries_for
 from porter.errors import PorterError
 from porter.gates import parity
 from porter.gates.driver import ParityOptions
+from porter.gates.parity.spec import MODEL_ENV
 from porter.target import load_target
 
 
@@ -44,11 +46,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="do not show the static gate's verdict on each mutant")
     p.add_argument("--report", metavar="FILE", help="write the full report as JSON to FILE")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--model", metavar="GGUF", help="the user's model: spec shapes with a 'model:' source read its "
+                   "tensors by name (default: $PORTER_PARITY_MODEL, else synthetic tensors of the census types)")
     p.add_argument("--mode", choices=("cuda", "host"), default="cuda", help=argparse.SUPPRESS)
 
 
 def run(args) -> int:
     ws = Path(args.workspace)
+    if getattr(args, "model", None):  # read by porter.gates.parity.spec.Context.for_target
+        os.environ[MODEL_ENV] = str(Path(args.model).resolve())
     target = load_target(ws, args.target, getattr(args, "source", None))
     if args.mode == "cuda":
         ok, why = parity.available()

@@ -78,6 +78,7 @@ class Child:
         self.progress = open(plan_dir / "progress.jsonl", "a", buffering=1)
         self.results: dict = {"cases": [], "fatal": None, "complete": False, "device": None}
         self.outputs: dict[str, np.ndarray] = {}
+        self._flags: list = []  # host bools handed to `bool *` parameters
 
     # -- bookkeeping -----------------------------------------------------
     def step(self, **fields) -> None:
@@ -109,7 +110,7 @@ class Child:
             k = p["kind"]
             if k == "tensor":
                 argtypes.append(ctypes.POINTER(Tensor))
-            elif k == "map":
+            elif k in ("map", "flag"):
                 argtypes.append(ctypes.c_void_p)
             else:
                 argtypes.append(_CTYPES[k])
@@ -184,6 +185,10 @@ class Child:
                 args.append(ctypes.byref(structs[case["bind"][name]]))
             elif k == "map":
                 args.append(ctypes.c_void_p(host_map.ctypes.data if host_map is not None else None))
+            elif k == "flag":  # a `bool *` out-flag: a fresh host bool, false before the call
+                flag = ctypes.c_bool(False)
+                self._flags.append(flag)  # alive until the child ends
+                args.append(ctypes.c_void_p(ctypes.addressof(flag)))
             else:
                 args.append(_CTYPES[k](pdata["scalars"][name]))
         return args

@@ -27,7 +27,7 @@ import numpy as np
 
 from porter.gates.parity import compare, runner
 from porter.gates.parity.compare import Failure
-from porter.gates.parity.spec import (Call, Context, Exact, In, InOut, Map, Out, Same, Shape, SpecError,
+from porter.gates.parity.spec import (Call, Context, Exact, Flag, In, InOut, Map, Out, Same, Shape, SpecError,
                                       UnitSpec, header_params, validate_call)
 from porter.digest import sha256_file
 from porter.gates.result import GateResult
@@ -66,7 +66,7 @@ def _layout(spec: UnitSpec, params: list[dict], call: Call) -> dict:
             bind[p["name"]] = p["name"]
         elif isinstance(a, Map):
             map_info = {"size": a.size, "file": a.file}
-        elif not isinstance(a, Same):
+        elif not isinstance(a, (Same, Flag)):
             scalars[p["name"]] = float(a) if p["kind"] in ("f32", "f64") else int(a)
     for p in params:
         a = call.args[p["name"]]
@@ -434,11 +434,15 @@ def _run_spec(target, spec: UnitSpec, library: Path, *, workspace: Path | None =
         if not keep:
             shutil.rmtree(plan_dir, ignore_errors=True)
     t_done = time.monotonic()
-    return _result(target, spec, library, cases, seeds, outcome, failures, reports, mode=mode, sanitize=san,
-                   candidate_sha256=candidate_sha256, calibration=calibration,
-                   timings={"prepare_s": t_prepared - t_start, "child_s": outcome.elapsed_s,
-                            "total_s": t_done - t_start},
-                   plan_dir=plan_dir if keep else None)
+    res = _result(target, spec, library, cases, seeds, outcome, failures, reports, mode=mode, sanitize=san,
+                  candidate_sha256=candidate_sha256, calibration=calibration,
+                  timings={"prepare_s": t_prepared - t_start, "child_s": outcome.elapsed_s,
+                           "total_s": t_done - t_start},
+                  plan_dir=plan_dir if keep else None)
+    if res.evidence is not None:  # "model:" shapes read the user's tensors when a model was given
+        mp = ctx.model_path
+        res.evidence["weights"] = {"model": str(mp), "bytes": mp.stat().st_size} if mp else {"model": None}
+    return res
 
 
 def _sanitize(plan_dir, spec, api_fn, cases, library, target, limit) -> dict:

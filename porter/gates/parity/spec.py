@@ -25,6 +25,16 @@ Arguments, by the header's parameter types:
   const void *             Map(u8 array) | ctx.fixture_map()   the model map
   integers, float          Python numbers
   bool                     True/False (or 0/1)
+  bool *                   Flag(): an out-flag in host memory (false before the call, not compared)
+
+Weights by tensor name: a shape with source "model:<name>[,<name>...]" names
+real GGUF tensors (ds4's names, e.g. blk.3.ffn_gate_exps.weight); its builder
+asks ctx.weights(shape, [Want(...), ...], rng) for them.  With a user model
+(PORTER_PARITY_MODEL, or Context(model_path=...)) the bytes are the real
+tensors' (of their real types); without one they are synthetic tensors of the
+census type and layout the spec names.  Large maps (the routed experts: 256
+experts of several MB) are sparse files: only the experts a case selects hold
+bytes, the rest reads as zeros.
 
 Every spec is checked against the header (porter.cparse) before it runs:
 every parameter bound exactly once, with an argument of its kind.
@@ -34,8 +44,10 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import os
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -43,8 +55,10 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from porter.errors import PorterError
+from porter.gates.parity import weights as W
 
 SPEC_DIR = "parity"
+MODEL_ENV = "PORTER_PARITY_MODEL"  # the user's GGUF: "model:" shapes read their tensors from it
 
 
 class SpecError(PorterError):
@@ -138,6 +152,11 @@ class Same:
     param: str
 
 
+@dataclass(frozen=True)
+class Flag:
+    """A `bool *` out-parameter: the child passes a host bool (false before the call)."""
+
+
 @dataclass
 class Map:
     """A host model map: the bytes a const void *model_map points at.  `file` set when
@@ -179,6 +198,13 @@ class Shape:
         if not self.source.startswith("fixture:"):
             return []
         return [t.strip() for t in self.source[len("fixture:"):].split(",") if t.strip()]
+
+    @property
+    def model_tensors(self) -> list[str]:
+        """The GGUF tensor names of a "model:<name>,..." source (real tensors when a model is given)."""
+        if not self.source.startswith("model:"):
+            return []
+        return [t.strip() for t in self.source[len("model:"):].split(",") if t.strip()]
 
     def facts(self) -> dict:
         return {"label": self.label, "dims": {k: _plain(v) for k, v in self.dims.items()},
@@ -225,19 +251,39 @@ class TensorInfo:
 class Context:
     """What spec builders may use: the fixture (real tensors of the real file) and helpers."""
 
-    def __init__(self, fixture_path: Path | None):
+    def __init__(self, fixture_path: Path | None, model_path: Path | None = None):
         self.fixture_path = Path(fixture_path) if fixture_path else None
+        self.model_path = Path(model_path) if model_path else None  # the user's GGUF, for "model:" shapes
         self._map: np.ndarray | None = None
         self._tensors: dict[str, TensorInfo] | None = None
         self._meta: dict[str, Any] | None = None
         self._cache: dict = {}
+        self._model = None
+        self._scratch = None
 
     @classmethod
-    def for_target(cls, target) -> "Context":
+    def for_target(cls, target, model_path: Path | None = None) -> "Context":
         path = target.fixture_path
         if path is not None and not path.is_file():
             ensure_fixture(target)
-        return cls(path)
+        model = model_path or os.environ.get(MODEL_ENV) or None
+        return cls(path, model)
+
+    def weights(self, shape: "Shape", wants: list, rng: np.random.Generator):
+        """(Map, [Placed]) for a "model:<names>" shape: the user's tensors by name when a
+        model is given, else synthetic tensors of each Want's type (porter.gates.parity.weights)."""
+        names = shape.model_tensors
+        if not names:
+            raise SpecError(f"shape {shape.label!r}: ctx.weights needs a source 'model:<tensor>,...'")
+        if self.model_path is not None and self._model is None:
+            self._model = W.ModelFile(self.model_path)
+        if self._scratch is None:
+            self._scratch = tempfile.TemporaryDirectory(prefix="porter-weights-")
+        try:
+            data, file, placed = W.place(wants, names, rng, self._model, Path(self._scratch.name))
+        except W.WeightsError as exc:
+            raise SpecError(f"shape {shape.label!r}: {exc}") from None
+        return Map(data, file=file), placed
 
     def _load(self) -> None:
         if self._tensors is not None:
@@ -416,6 +462,8 @@ def param_kind(type_text: str) -> str:
             return "tensor"
         if base == "const void":
             return "map"
+        if base == "bool":
+            return "flag"
         return "pointer"
     scalar = {"uint32_t": "u32", "uint64_t": "u64", "int32_t": "i32", "int64_t": "i64", "int": "i32",
               "unsigned": "u32", "unsigned int": "u32", "float": "f32", "double": "f64", "size_t": "u64",
@@ -479,6 +527,8 @@ def validate_call(spec: UnitSpec, api_fn, shape: Shape, call: Call) -> None:
                 ok = ok and a.param in call.args and not isinstance(tgt, Same)
         elif k == "map":
             ok = isinstance(a, Map)
+        elif k == "flag":
+            ok = isinstance(a, Flag)
         elif k in ("u32", "u64", "i32", "i64"):
             ok = isinstance(a, (int, np.integer)) and not isinstance(a, bool)
             if ok:

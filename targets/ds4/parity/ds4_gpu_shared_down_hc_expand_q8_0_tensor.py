@@ -1,0 +1,65 @@
+"""Parity spec: ds4_gpu_shared_down_hc_expand_q8_0_tensor: the shared expert's
+down projection, added to the routed experts' output and mixed into the HC
+streams (one token).
+
+    shared_out = W_down Q8_0(shared_mid)                     (ffn_down_shexp, 2048 -> 4096)
+    out_hc[h]  = (shared_out + routed_out) * post[h] + sum_s comb[h + s n_hc] * residual_hc[s]
+
+shared_out is the projection alone (the routed part is not in it); routed_out
+has the projection's magnitude, so ignoring it, or adding it into
+shared_out, fails.  Reference: ds4.c's matvec_q8_0 + hc_post_one; tolerance
+as ds4_gpu_matmul_q8_0_hc_expand_tensor."""
+import numpy as np
+
+from porter.gates.parity.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
+from reference import ds4_matmul_ops as mo
+
+W = sibling(__file__, "_ds4_weights")
+
+DISPATCH = {
+    "matmul_q8_0_hc_expand_preq_warp8_kernel with has_add (+ quantize_q8_0_f32_kernel)":
+        "no knob -> reached by shape 'ffn_down_shexp 2048->4096, n_hc 4 (decode)'",
+    "non-dp4a block dot": "DS4_CUDA_NO_Q8_DP4A, or in_dim % 32 != 0 -> reached by shape 'odd 100->37, n_hc 4'",
+    "ds4_gpu_matmul_q8_0_tensor + hc_expand_kernel (has_add)": "DS4_CUDA_DISABLE_Q8_HC_EXPAND_FUSED -> knob",
+}
+KNOWN_GOOD_ENV = [{"DS4_CUDA_NO_Q8_DP4A": "1"}, {"DS4_CUDA_DISABLE_Q8_HC_EXPAND_FUSED": "1"}]
+
+
+def build(shape, ctx, rng):
+    d = shape.dims
+    in_dim, n_embd, n_hc = d["in_dim"], d["n_embd"], d["n_hc"]
+    out_dim = d.get("out_dim", n_embd)
+    m, (off,), _ = W.dense(shape, ctx, rng, [("Q8_0", out_dim, W.pad32(in_dim))])
+    mid = rng.standard_normal(in_dim).astype(np.float32)
+    routed = rng.standard_normal(max(out_dim, n_embd)).astype(np.float32)
+    res = rng.standard_normal((n_hc, n_embd)).astype(np.float32)
+    split = rng.uniform(-1.0, 1.0, 2 * n_hc + n_hc * n_hc).astype(np.float32)
+    args = {"out_hc": Out("f32", (n_hc, n_embd)), "shared_out": Out("f32", (max(out_dim, n_embd),)),
+            "model_map": m, "model_size": m.size, "weight_offset": off, "in_dim": in_dim, "out_dim": out_dim,
+            "shared_mid": In(mid), "routed_out": In(routed), "residual_hc": In(res), "split": In(split),
+            "n_embd": n_embd, "n_hc": n_hc}
+    if shape.expect == "error":
+        return Call(args=args)
+    out_hc, shared = mo.shared_down_hc_expand_q8_0(m.array, off, in_dim, out_dim, mid, routed, res, split,
+                                                   n_embd, n_hc)
+    return Call(args=args, expect={"out_hc": out_hc, "shared_out": shared})
+
+
+SPEC = UnitSpec(
+    unit="ds4_gpu_shared_down_hc_expand_q8_0_tensor",
+    reference="reference.ds4_matmul_ops.shared_down_hc_expand_q8_0",
+    outputs={"out_hc": Tol(nmse=1e-5, max_err_rms=3e-2), "shared_out": Tol(nmse=1e-4, max_err_rms=6e-2)},
+    shapes=[
+        Shape("ffn_down_shexp 2048->4096, n_hc 4 (decode)", {"in_dim": 2048, "n_embd": 4096, "n_hc": 4},
+              source="model:blk.3.ffn_down_shexp.weight", timed=True),
+        Shape("ffn_down_shexp 2048->4096, n_hc 4 (layer 40)", {"in_dim": 2048, "n_embd": 4096, "n_hc": 4},
+              source="model:blk.40.ffn_down_shexp.weight"),
+        Shape("odd 100->37, n_hc 4", {"in_dim": 100, "n_embd": 37, "n_hc": 4}),
+        Shape("odd 1056->65, n_hc 3", {"in_dim": 1056, "n_embd": 65, "n_hc": 3}),
+        Shape("error: out_dim != n_embd", {"in_dim": 256, "n_embd": 64, "out_dim": 32, "n_hc": 4}, expect="error",
+              why="the projection's output is one HC stream wide"),
+    ],
+    build=build,
+    bytes_moved=lambda s: s.dims["n_embd"] * (s.dims["in_dim"] + 31) // 32 * 34
+    + 4 * (s.dims["in_dim"] + s.dims["n_embd"] * (2 * s.dims["n_hc"] + 2)),
+)
