@@ -297,10 +297,11 @@ class Child:
         return {"reps": reps, "median_ms": med, "p90_ms": p90, "clock": "cuda-events" if self.dev.kind == "cuda" else "host"}
 
     # -- main ----------------------------------------------------------------
-    def run(self) -> int:
+    def run(self, dev=None) -> int:
+        """dev: a device a warm worker already opened (worker.py); None: open one now."""
         plan = self.plan
         try:
-            self.dev = devmod.make_device(plan["mode"])
+            self.dev = dev if dev is not None else devmod.make_device(plan["mode"])
             self.results["device"] = self.dev.facts()
             self.load_library()
             self.stream = None  # None: no stream probe (e.g. the host stand-in)
@@ -328,6 +329,7 @@ class Child:
                 self.save_outputs()
             except Exception:  # noqa: BLE001 - outputs are best effort after a fatal error
                 pass
+            self.progress.close()
 
     def _last_step(self):
         try:
@@ -353,16 +355,25 @@ def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print("usage: child.py PLAN_DIR", file=sys.stderr)
         return EXIT_BAD_PLAN
-    plan_dir = Path(argv[1])
+    return run_plan(Path(argv[1]))
+
+
+def run_plan(plan_dir: Path, dev=None, library: str | None = None) -> int:
+    """One plan, in this process: the fresh child's main, and each job of a warm worker
+    (which passes its open device and a private copy of the library, see worker.py)."""
     try:
         plan = json.loads((plan_dir / "plan.json").read_text())
     except (OSError, ValueError) as exc:
         print(f"parity child: unreadable plan: {exc}", file=sys.stderr)
         return EXIT_BAD_PLAN
+    if library:
+        plan["library"] = library
     if plan.get("mode") == "call":
         return call_only(plan_dir, plan)
     try:
-        return Child(plan_dir).run()
+        child = Child(plan_dir)
+        child.plan = plan
+        return child.run(dev)
     except Exception:  # noqa: BLE001 - a harness bug: say so on stderr, exit distinctly
         traceback.print_exc()
         return 5

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from porter.gates.parity import compare, runner
+from porter.gates.parity import compare, pool, runner
 from porter.gates.parity.compare import Failure
 from porter.gates.parity.spec import (Call, Context, Exact, In, InOut, Map, Out, Same, Shape, SpecError,
                                       UnitSpec, header_params, validate_call)
@@ -418,7 +418,7 @@ def _run_spec(target, spec: UnitSpec, library: Path, *, workspace: Path | None =
         write_plan(plan_dir, spec, api_fn, cases, library, mode=mode, harness=harness,
                    probe=(probe if probe is not None else PROBE) if mode == "cuda" else None, timing_reps=timing_reps)
         limit = timeout or float(os.environ.get("PORTER_PARITY_TIMEOUT", DEFAULT_TIMEOUT_S))
-        outcome = runner.run_child(plan_dir, limit)
+        outcome = pool.executor(mode).run(plan_dir, limit)
         outputs = _load_outputs(plan_dir)
         failures, reports = evaluate(spec, cases, outcome.results, outputs, success=harness.get("success", "zero"))
         labels = {c.id: c.shape.label for c in cases}
