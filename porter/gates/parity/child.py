@@ -280,21 +280,52 @@ class Child:
         return rec
 
     def time_case(self, case, pdata, arrays, bufs, structs) -> dict:
+        """Time the unit on the last pass's inputs: each repetition starts from the same buffers
+        (outputs back to the sentinel, in-out tensors back to their inputs) with L2 flushed, and
+        is timed alone by events on the unit's stream.  The outputs of the last repetition and of
+        one repetition drawn at random are read right after the unit's stream and kept for the
+        parent to re-check against the reference: work skipped while being timed shows there.
+        Only the raw times leave this process; the parent computes the statistics."""
+        dev = self.dev
         host_map = self._map_for(pdata, arrays)
         if self.h_forget is not None:
             self.h_forget()
         if host_map is not None and self.h_model is not None:
             self.h_model(host_map.ctypes.data, host_map.size, 0, host_map.size)
         args = self._args(case, pdata, structs, host_map)
+        restore = {}
+        for name, b in case["buffers"].items():
+            if b["role"] == "out":
+                restore[name] = compare.sentinel_bytes(b["nbytes"])
+            elif b["role"] == "inout":
+                restore[name] = np.ascontiguousarray(arrays[pdata["data"][name]]).view(np.uint8).tobytes()
+        outs = case["outputs"]
+        stream = self.stream or 0
+
+        def fresh():
+            for name, data in restore.items():
+                bufs[name].write(data)
+            dev.flush_l2(stream)
+            dev.synchronize()
+
         self.step(case=case["id"], step="timing")
         for _ in range(2):
+            fresh()
             self.fn(*args)
-        self.dev.synchronize()
+        dev.synchronize()
         reps = int(self.plan.get("timing_reps", 10))
-        times = self.dev.time_calls(lambda: self.fn(*args), self.stream or 0, reps)
-        self.dev.synchronize()
-        med, p90 = devmod.median_p90(times)
-        return {"reps": reps, "median_ms": med, "p90_ms": p90, "clock": "cuda-events" if self.dev.kind == "cuda" else "host"}
+        checked = {reps - 1, devmod.urandom_seed() % reps}
+        times = []
+        for r in range(reps):
+            fresh()
+            times.append(dev.time_one(lambda: self.fn(*args), stream))
+            if r in checked:
+                for param, buf in outs.items():
+                    raw = dev.read_after_stream(bufs[buf].ptr, bufs[buf].nbytes, stream)
+                    self.outputs[f"{case['id']}.t{r}.{param}"] = np.frombuffer(raw, dtype=np.uint8).copy()
+        dev.synchronize()
+        return {"reps": reps, "times_ms": times, "checked_reps": sorted(checked),
+                "l2_flushed": dev.kind == "cuda", "clock": "cuda-events" if dev.kind == "cuda" else "host"}
 
     # -- main ----------------------------------------------------------------
     def run(self, dev=None) -> int:
