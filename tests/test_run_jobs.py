@@ -38,7 +38,7 @@ def test_jobs_runs_units_together_in_dependency_order(workspace, build_cache, po
     assert runtime_done < first_op, "an op started before the runtime unit it depends on ended"
 
 
-@pytest.mark.parametrize("point", ["after-gate:4", "after-unit-file:2", "after-step:2"])
+@pytest.mark.parametrize("point", ["after-gate:7", "after-failure:1", "after-unit-file:2", "after-step:2"])
 def test_kill_with_several_units_in_flight(workspace, build_cache, porter_cli, point):
     kill_run(porter_cli, workspace, point, "--jobs", "3", *UNITS)
     finish_run(porter_cli, workspace, "--jobs", "3", *UNITS)
@@ -49,3 +49,20 @@ def test_kill_with_several_units_in_flight(workspace, build_cache, porter_cli, p
 def test_jobs_must_be_positive(workspace, porter_cli):
     r = porter_cli(workspace, "run", "--jobs", "0", "--unit", RUNTIME)
     assert r.returncode != 0 and "porter: error: --jobs must be at least 1" in r.stderr
+
+
+def test_answers_are_awaited_together(workspace, build_cache):
+    """Two ops with a slow provider: the second one's answer arrives while the first is still in its gates."""
+    from porter.loop import RunOptions, run
+
+    rc = run(RunOptions(workspace, "minimoe", units=["mini_gpu_add_tensor", "mini_gpu_tensor_bytes"][:1] + [OPS[1]],
+                        quiet=True, jobs=2, provider={"provider": "scripted", "answer_delay_s": 2.0}))
+    assert rc == 0
+    recs = Ledger(workspace).records()
+    first_attempts = {}
+    for i, x in enumerate(recs):
+        if x["kind"] == "attempt":
+            first_attempts.setdefault(x["unit"], i)
+    builds = [i for i, x in enumerate(recs) if x["kind"] == "gate" and x.get("gate") == "build"]
+    assert len(first_attempts) == 2 and max(first_attempts.values()) < min(builds), \
+        "the second unit's answer came only after the first unit's build: units ran one at a time"

@@ -122,6 +122,10 @@ class Device:
     def read_side(self, ptr: int, n: int) -> bytes:
         return self.read(ptr, n)
 
+    def free_fraction(self) -> float:
+        """Share of device memory still free (a warm worker retires when candidates' leftovers pile up)."""
+        return 1.0
+
     def flush_l2(self, stream: int) -> None:
         """Evict the L2 cache (a timed call must fetch its inputs from memory); no-op on the host."""
 
@@ -278,6 +282,10 @@ class CudaDevice(Device):
     def release(self, token) -> None:
         self._call(self.rt.eventSynchronize, token)
         self._call(self.rt.eventDestroy, token)
+
+    def free_fraction(self) -> float:
+        free, total = self._call(self.rt.memGetInfo)
+        return free / total if total else 1.0
 
     def flush_l2(self, stream: int) -> None:
         if not self._flush:

@@ -37,6 +37,7 @@ import child as childmod  # noqa: E402  (sibling module, loaded by path on purpo
 import device as devmod  # noqa: E402
 
 MAX_JOBS = int(os.environ.get("PORTER_WORKER_MAX_JOBS", "50"))
+MIN_FREE_MEMORY = 0.5  # retire when less than this share of device memory is free (libraries are never unloaded)
 
 
 def _watch_parent(parent: int, state: dict) -> None:
@@ -91,6 +92,13 @@ def _healthy(dev) -> bool:
         return False
 
 
+def _low_memory(dev) -> bool:
+    try:
+        return dev.free_fraction() < MIN_FREE_MEMORY
+    except Exception:  # noqa: BLE001
+        return True
+
+
 def main(argv: list[str]) -> int:
     mode = argv[1] if len(argv) > 1 else "cuda"
     reply = os.fdopen(os.dup(1), "w", buffering=1)
@@ -124,6 +132,8 @@ def main(argv: list[str]) -> int:
             retire, why = True, "a CUDA error was left after a call"
         if not retire and dev is not None and not _healthy(dev):
             retire, why = True, "device health check failed"
+        if not retire and dev is not None and _low_memory(dev):
+            retire, why = True, "device memory held by earlier candidates"
         reply.write(json.dumps({"rc": rc, "retire": retire, "why": why, "elapsed_s": time.monotonic() - t0}) + "\n")
         if retire:
             return 0
