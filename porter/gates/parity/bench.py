@@ -91,6 +91,8 @@ def main(argv=None) -> int:
     ap.add_argument("--paths", default="spawn,warm", help="comma list of spawn, warm (default both)")
     ap.add_argument("--isolation", action="store_true", help="bad candidates between good ones (warm path)")
     ap.add_argument("--workers", type=int, default=0, metavar="N", help="also: N workers vs 1 on one queue")
+    ap.add_argument("--nvcc-phases", action="store_true", help="also: nvcc's phase times for the unit, with and "
+                    "without the conventions header, and with host -O0")
     a = ap.parse_args(argv)
 
     ok, why = parity.available()
@@ -146,6 +148,8 @@ def main(argv=None) -> int:
         w = res["paths"]["warm"]
         met = w["median_s"] < 1.5 and w["p90_s"] < 2.0
         print(f"  target warm median < 1.5 s and p90 < 2 s: {'met' if met else 'NOT met'}")
+    if a.nvcc_phases:
+        res["nvcc_phases"] = nvcc_phases(target, extract_unit_source(text, a.unit, target), tmp)
     if a.isolation:
         res["isolation"] = isolation(target, a.unit, with_nonce, warm, ws)
     if a.workers:
@@ -154,6 +158,41 @@ def main(argv=None) -> int:
         Path(a.json).write_text(json.dumps(res, indent=1, default=str))
     shutil.rmtree(tmp, ignore_errors=True)
     return 0
+
+
+def nvcc_phases(target, source: str, tmp: Path) -> dict:
+    """nvcc --time for the unit as the build gate compiles it, and two variants: where the time goes."""
+    import csv
+    import subprocess
+
+    from porter.gates.build import compile_flags, nvcc_path
+
+    d = tmp / "nvcc-phases"
+    d.mkdir(exist_ok=True)
+    (d / "unit.cu").write_text(source)
+    (d / "empty.cu").write_text("// nothing\n")
+    flags = compile_flags(target)
+    no_header = [f for i, f in enumerate(flags) if f != "-include" and (i == 0 or flags[i - 1] != "-include")]
+    variants = {"unit (as the build gate)": ("unit.cu", flags),
+                "unit, host -O0": ("unit.cu", flags + ["-Xcompiler", "-O0"]),
+                "empty file + conventions header": ("empty.cu", flags),
+                "empty file, no header": ("empty.cu", no_header)}
+    out = {}
+    print("nvcc phases (ms):")
+    for name, (src, fl) in variants.items():
+        csv_path = d / f"{len(out)}.csv"
+        t0 = time.monotonic()
+        subprocess.run([nvcc_path(), "-c", *fl, "--time", str(csv_path), "-o", str(d / "x.o"), src], cwd=d,
+                       capture_output=True, check=False)
+        wall = time.monotonic() - t0
+        try:
+            rows = list(csv.reader(csv_path.open()))[1:]
+            phases = {r[1].strip(): float(r[-2]) for r in rows if len(r) > 2 and r[-2].strip()}
+        except (OSError, ValueError, IndexError):
+            phases = {}
+        out[name] = {"wall_s": wall, "phases_ms": phases}
+        print(f"  {name:<34} {wall:.2f} s: " + ", ".join(f"{k} {v:.0f}" for k, v in phases.items()))
+    return out
 
 
 ISOLATION = [("good", None, None), ("crash", "add_host_segfault.cu", "mini_gpu_add_tensor"), ("good", None, None),
