@@ -26,8 +26,8 @@ UNIT = "mini_gpu_swiglu_tensor"
 HONEST_LOOP = "for (uint64_t i = 0; i < n; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];"
 # the GPU MODE hack: behave while checked (the two parity calls), skip the work once timed
 SKIP_WHEN_TIMED = r"""
-    { static void *last; static int calls;
-      if (out->data == last) calls++; else { last = out->data; calls = 1; }
+    { static void *last; static uint64_t last_n; static int calls;  /* one case = same buffer, same size */
+      if (out->data == last && n == last_n) calls++; else { last = out->data; last_n = n; calls = 1; }
       if (calls > 2) return 0; }
     """ + HONEST_LOOP
 
