@@ -105,6 +105,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--unit", action="append", metavar="UNIT", help="port only this unit (repeatable; retries exhausted ones)")
     p.add_argument("--max-attempts", type=int, default=3, metavar="N", help="attempts per unit in this run (default 3)")
     p.add_argument("--max-units", type=int, metavar="N", help="stop after N units")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="units in flight at once, in dependency order (default 1)")
     p.add_argument("--time-budget", metavar="DURATION", help="stop starting attempts after e.g. 30m, 2h, 90s")
     p.add_argument("--quiet", action="store_true", help="no progress lines (runs/<run>/run.log still has them)")
     g = p.add_argument_group("provider settings (override target.toml [provider]; API keys only from the environment)")
@@ -236,7 +238,8 @@ def _dispatch(args) -> int:
                 "budget_run_tokens", "budget_unit_tokens")
         return run(RunOptions(args.workspace, args.target, getattr(args, "source", None), list(args.unit or []), args.max_attempts,
                               args.max_units, args.time_budget, args.quiet,
-                              {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}))
+                              {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None},
+                              jobs=args.jobs))
     mod = getattr(args, "_delegate", None)
     if mod is None:
         raise PorterError(f"unknown command {args.command!r}")

@@ -40,7 +40,9 @@ from __future__ import annotations
 import os
 import re
 import signal
+import threading
 import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -115,8 +117,13 @@ class Reporter:
         self.log_path = log_path
         self.quiet = quiet
         self._log = open(log_path, "a", buffering=1) if log_path else None
+        self._lock = threading.Lock()  # --jobs N: lines from several units, never interleaved
 
     def line(self, text: str, style: str | None = None) -> None:
+        with self._lock:
+            self._line(text, style)
+
+    def _line(self, text: str, style: str | None) -> None:
         if not self.quiet:
             self.console.print(f"[{style}]{escape(text)}[/]" if style else escape(text))
         if self._log:
@@ -181,6 +188,7 @@ class RunOptions:
     time_budget: str | None = None
     quiet: bool = False
     provider: dict = field(default_factory=dict)  # provider, model, base_url, prices, budgets
+    jobs: int = 1  # units in flight at once (provider calls in parallel, gates through the worker pool)
 
 
 # ---------------------------------------------------------------- reconcile
@@ -263,6 +271,20 @@ class AttemptOutcome:
     verdicts: list[str] = field(default_factory=list)
 
 
+class SerialLedger:
+    """The run's ledger with appends under the run's records lock (threads of --jobs N)."""
+
+    def __init__(self, ledger, lock):
+        self._ledger, self._lock = ledger, lock
+
+    def append(self, kind: str, **fields) -> dict:
+        with self._lock:
+            return self._ledger.append(kind, **fields)
+
+    def __getattr__(self, name):
+        return getattr(self._ledger, name)
+
+
 class Run:
     def __init__(self, workspace: Path, target, provider, ledger, out: Reporter, run_id: str, run_dir: Path):
         self.ws = workspace
@@ -274,9 +296,14 @@ class Run:
         self.run_dir = run_dir
         self.parity_ok, self.parity_reason = parity.available()
         self.commits: list[str] = []
+        # --jobs N: ledger appends, history reads, unit-file writes and commits happen one at a time,
+        # so every record and commit is the same as some one-unit-at-a-time run would have made
+        self.records = threading.RLock()
+        self.ledger = SerialLedger(ledger, self.records)
 
     def history(self) -> History:
-        return History.read(self.ws, self.target.name, self.ledger.key)
+        with self.records:
+            return History.read(self.ws, self.target.name, self.ledger.key)
 
     def _save(self, unit: str, name: str, text: str) -> str:
         d = self.run_dir / unit
@@ -372,6 +399,11 @@ class Run:
             return outcome
 
         # Every gate that ran passed: write the unit file, record the step, commit them together.
+        with self.records:
+            return self._land_step(unit, attempt, candidate, ctx, evidence, results, outcome)
+
+    def _land_step(self, unit, attempt, candidate, ctx, evidence, results, outcome) -> AttemptOutcome:
+        target = self.target
         state = "verified" if passed(ctx.results.get("parity")) else "built"
         path = target.unit_path(unit)
         if not path.is_file() or sha256_bytes(path.read_bytes()) != candidate.sha256:
@@ -442,18 +474,20 @@ def select_units(target, history: History, order: list[str], explicit: bool, r: 
     return todo, reverify, skipped
 
 
-def port_unit(unit: str, r: Run, opts: RunOptions, reverify: bool, out_of_time) -> tuple[str | None, str | None]:
+def port_unit(unit: str, r: Run, opts: RunOptions, reverify: bool, out_of_time,
+              label: str = "") -> tuple[str | None, str | None]:
     """Attempts at one unit until a step lands, its attempts run out, or the run must stop.
-    Returns (how it ended: verified/built/exhausted/budget or None, why the run stops or None)."""
+    Returns (how it ended: verified/built/exhausted/budget or None, why the run stops or None).
+    label: put before each line (the unit's name when several are in flight)."""
     target, ledger, out = r.target, r.ledger, r.out
     if reverify:
         step = r.history().unit(unit).last_step
         o = r.reverify(step)
         verdicts = " · ".join(o.verdicts)
         if o.ok:
-            out.line(f"  committed attempt {step.attempt}: {verdicts} -> {o.state}, committed {o.commit[:10]}", "green")
+            out.line(f"  {label}committed attempt {step.attempt}: {verdicts} -> {o.state}, committed {o.commit[:10]}", "green")
             return o.state, None
-        out.line(f"  committed attempt {step.attempt}: {verdicts} -> {o.gate}: {o.summary}", "red")
+        out.line(f"  {label}committed attempt {step.attempt}: {verdicts} -> {o.gate}: {o.summary}", "red")
     for _ in range(opts.max_attempts):
         if out_of_time():
             return None, f"time budget {opts.time_budget} spent"
@@ -464,18 +498,86 @@ def port_unit(unit: str, r: Run, opts: RunOptions, reverify: bool, out_of_time) 
             if getattr(exc, "usage", None):
                 r._usage(unit, exc)
             if getattr(exc, "scope", None) == "unit":
-                out.line(f"  {unit}: skipped, {exc}", "yellow")
+                out.line(f"  {label or unit + ': '}skipped, {exc}", "yellow")
                 return "budget", None
             return "provider", f"provider: {exc}"
         verdicts = " · ".join(o.verdicts)
         if o.ok:
-            out.line(f"  attempt {uh.next_attempt}: {verdicts} -> {o.state}, committed {o.commit[:10]}", "green")
+            out.line(f"  {label}attempt {uh.next_attempt}: {verdicts} -> {o.state}, committed {o.commit[:10]}", "green")
             return o.state, None
-        out.line(f"  attempt {uh.next_attempt}: {verdicts} -> {o.gate}: {o.summary}", "red")
+        out.line(f"  {label}attempt {uh.next_attempt}: {verdicts} -> {o.gate}: {o.summary}", "red")
     ledger.append("exhausted", target=target.name, unit=unit, attempts=opts.max_attempts, run=r.run_id)
     kill_point("after-exhausted")
-    out.line(f"  {unit}: exhausted after {opts.max_attempts} attempt(s) in this run", "red")
+    out.line(f"  {label or unit + ': '}exhausted after {opts.max_attempts} attempt(s) in this run", "red")
     return "exhausted", None
+
+
+def unit_dependencies(target, todo: list[str], out: Reporter) -> dict[str, set[str]]:
+    """unit -> the units of `todo` it must wait for: every runtime unit before any op, and the
+    API functions its host implementation calls (porter.scan) before it."""
+    runtime = {u for u in todo if u in target.runtime_units}
+    deps = {u: (set() if u in runtime else set(runtime)) for u in todo}
+    try:
+        from porter.scan import scan
+
+        api = scan(target).host.api
+    except Exception as exc:  # noqa: BLE001 - the runtime-first order still holds without the scan
+        out.line(f"order: unit call graph unavailable ({type(exc).__name__}: {exc}); runtime units first", "yellow")
+        return deps
+    for u in todo:
+        ad = api.get(u)
+        for c in (ad.api_calls if ad else []):
+            if c in deps and c != u and u not in _reachable(deps, c):  # never a cycle
+                deps[u].add(c)
+    return deps
+
+
+def _reachable(deps: dict[str, set[str]], start: str) -> set[str]:
+    seen, stack = set(), [start]
+    while stack:
+        for d in deps.get(stack.pop(), ()):
+            if d not in seen:
+                seen.add(d)
+                stack.append(d)
+    return seen
+
+
+def port_concurrently(todo: list[str], r: Run, opts: RunOptions, reverify: set, out_of_time,
+                      results: dict[str, str]) -> str | None:
+    """--jobs N: up to N units in flight, each started once every unit it depends on has ended
+    (however it ended).  A reason to stop lets the units in flight finish and starts no more."""
+    deps = unit_dependencies(r.target, todo, r.out)
+    pending = list(todo)
+    ended: set[str] = set()
+    stop_reason: str | None = None
+    started = 0
+    with ThreadPoolExecutor(max_workers=opts.jobs, thread_name_prefix="porter-unit") as pool:
+        flying: dict = {}
+        while pending or flying:
+            while not stop_reason and len(flying) < opts.jobs:
+                ready = next((u for u in pending if deps[u] <= ended), None)
+                if ready is None:
+                    break
+                if opts.max_units is not None and started >= opts.max_units:
+                    stop_reason = f"--max-units {opts.max_units} reached"
+                    break
+                pending.remove(ready)
+                started += 1
+                kind = "runtime" if ready in r.target.runtime_units else "op"
+                r.out.line(f"[{started}/{len(todo)}] {ready} ({kind}) started", "bold cyan")
+                flying[pool.submit(port_unit, ready, r, opts, ready in reverify, out_of_time, f"{ready}: ")] = ready
+            if not flying:
+                break  # stopped, or nothing left that can start
+            done, _ = wait(list(flying), return_when=FIRST_COMPLETED)
+            for fut in done:
+                unit = flying.pop(fut)
+                ended.add(unit)
+                how, why = fut.result()
+                if how:
+                    results[unit] = how
+                if why and not stop_reason:
+                    stop_reason = why
+    return stop_reason
 
 
 def check_options(target, opts: RunOptions) -> float | None:
@@ -486,6 +588,8 @@ def check_options(target, opts: RunOptions) -> float | None:
             raise PorterError(f"{u} is listed in [units].skip of {target.name}'s target.toml: it is not ported")
     if opts.max_attempts < 1:
         raise PorterError("--max-attempts must be at least 1")
+    if opts.jobs < 1:
+        raise PorterError("--jobs must be at least 1")
     budget_s = parse_duration(opts.time_budget)
     nvcc_path()  # no nvcc, no run
     if not target.conventions_header.is_file():
@@ -501,6 +605,10 @@ def run(opts: RunOptions) -> int:
     budget_s = check_options(target, opts)
     key = load_key(ws)
     provider = get_provider(opts.provider.get("provider"), target, opts.provider)
+    if opts.provider.get("answer_delay_s"):
+        from porter.providers.delayed import DelayedProvider
+
+        provider = DelayedProvider(provider, opts.provider["answer_delay_s"])
 
     lock = RunLock(ws)
     if not lock.acquire():
@@ -533,6 +641,9 @@ def run(opts: RunOptions) -> int:
         results: dict[str, str] = {}
         stop_reason = None
         out_of_time = lambda: budget_s is not None and time.monotonic() - started > budget_s  # noqa: E731
+        if opts.jobs > 1:
+            stop_reason = port_concurrently(todo, r, opts, reverify, out_of_time, results)
+            return finish(ws, target, r, results, stop_reason, run_dir)
         bar = out.progress(min(len(todo), opts.max_units if opts.max_units is not None else len(todo)), "porting")
         for i, unit in enumerate(todo):
             if opts.max_units is not None and i >= opts.max_units:

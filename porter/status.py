@@ -22,6 +22,9 @@ Per unit the state is the first that holds of:
              the static gate now rejects it
   verified   latest step is "verified" and one of its evidence files is a
              passing parity gate whose candidate_sha256 is the file's sha256
+  verified (perf unmeasured)
+             the same, but no passing perf evidence for the file (perf skipped
+             or turned off): correct, speed never judged
   built      the same with a passing build gate
   exhausted  its attempts ran out (an "exhausted" record after the last attempt)
   failing    attempts were made, none produced a step
@@ -54,7 +57,8 @@ from porter.plan import ranked_units
 from porter.reverify import contradicted, render_lines, reverify
 from porter.target import Target, load_target
 
-STATES = ("verified", "built", "stale", "tampered", "failing", "exhausted", "unported")
+PERF_UNMEASURED = "verified (perf unmeasured)"
+STATES = ("verified", PERF_UNMEASURED, "built", "stale", "tampered", "failing", "exhausted", "unported")
 CRITICAL_TIERS = ("runtime", "prefill")
 # The gate whose passing evidence makes a step of each state true.
 STATE_GATE = {"verified": "parity", "built": "build"}
@@ -421,6 +425,10 @@ def _from_step(uh: UnitHistory, step: Step, f: UnitFile, evidence, committed: se
         reason += f"; {len(later)} later attempt{'s' if len(later) != 1 else ''} without a step"
     if step.hash not in committed:
         reason += "; not committed yet (run in progress or interrupted)"
+    if state == "verified" and not any((ev := evidence(sha)[0]) and ev.get("gate") == "perf" and ev.get("ok") is True
+                                       and not ev.get("skipped") and ev.get("candidate_sha256") == f.sha256
+                                       for sha in step.evidence):
+        return PERF_UNMEASURED, reason + "; no passing perf evidence (perf skipped or off)"
     return state, reason
 
 
@@ -484,6 +492,7 @@ def derive(
 
 _STYLE = {
     "verified": "bold green",
+    PERF_UNMEASURED: "green",
     "built": "green",
     "stale": "yellow",
     "tampered": "bold red",

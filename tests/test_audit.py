@@ -78,7 +78,7 @@ def test_audit_json(ws, capsys):
     diag = first["failures"][0]["diagnostics"]
     assert diag["kept"] and diag["intact"] and "is undefined" in diag["excerpt"]
     assert attempts[1]["failures"][0]["summary"].startswith("stub body")
-    assert [g["gate"] for g in attempts[2]["gates"]] == ["static", "build", "parity"]
+    assert [g["gate"] for g in attempts[2]["gates"]] == ["static", "build", "parity", "perf"]
     assert attempts[2]["steps"][0]["state"] == "verified"
 
 

@@ -63,7 +63,7 @@ def test_each_state(ws):
     assert state(r, "mini_gpu_synchronize")[0] == "verified"
     assert "parity evidence" in state(r, "mini_gpu_synchronize")[1]
     assert r.unit("mini_gpu_synchronize").commit is not None
-    assert len(r.unit("mini_gpu_synchronize").evidence) == 3
+    assert len(r.unit("mini_gpu_synchronize").evidence) == 4  # static, build, parity, perf
     assert state(r, "mini_gpu_tensor_bytes") == (
         "built", state(r, "mini_gpu_tensor_bytes")[1]) and "no parity evidence" in state(r, "mini_gpu_tensor_bytes")[1]
     s, why = state(r, "mini_gpu_swiglu_tensor")
@@ -73,7 +73,7 @@ def test_each_state(ws):
     s, why = state(r, "mini_gpu_tensor_free")
     assert s == "unported" and "hand-written: unverified" in why
     assert state(r, "mini_gpu_init") == ("unported", "no unit file, no attempt")
-    assert r.counts == {"verified": 1, "built": 1, "stale": 0, "tampered": 0, "failing": 1, "exhausted": 1,
+    assert r.counts == {"verified": 1, "verified (perf unmeasured)": 0, "built": 1, "stale": 0, "tampered": 0, "failing": 1, "exhausted": 1,
                         "unported": 20, "total": 24}
     assert r.exit_code == 0
 
@@ -178,7 +178,7 @@ def test_text_rendering(ws, capsys):
     assert code == 0
     assert "mini_gpu_synchronize" in out and "verified" in out
     assert "units (24): 1 verified, 23 unported" in out
-    assert "ledger: 5 records, chain ok, UNKEYED" in out
+    assert "ledger: 6 records, chain ok, UNKEYED" in out
     assert "critical path" in out
 
 

@@ -158,7 +158,7 @@ def test_swapping_an_evidence_file(tmp_path, capsys):
 
 def test_editing_an_evidence_file(tmp_path, capsys):
     ws = ported(tmp_path)
-    ev = unit(status(ws, capsys)[1], ADD)["evidence"][-1]
+    ev = unit(status(ws, capsys)[1], ADD)["evidence"][2]  # static, build, parity, perf
     p = evidence_path(ws.root, ev)
     p.write_bytes(p.read_bytes().replace(b'"nmse":1e-09', b'"nmse":0.0'))
     code, data = status(ws, capsys)

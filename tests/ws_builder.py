@@ -165,16 +165,19 @@ class Workspace:
         self.ledger.append("exhausted", target=TARGET, unit=unit, attempts=attempts)
 
     def port(self, unit: str, attempt: int = 1, state: str = "verified", source: str | None = None,
-             commit: bool = True) -> tuple[dict, str | None]:
+             commit: bool = True, perf: bool = True) -> tuple[dict, str | None]:
         """One successful attempt: unit file, gate records, evidence, step record and its commit."""
         source = source if source is not None else SOURCES[unit]
         cand = self.write_unit(unit, source)
         self.attempt(unit, attempt, source)
         evidence = []
-        for gate in ("static", "build") + (("parity",) if state == "verified" else ()):
+        verified = ("parity",) + (("perf",) if perf else ()) if state == "verified" else ()
+        for gate in ("static", "build") + verified:
             facts = {"library": "runs/build/libmini_cuda.so"} if gate == "build" else {}
             if gate == "parity":
                 facts = {"seeds": [11, 12], "metrics": {"nmse": 1e-9}}
+            if gate == "perf":
+                facts = {"ratio": 1.2}
             _, ev = self.gate(unit, attempt, gate, True, cand, **facts)
             evidence.append(ev)
         step = self.ledger.append(

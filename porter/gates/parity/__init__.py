@@ -9,10 +9,14 @@ How (details in the modules):
   spec.py     targets/<t>/parity/<unit>.py: inputs, shapes, reference, tolerances
   gate.py     inputs + references in this process (two fresh os.urandom seeds),
               the verdict check by check (compare.CHECK_ORDER)
-  runner.py   the child process: time limit, crash and hang containment
+  runner.py   the fresh child process: time limit, crash and hang containment
+  pool.py     where plans run: warm workers (one per GPU, replaced after any
+              crash, hang or CUDA error) or a fresh child per plan
+  worker.py   the warm worker process: numpy, cupy and a CUDA context kept open
   child.py    loads the library with ctypes and calls the unit on fenced cupy
               buffers (sentinel-filled outputs, guard bytes, const hashes,
-              stream probe, second call in the same buffers, CUDA-event timing)
+              stream probe, second call in the same buffers, CUDA-event timing
+              with L2 flushed and the timed outputs read back for re-checking)
   compare.py  metrics (max abs, max rel, NMSE, exact with tie rule)
   device.py   cupy buffers, events, the stream hold; a host stand-in for CI
 

@@ -1,6 +1,7 @@
 """Benchmark: time from a candidate's answer text to its parity verdict (GPU machine).
 
     python -m porter.gates.parity.bench [--unit U] [--reps N] [--scratch-reps M] [--json FILE]
+                                        [--paths spawn,warm] [--isolation] [--workers N]
 
 A throw-away workspace holds minimoe with every unit ported (the scripted good
 answers).  Each measured attempt takes the unit's answer text with a fresh
@@ -8,12 +9,21 @@ nonce in its code (so the unit really recompiles) through what the loop does:
 extract -> static gate -> build gate (this unit compiled alone, everything else
 linked from cached objects) -> parity gate.  "scratch" does the same with an
 empty build cache: the whole backend is compiled before the link.
+
+--paths: "spawn" runs each plan in a fresh child process (before the warm
+workers), "warm" through the warm worker pool (pool.py); both on the same
+machine in one run.  --isolation then sends a crashing, a hanging and an
+illegal-address candidate (the adversarial corpus) between good ones through
+the warm pool: each must be refused by its check, and the good ones stay fast.
+--workers N: the throughput of N warm workers (one per GPU) on one queue of
+candidates, against one worker (prebuilt libraries, parity only).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -25,7 +35,8 @@ from porter.calibration.libraries import sources_from
 from porter.calibration.mutants import scripted_answers
 from porter.extract import extract_unit_source
 from porter.gates import parity
-from porter.gates.driver import Candidate, GateContext, refusal, run_gates
+from porter.gates.driver import Candidate, GateContext, ParityOptions, refusal, run_gates
+from porter.gates.parity import pool
 from porter.target import load_target
 
 REPO = Path(__file__).resolve().parents[3]
@@ -47,13 +58,15 @@ def _pct(xs, q):
     return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
 
 
-def attempt(target, unit: str, text: str, cache: Path, workspace: Path) -> dict:
+def attempt(target, unit: str, text: str, cache: Path, workspace: Path, timeout: float | None = None,
+            source: str | None = None) -> dict:
     """Candidate text -> verdict through the one gate driver, with each stage's time."""
     t0 = time.monotonic()
-    cand = Candidate.of(unit, extract_unit_source(text, unit, target))
+    cand = Candidate.of(unit, source if source is not None else extract_unit_source(text, unit, target))
     t = {"extract": time.monotonic() - t0}
     stamps = [time.monotonic()]
-    results = run_gates(cand, GateContext(target, workspace, build_cache=cache), gates=("static", "build", "parity"),
+    ctx = GateContext(target, workspace, build_cache=cache, parity=ParityOptions(timeout=timeout))
+    results = run_gates(cand, ctx, gates=("static", "build", "parity"),
                         on_result=lambda r: stamps.append(time.monotonic()))
     by = {r.gate: r for r in results}
     for k, r in enumerate(results):
@@ -62,7 +75,7 @@ def attempt(target, unit: str, text: str, cache: Path, workspace: Path) -> dict:
     if refused is not None and refused.gate != "parity":
         raise SystemExit(f"{refused.gate} gate refused the benchmark candidate: {refused.summary}\n{refused.diagnostics}")
     b, p = by["build"], by["parity"]
-    t.update(total=time.monotonic() - t0, ok=p.ok, parity_summary=p.summary,
+    t.update(total=time.monotonic() - t0, ok=p.ok, parity_summary=p.summary, check=p.check,
              compile_s=b.evidence.get("compile_seconds"), others_s=b.evidence.get("others_compile_seconds"),
              link_s=b.evidence.get("link_seconds"), parity_child_s=p.evidence.get("child", {}).get("elapsed_s"),
              parity_prepare_s=(p.evidence.get("harness_s") or {}).get("prepare_s"))
@@ -75,6 +88,11 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--scratch-reps", type=int, default=2)
     ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--paths", default="spawn,warm", help="comma list of spawn, warm (default both)")
+    ap.add_argument("--isolation", action="store_true", help="bad candidates between good ones (warm path)")
+    ap.add_argument("--workers", type=int, default=0, metavar="N", help="also: N workers vs 1 on one queue")
+    ap.add_argument("--nvcc-phases", action="store_true", help="also: nvcc's phase times for the unit, with and "
+                    "without the conventions header, and with host -O0")
     a = ap.parse_args(argv)
 
     ok, why = parity.available()
@@ -94,38 +112,143 @@ def main(argv=None) -> int:
     def with_nonce(i: int) -> str:
         return text.replace('#include "mini_cuda.cuh"', f'#include "mini_cuda.cuh"\n// bench nonce {time.time_ns()}-{i}', 1)
 
-    warm = tmp / "cache-warm"
-    t0 = time.monotonic()
-    first = attempt(target, a.unit, with_nonce(-1), warm, ws)  # fills the object cache (and cupy's kernel cache)
-    print(f"warm-up (cold cache, whole backend compiled): {time.monotonic() - t0:.1f} s, parity ok={first['ok']}")
-    inc = [attempt(target, a.unit, with_nonce(i), warm, ws) for i in range(a.reps)]
-    scratch = []
-    for i in range(a.scratch_reps):
-        scratch.append(attempt(target, a.unit, with_nonce(1000 + i), tmp / f"cache-scratch-{i}", ws))
-
     def summary(rows):
         tot = [r["total"] for r in rows]
         return {"n": len(rows), "median_s": statistics.median(tot), "p90_s": _pct(tot, 0.9),
                 "stages_median_s": {k: statistics.median(r[k] for r in rows)
                                     for k in ("extract", "static", "build", "parity")},
+                "split_median_s": {k: statistics.median((r[k] or 0.0) for r in rows)
+                                   for k in ("compile_s", "link_s", "parity_prepare_s", "parity_child_s")},
                 "all_ok": all(r["ok"] for r in rows)}
 
-    res = {"unit": a.unit, "incremental": summary(inc), "scratch": summary(scratch) if scratch else None,
-           "rows": {"incremental": inc, "scratch": scratch}, "cold_first_s": first["total"]}
-    i, s = res["incremental"], res["scratch"]
-    print(f"unit {a.unit}: candidate text -> parity verdict")
-    print(f"  incremental (unit alone + link from cached objects): median {i['median_s']:.2f} s, "
-          f"p90 {i['p90_s']:.2f} s over {i['n']} (stages: " +
-          ", ".join(f"{k} {v:.2f}" for k, v in i["stages_median_s"].items()) + f"), all ok={i['all_ok']}")
-    if s:
-        print(f"  scratch (whole backend compiled, empty cache):     median {s['median_s']:.2f} s, "
-              f"p90 {s['p90_s']:.2f} s over {s['n']} (stages: " +
-              ", ".join(f"{k} {v:.2f}" for k, v in s["stages_median_s"].items()) + ")")
-    print(f"  target < 3 s median: {'met' if i['median_s'] < 3 else 'NOT met'}")
+    def show(name, x):
+        print(f"  {name}: median {x['median_s']:.2f} s, p90 {x['p90_s']:.2f} s over {x['n']} (stages: " +
+              ", ".join(f"{k} {v:.2f}" for k, v in x["stages_median_s"].items()) + "; split: " +
+              ", ".join(f"{k} {v:.2f}" for k, v in x["split_median_s"].items()) + f"), all ok={x['all_ok']}")
+
+    warm = tmp / "cache-warm"
+    t0 = time.monotonic()
+    first = attempt(target, a.unit, with_nonce(-1), warm, ws)  # fills the object cache (and cupy's kernel cache)
+    print(f"warm-up (cold cache, whole backend compiled): {time.monotonic() - t0:.1f} s, parity ok={first['ok']}")
+    res: dict = {"unit": a.unit, "cold_first_s": first["total"], "paths": {}, "rows": {}}
+    print(f"unit {a.unit}: candidate text -> parity verdict (unit compiled alone + link from cached objects)")
+    for path in [x.strip() for x in a.paths.split(",") if x.strip()]:
+        os.environ["PORTER_PARITY_EXECUTOR"] = path
+        pool.shutdown()
+        attempt(target, a.unit, with_nonce(-2), warm, ws)  # starts the pool outside the measurement
+        rows = [attempt(target, a.unit, with_nonce(100 * len(res["paths"]) + i), warm, ws) for i in range(a.reps)]
+        res["paths"][path], res["rows"][path] = summary(rows), rows
+        show(f"{path:<5}", res["paths"][path])
+    scratch = [attempt(target, a.unit, with_nonce(1000 + i), tmp / f"cache-scratch-{i}", ws)
+               for i in range(a.scratch_reps)]
+    if scratch:
+        res["scratch"] = summary(scratch)
+        show("scratch (whole backend compiled, empty cache)", res["scratch"])
+    if "warm" in res["paths"]:
+        w = res["paths"]["warm"]
+        met = w["median_s"] < 1.5 and w["p90_s"] < 2.0
+        print(f"  target warm median < 1.5 s and p90 < 2 s: {'met' if met else 'NOT met'}")
+    if a.nvcc_phases:
+        res["nvcc_phases"] = nvcc_phases(target, extract_unit_source(text, a.unit, target), tmp)
+    if a.isolation:
+        res["isolation"] = isolation(target, a.unit, with_nonce, warm, ws)
+    if a.workers:
+        res["workers"] = throughput(target, a.unit, text, warm, ws, a.workers)
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1, default=str))
     shutil.rmtree(tmp, ignore_errors=True)
     return 0
+
+
+def nvcc_phases(target, source: str, tmp: Path) -> dict:
+    """nvcc --time for the unit as the build gate compiles it, and two variants: where the time goes."""
+    import csv
+    import subprocess
+
+    from porter.gates.build import compile_flags, nvcc_path
+
+    d = tmp / "nvcc-phases"
+    d.mkdir(exist_ok=True)
+    (d / "unit.cu").write_text(source)
+    (d / "empty.cu").write_text("// nothing\n")
+    flags = compile_flags(target)
+    no_header = [f for i, f in enumerate(flags) if f != "-include" and (i == 0 or flags[i - 1] != "-include")]
+    variants = {"unit (as the build gate)": ("unit.cu", flags),
+                "unit, host -O0": ("unit.cu", flags + ["-Xcompiler", "-O0"]),
+                "empty file + conventions header": ("empty.cu", flags),
+                "empty file, no header": ("empty.cu", no_header)}
+    out = {}
+    print("nvcc phases (ms):")
+    for name, (src, fl) in variants.items():
+        csv_path = d / f"{len(out)}.csv"
+        t0 = time.monotonic()
+        subprocess.run([nvcc_path(), "-c", *fl, "--time", str(csv_path), "-o", str(d / "x.o"), src], cwd=d,
+                       capture_output=True, check=False)
+        wall = time.monotonic() - t0
+        try:
+            rows = list(csv.reader(csv_path.open()))[1:]
+            phases = {r[1].strip(): float(r[-2]) for r in rows if len(r) > 2 and r[-2].strip()}
+        except (OSError, ValueError, IndexError):
+            phases = {}
+        out[name] = {"wall_s": wall, "phases_ms": phases}
+        print(f"  {name:<34} {wall:.2f} s: " + ", ".join(f"{k} {v:.0f}" for k, v in phases.items()))
+    return out
+
+
+ISOLATION = [("good", None, None), ("crash", "add_host_segfault.cu", "mini_gpu_add_tensor"), ("good", None, None),
+             ("timeout", "swiglu_hang.cu", "mini_gpu_swiglu_tensor"), ("good", None, None),
+             ("cuda-error", "add_illegal_address.cu", "mini_gpu_add_tensor"), ("good", None, None)]
+
+
+def isolation(target, unit, with_nonce, cache, ws) -> list[dict]:
+    """Bad candidates between good ones through the warm pool: each refused by its check."""
+    os.environ["PORTER_PARITY_EXECUTOR"] = "warm"
+    adv = target.dir / "adversarial"
+    rows = []
+    print("isolation (warm path; parity time limit 10 s):")
+    for i, (want, file, bad_unit) in enumerate(ISOLATION):
+        if file is None:
+            r = attempt(target, unit, with_nonce(5000 + i), cache, ws, timeout=10)
+            good = r["ok"]
+        else:
+            r = attempt(target, bad_unit, "", cache, ws, timeout=10, source=(adv / file).read_text())
+            good = (not r["ok"]) and r["check"] == want
+        rows.append(dict(r, want=want, as_expected=good))
+        print(f"  {want:<10} {'ok ' if good else 'BAD'} total {r['total']:.2f} s (parity {r['parity']:.2f} s): "
+              f"{r['parity_summary'][:110]}")
+    goods = [r["total"] for r in rows if r["want"] == "good"]
+    print(f"  good ones: median {statistics.median(goods):.2f} s, max {max(goods):.2f} s; "
+          f"all as expected: {all(r['as_expected'] for r in rows)}")
+    return rows
+
+
+def throughput(target, unit, text, cache, ws, n_workers: int, n_jobs: int = 24) -> dict:
+    """Parity verdicts per second of one queue of candidates (libraries prebuilt) on 1 worker vs N."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from porter.gates.parity.gate import run_spec
+    from porter.gates.parity.spec import load_spec
+
+    cand = Candidate.of(unit, extract_unit_source(text, unit, target))
+    ctx = GateContext(target, ws, build_cache=cache)
+    built = run_gates(cand, ctx, gates=("build",))[-1]
+    lib = Path(ctx.library)
+    spec = load_spec(target, unit)
+    out = {}
+    for n in (1, n_workers):
+        os.environ["PORTER_PARITY_EXECUTOR"] = "warm"
+        os.environ["PORTER_PARITY_WORKERS"] = str(n)
+        pool.shutdown()
+        run_spec(target, spec, lib, workspace=ws)  # start the workers
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(n) as ex:
+            oks = list(ex.map(lambda _: run_spec(target, spec, lib, workspace=ws).ok, range(n_jobs)))
+        dt = time.monotonic() - t0
+        out[n] = {"seconds": dt, "verdicts_per_s": n_jobs / dt, "all_ok": all(oks)}
+        print(f"  {n} worker(s): {n_jobs} parity verdicts in {dt:.1f} s = {n_jobs / dt:.2f}/s, all ok={all(oks)}")
+    os.environ.pop("PORTER_PARITY_WORKERS", None)
+    del built
+    return out
 
 
 if __name__ == "__main__":

@@ -285,27 +285,59 @@ class Child:
         return rec
 
     def time_case(self, case, pdata, arrays, bufs, structs) -> dict:
+        """Time the unit on the last pass's inputs: each repetition starts from the same buffers
+        (outputs back to the sentinel, in-out tensors back to their inputs) with L2 flushed, and
+        is timed alone by events on the unit's stream.  The outputs of the last repetition and of
+        one repetition drawn at random are read right after the unit's stream and kept for the
+        parent to re-check against the reference: work skipped while being timed shows there.
+        Only the raw times leave this process; the parent computes the statistics."""
+        dev = self.dev
         host_map = self._map_for(pdata, arrays)
         if self.h_forget is not None:
             self.h_forget()
         if host_map is not None and self.h_model is not None:
             self.h_model(host_map.ctypes.data, host_map.size, 0, host_map.size)
         args = self._args(case, pdata, structs, host_map)
+        restore = {}
+        for name, b in case["buffers"].items():
+            if b["role"] == "out":
+                restore[name] = compare.sentinel_bytes(b["nbytes"])
+            elif b["role"] == "inout":
+                restore[name] = np.ascontiguousarray(arrays[pdata["data"][name]]).view(np.uint8).tobytes()
+        outs = case["outputs"]
+        stream = self.stream or 0
+
+        def fresh():
+            for name, data in restore.items():
+                bufs[name].write(data)
+            dev.flush_l2(stream)
+            dev.synchronize()
+
         self.step(case=case["id"], step="timing")
         for _ in range(2):
+            fresh()
             self.fn(*args)
-        self.dev.synchronize()
+        dev.synchronize()
         reps = int(self.plan.get("timing_reps", 10))
-        times = self.dev.time_calls(lambda: self.fn(*args), self.stream or 0, reps)
-        self.dev.synchronize()
-        med, p90 = devmod.median_p90(times)
-        return {"reps": reps, "median_ms": med, "p90_ms": p90, "clock": "cuda-events" if self.dev.kind == "cuda" else "host"}
+        checked = {reps - 1, devmod.urandom_seed() % reps}
+        times = []
+        for r in range(reps):
+            fresh()
+            times.append(dev.time_one(lambda: self.fn(*args), stream))
+            if r in checked:
+                for param, buf in outs.items():
+                    raw = dev.read_after_stream(bufs[buf].ptr, bufs[buf].nbytes, stream)
+                    self.outputs[f"{case['id']}.t{r}.{param}"] = np.frombuffer(raw, dtype=np.uint8).copy()
+        dev.synchronize()
+        return {"reps": reps, "times_ms": times, "checked_reps": sorted(checked),
+                "l2_flushed": dev.kind == "cuda", "clock": "cuda-events" if dev.kind == "cuda" else "host"}
 
     # -- main ----------------------------------------------------------------
-    def run(self) -> int:
+    def run(self, dev=None) -> int:
+        """dev: a device a warm worker already opened (worker.py); None: open one now."""
         plan = self.plan
         try:
-            self.dev = devmod.make_device(plan["mode"])
+            self.dev = dev if dev is not None else devmod.make_device(plan["mode"])
             self.results["device"] = self.dev.facts()
             self.load_library()
             self.stream = None  # None: no stream probe (e.g. the host stand-in)
@@ -333,6 +365,7 @@ class Child:
                 self.save_outputs()
             except Exception:  # noqa: BLE001 - outputs are best effort after a fatal error
                 pass
+            self.progress.close()
 
     def _last_step(self):
         try:
@@ -358,12 +391,19 @@ def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print("usage: child.py PLAN_DIR", file=sys.stderr)
         return EXIT_BAD_PLAN
-    plan_dir = Path(argv[1])
+    return run_plan(Path(argv[1]))
+
+
+def run_plan(plan_dir: Path, dev=None, library: str | None = None) -> int:
+    """One plan, in this process: the fresh child's main, and each job of a warm worker
+    (which passes its open device and a private copy of the library, see worker.py)."""
     try:
         plan = json.loads((plan_dir / "plan.json").read_text())
     except (OSError, ValueError) as exc:
         print(f"parity child: unreadable plan: {exc}", file=sys.stderr)
         return EXIT_BAD_PLAN
+    if library:
+        plan["library"] = library
     if plan.get("mode") == "call":
         return call_only(plan_dir, plan)
     if plan.get("kind") == "scenario":  # a runtime unit's sequence of calls (scenario_child.py, by path)
@@ -371,7 +411,9 @@ def main(argv: list[str]) -> int:
 
         return scenario_child.child_main(plan_dir, plan)
     try:
-        return Child(plan_dir).run()
+        child = Child(plan_dir)
+        child.plan = plan
+        return child.run(dev)
     except Exception:  # noqa: BLE001 - a harness bug: say so on stderr, exit distinctly
         traceback.print_exc()
         return 5

@@ -50,6 +50,8 @@ CHECK_ORDER = (
     "error-return",  # the call reported success on inputs the API calls an error
     "repeat",        # second call, same buffers, other inputs: the first answer came back
     "leak",          # scenario: memory a free should have returned is still in use
+    "timing",        # outputs of the timed calls differ from the reference (work skipped while timed)
+    "impossible",    # timed faster than the device's memory bandwidth allows for the bytes the op must move
     "sanitize",      # compute-sanitizer memcheck reported errors
 )
 
@@ -70,6 +72,10 @@ CHECK_DOC = {
     "values": "float output outside tolerance",
     "repeat": "a second call with other inputs in the same buffers returned the first call's answer",
     "leak": "device memory allocated and freed through the API was not returned (free leaks)",
+    "timing": "the outputs of the timed calls (same inputs, buffers reset before each) are not the reference's: "
+              "every call must do the whole work",
+    "impossible": "the measured time is below what the device's peak memory bandwidth allows for the bytes the op "
+                  "must move: the timed calls did not do the work",
     "sanitize": "compute-sanitizer memcheck found errors",
 }
 

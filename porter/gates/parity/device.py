@@ -30,6 +30,8 @@ STREAM_NON_BLOCKING = 1
 EVENT_DISABLE_TIMING = 2
 ATTR_MEMORY_CLOCK_KHZ = 36  # cudaDevAttrMemoryClockRate
 ATTR_BUS_WIDTH_BITS = 37  # cudaDevAttrGlobalMemoryBusWidth
+ATTR_L2_CACHE_BYTES = 38  # cudaDevAttrL2CacheSize
+ATTR_CLOCK_KHZ = 13  # cudaDevAttrClockRate (SM clock)
 
 _HOLD_SRC = r"""
 extern "C" __global__ void porter_parity_hold(unsigned long long ns) {
@@ -120,6 +122,18 @@ class Device:
     def read_side(self, ptr: int, n: int) -> bytes:
         return self.read(ptr, n)
 
+    def free_fraction(self) -> float:
+        """Share of device memory still free (a warm worker retires when candidates' leftovers pile up)."""
+        return 1.0
+
+    def flush_l2(self, stream: int) -> None:
+        """Evict the L2 cache (a timed call must fetch its inputs from memory); no-op on the host."""
+
+    def time_one(self, call, stream: int) -> float:
+        t0 = time.perf_counter()
+        call()
+        return (time.perf_counter() - t0) * 1e3
+
     def time_calls(self, call, stream: int, reps: int) -> list[float]:
         times = []
         for _ in range(reps):
@@ -156,7 +170,10 @@ class HostDevice(Device):
         pass
 
     def facts(self) -> dict:
-        return {"kind": "host", "name": "host memory (no GPU: CI stand-in)", "peak_gbps": None}
+        # no roofline for host memory, unless a test declares one ($PORTER_PARITY_HOST_PEAK_GBPS)
+        peak = os.environ.get("PORTER_PARITY_HOST_PEAK_GBPS")
+        return {"kind": "host", "name": "host memory (no GPU: CI stand-in)",
+                "peak_gbps": float(peak) if peak else None, "peak_fp32_tflops": None}
 
 
 class CudaDevice(Device):
@@ -175,6 +192,7 @@ class CudaDevice(Device):
         self._pinned = 0
         self._pinned_size = 0
         self._hold = None
+        self._flush, self._flush_n, self._flush_pass, self._events = 0, 0, 1, None
 
     def _call(self, fn, *args):
         try:
@@ -265,6 +283,31 @@ class CudaDevice(Device):
         self._call(self.rt.eventSynchronize, token)
         self._call(self.rt.eventDestroy, token)
 
+    def free_fraction(self) -> float:
+        free, total = self._call(self.rt.memGetInfo)
+        return free / total if total else 1.0
+
+    def flush_l2(self, stream: int) -> None:
+        if not self._flush:
+            try:
+                l2 = int(self.rt.deviceGetAttribute(ATTR_L2_CACHE_BYTES, self.device_id))
+            except Exception:  # noqa: BLE001
+                l2 = 0
+            self._flush_n = 2 * max(l2, 64 << 20)  # twice L2 (or 64 MiB when unknown): nothing survives
+            self._flush = self.malloc(self._flush_n)
+        self._call(self.rt.memsetAsync, self._flush, self._flush_pass & 0xFF, self._flush_n, stream)
+        self._flush_pass += 1
+
+    def time_one(self, call, stream: int) -> float:
+        if not self._events:
+            self._events = (self._call(self.rt.eventCreate), self._call(self.rt.eventCreate))
+        start, end = self._events
+        self._call(self.rt.eventRecord, start, stream)
+        call()
+        self._call(self.rt.eventRecord, end, stream)
+        self._call(self.rt.eventSynchronize, end)
+        return float(self._call(self.rt.eventElapsedTime, start, end))
+
     def time_calls(self, call, stream: int, reps: int) -> list[float]:
         start = self._call(self.rt.eventCreate)
         end = self._call(self.rt.eventCreate)
@@ -296,6 +339,10 @@ class CudaDevice(Device):
         clock_khz = attr(ATTR_MEMORY_CLOCK_KHZ, "memoryClockRate")
         bus_bits = attr(ATTR_BUS_WIDTH_BITS, "memoryBusWidth")
         peak = 2.0 * clock_khz * 1e3 * (bus_bits / 8) / 1e9 if clock_khz and bus_bits else None
+        sm_khz, n_sm = attr(ATTR_CLOCK_KHZ, "clockRate"), props.get("multiProcessorCount")
+        # FP32 lanes per SM: 64 on sm_80 (A100), 128 on sm_86 and later (Ada, Hopper, Blackwell)
+        lanes = 64 if (props.get("major"), props.get("minor")) == (8, 0) else 128
+        tflops = 2.0 * lanes * n_sm * sm_khz * 1e3 / 1e12 if sm_khz and n_sm and props.get("major", 0) >= 8 else None
         return {
             "kind": "cuda",
             "name": name,
@@ -305,6 +352,8 @@ class CudaDevice(Device):
             "memory_clock_khz": clock_khz,
             "memory_bus_bits": bus_bits,
             "peak_gbps": round(peak, 1) if peak else None,
+            "peak_fp32_tflops": round(tflops, 1) if tflops else None,
+            "l2_bytes": attr(ATTR_L2_CACHE_BYTES, "l2CacheSize"),
             "driver_api_version": self.rt.driverGetVersion(),
             "runtime_version": self.rt.runtimeGetVersion(),
             "cupy": self.cp.__version__,

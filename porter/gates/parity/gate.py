@@ -16,6 +16,7 @@ import os
 import platform
 import re
 import shutil
+import statistics
 import subprocess
 import tempfile
 import time
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from porter.gates.parity import compare, runner
+from porter.gates.parity import compare, pool, runner
 from porter.gates.parity.compare import Failure
 from porter.gates.parity.spec import (Call, Context, Exact, Flag, In, InOut, Map, Out, Same, Shape, SpecError,
                                       UnitSpec, header_params, validate_call)
@@ -173,11 +174,13 @@ def _decode(raw: np.ndarray, arg, ref: np.ndarray) -> np.ndarray:
     return vals[: ref.size].reshape(ref.shape)
 
 
-def _value_failures(spec: UnitSpec, case: PreparedCase, p: int, call: Call, outputs, metrics: dict) -> list[Failure]:
-    """sentinel / exact / tie-rule / values failures of one call's outputs."""
+def _value_failures(spec: UnitSpec, case: PreparedCase, p: int, call: Call, outputs, metrics: dict,
+                    tag: str | None = None) -> list[Failure]:
+    """sentinel / exact / tie-rule / values failures of one call's outputs (tag: the output key's
+    middle part, the pass index unless given: 't3' for the 4th timed call)."""
     fails = []
     for name, tol in spec.outputs.items():
-        key = f"{case.id}.{p}.{name}"
+        key = f"{case.id}.{tag if tag is not None else p}.{name}"
         if key not in outputs:
             fails.append(Failure("crash", case.shape.label, p, f"no output {name!r} came back"))
             continue
@@ -301,8 +304,36 @@ def evaluate(spec: UnitSpec, cases: list[PreparedCase], results: dict, outputs,
             failures.append(Failure("repeat", case.shape.label, 1, "the second call (same buffers, fresh inputs) "
                                     "returned the first call's answer (or left the outputs untouched)"))
         if "timing" in crec:
-            rep["timing"] = crec["timing"]
+            rep["timing"] = timing_stats(crec["timing"])
+            failures.extend(_timed_failures(spec, case, rep["timing"], outputs))
     return failures, reports
+
+
+def timing_stats(raw: dict) -> dict:
+    """Median and p90 computed here from the child's raw per-call times (never taken from the child)."""
+    t = {k: raw[k] for k in ("reps", "checked_reps", "l2_flushed", "clock") if k in raw}
+    times = sorted(float(x) for x in raw.get("times_ms") or [] if isinstance(x, (int, float)) and x == x)
+    t["times_ms"] = times
+    if times:
+        t["median_ms"] = statistics.median(times)
+        t["p90_ms"] = times[min(len(times) - 1, int(round(0.9 * (len(times) - 1))))]
+        t["min_ms"] = times[0]
+    else:
+        t["median_ms"] = t["p90_ms"] = t["min_ms"] = None
+    return t
+
+
+def _timed_failures(spec: UnitSpec, case: PreparedCase, timing: dict, outputs) -> list[Failure]:
+    """The timed calls' outputs, re-checked against the reference of the inputs they were given."""
+    checked = timing.get("checked_reps") or []
+    if not checked:
+        return [Failure("timing", case.shape.label, None, "the timed calls' outputs were not read back")]
+    fails = []
+    for r in checked:
+        for f in _value_failures(spec, case, len(case.calls) - 1, case.calls[-1], outputs, {}, tag=f"t{r}"):
+            fails.append(Failure("timing", case.shape.label, None,
+                                 f"timed call {r + 1} of {timing.get('reps')}: [{f.check}] {f.detail}"))
+    return fails
 
 
 def _hx(v) -> str:
@@ -420,7 +451,7 @@ def _run_spec(target, spec: UnitSpec, library: Path, *, workspace: Path | None =
         write_plan(plan_dir, spec, api_fn, cases, library, mode=mode, harness=harness,
                    probe=(probe if probe is not None else PROBE) if mode == "cuda" else None, timing_reps=timing_reps)
         limit = timeout or float(os.environ.get("PORTER_PARITY_TIMEOUT", DEFAULT_TIMEOUT_S))
-        outcome = runner.run_child(plan_dir, limit)
+        outcome = pool.executor(mode).run(plan_dir, limit)
         outputs = _load_outputs(plan_dir)
         failures, reports = evaluate(spec, cases, outcome.results, outputs, success=harness.get("success", "zero"))
         labels = {c.id: c.shape.label for c in cases}
@@ -484,24 +515,12 @@ def _result(target, spec, library, cases, seeds, outcome, failures, reports, *, 
             calibration, timings, plan_dir) -> GateResult:
     dev = (outcome.results or {}).get("device") or {}
     drv = driver_facts() if mode == "cuda" else {}
+    timing = _timing(spec, cases, reports, dev)
+    failures = failures + _impossible(reports, dev)
     ok = not failures
-    # timing: the timed case with the most bytes
-    timing = None
-    peak = dev.get("peak_gbps")
-    for c, rep in zip(cases, reports):
-        t = rep.get("timing")
-        if not t or not spec.bytes_moved:
-            continue
-        nbytes = int(spec.bytes_moved(c.shape))
-        gbps = nbytes / (t["median_ms"] * 1e-3) / 1e9 if t["median_ms"] > 0 else None
-        rep["timing"] = dict(t, bytes=nbytes, gbps=gbps)
-        if timing is None or nbytes > timing["bytes"]:
-            timing = {"case": c.shape.label, "bytes": nbytes, "median_ms": t["median_ms"], "p90_ms": t["p90_ms"],
-                      "reps": t["reps"], "gbps": gbps, "peak_gbps": peak,
-                      "pct_of_peak": (100.0 * gbps / peak) if gbps and peak else None, "clock": t.get("clock")}
     worst = _worst(spec, reports)
     checks_run = ["rc", "error-return", "struct", "guard", "const", "sentinel", "exact", "tie-rule", "values",
-                  "repeat"] + (["stream"] if mode == "cuda" else []) + (["sanitize"] if sanitize else [])
+                  "repeat", "timing", "impossible"] + (["stream"] if mode == "cuda" else []) + (["sanitize"] if sanitize else [])
     failed_checks = sorted({f.check for f in failures}, key=compare.check_rank)
     evidence = {
         "target": target.name, "unit": spec.unit, "gate": "parity", "ok": ok,
@@ -548,6 +567,46 @@ def _result(target, spec, library, cases, seeds, outcome, failures, reports, *, 
         metrics.update({k: timing[k] for k in ("median_ms", "p90_ms", "gbps", "pct_of_peak")})
     return GateResult("parity", ok, summary, diagnostics, _clean(metrics), _clean(evidence),
                       check=None if ok else first.check)
+
+
+def _timing(spec, cases, reports, dev) -> dict | None:
+    """Per timed case: bytes, GB/s and the roofline; returns the case with the most bytes (what perf judges)."""
+    timing = None
+    peak, tflops = dev.get("peak_gbps"), dev.get("peak_fp32_tflops")
+    for c, rep in zip(cases, reports):
+        t = rep.get("timing")
+        if not t or not t.get("median_ms") or not spec.bytes_moved:
+            continue
+        nbytes = int(spec.bytes_moved(c.shape))
+        flops = int(spec.flops(c.shape)) if spec.flops else None
+        gbps = nbytes / (t["median_ms"] * 1e-3) / 1e9 if t["median_ms"] > 0 else float("inf")
+        roof_ms = max(nbytes / (peak * 1e9) * 1e3 if peak else 0.0,
+                      flops / (tflops * 1e12) * 1e3 if flops and tflops else 0.0) or None
+        rep["timing"] = dict(t, bytes=nbytes, flops=flops, gbps=gbps, roofline_ms=roof_ms)
+        if timing is None or nbytes > timing["bytes"]:
+            timing = {"case": c.shape.label, "bytes": nbytes, "flops": flops, "median_ms": t["median_ms"],
+                      "p90_ms": t["p90_ms"], "min_ms": t.get("min_ms"), "reps": t["reps"], "gbps": gbps,
+                      "peak_gbps": peak, "peak_fp32_tflops": tflops, "roofline_ms": roof_ms,
+                      "perf_floor": spec.perf_floor, "l2_flushed": t.get("l2_flushed"),
+                      "pct_of_peak": (100.0 * gbps / peak) if gbps and peak else None, "clock": t.get("clock")}
+    return timing
+
+
+def _impossible(reports, dev) -> list[Failure]:
+    """A timed case faster than peak bandwidth allows for its bytes (the fastest call, not the median,
+    must respect it: L2 is flushed before every call)."""
+    peak = dev.get("peak_gbps")
+    out = []
+    for rep in reports:
+        t = rep.get("timing") or {}
+        if not peak or not t.get("bytes") or t.get("min_ms") is None:
+            continue
+        floor_ms = t["bytes"] / (peak * 1e9) * 1e3
+        if t["min_ms"] < floor_ms:
+            out.append(Failure("impossible", rep["label"], None,
+                               f"{t['min_ms']:.4g} ms for {t['bytes']} bytes is {t['bytes'] / (max(t['min_ms'], 1e-9) * 1e6):.0f} GB/s, "
+                               f"above the device's peak {peak:g} GB/s (at least {floor_ms:.4g} ms)"))
+    return out
 
 
 def _worst(spec, reports):

@@ -94,8 +94,7 @@ def run_child(plan_dir: Path, timeout: float, *, argv: list[str] | None = None,
     plan_dir = Path(plan_dir)
     argv = argv or child_argv(plan_dir)
     out_path, err_path = plan_dir / "child.stdout", plan_dir / "child.stderr"
-    for name in ("results.json", "progress.jsonl"):
-        (plan_dir / name).unlink(missing_ok=True)
+    clear_outputs(plan_dir)
     t0 = time.monotonic()
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
         try:
@@ -113,7 +112,18 @@ def run_child(plan_dir: Path, timeout: float, *, argv: list[str] | None = None,
             except ProcessLookupError:
                 pass
             rc = proc.wait()
-    elapsed = time.monotonic() - t0
+    return classify(plan_dir, rc, time.monotonic() - t0, timed_out, timeout, argv)
+
+
+def clear_outputs(plan_dir: Path) -> None:
+    for name in ("results.json", "progress.jsonl"):
+        (plan_dir / name).unlink(missing_ok=True)
+
+
+def classify(plan_dir: Path, rc: int | None, elapsed: float, timed_out: bool, timeout: float,
+             argv: list[str]) -> ChildOutcome:
+    """What happened to one run of the child code, from its exit status and its files (fresh or warm)."""
+    out_path, err_path = plan_dir / "child.stdout", plan_dir / "child.stderr"
     step = last_progress(plan_dir)
     results = None
     try:
@@ -124,6 +134,9 @@ def run_child(plan_dir: Path, timeout: float, *, argv: list[str] | None = None,
     if timed_out:
         o.status = "timeout"
         o.detail = f"no result after {timeout:.0f} s: killed {describe_step(step)}"
+    elif rc is None:
+        o.status = "harness"
+        o.detail = "the parity worker gave no exit status"
     elif rc == SANITIZER_EXIT and argv[0].endswith("compute-sanitizer"):
         o.status = "sanitize"
         errs = [ln.strip(" =") for ln in (o.stdout_tail + o.stderr_tail).splitlines() if "ERROR SUMMARY" in ln or "Invalid" in ln]

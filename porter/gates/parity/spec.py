@@ -226,7 +226,9 @@ class UnitSpec:
     outputs: dict[str, Tol | Exact]
     shapes: list[Shape]
     build: Callable[[Shape, "Context", np.random.Generator], Call]
-    bytes_moved: Callable[[Shape], int] | None = None
+    bytes_moved: Callable[[Shape], int] | None = None  # the least bytes the op must move (roofline; perf)
+    flops: Callable[[Shape], int] | None = None  # arithmetic the op must do, for compute-bound ops (perf floor)
+    perf_floor: float | None = None  # least fraction of the roofline a timed case must reach (perf.py default)
     notes: str = ""
     path: Path | None = None
 

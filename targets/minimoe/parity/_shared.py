@@ -50,6 +50,13 @@ def dense_bytes(qtype: str):
     return moved
 
 
+def dense_flops(shape):
+    """A multiply and an add per weight per token: the arithmetic no dense matmul can skip."""
+    d = shape.dims
+    out_dim, in_dim = d.get("real_shape") or (d["out_dim"], d["in_dim"])
+    return 2 * out_dim * in_dim * d["n_tok"]
+
+
 def expert_ids(rng, n_tokens, n_expert, top_k):
     """Distinct experts per token; the last expert sits in the first token's first
     slot and expert 0 in the last token's last slot (a wrong expert stride shows)."""

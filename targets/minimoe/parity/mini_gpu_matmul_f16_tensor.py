@@ -24,4 +24,5 @@ SPEC = UnitSpec(
     ],
     build=sh.dense_matmul("F16", ops.matmul_f16),
     bytes_moved=sh.dense_bytes("F16"),
+    flops=sh.dense_flops,
 )

@@ -19,4 +19,5 @@ SPEC = UnitSpec(
     ],
     build=sh.dense_matmul("Q4_K", ops.matmul_q4_k),
     bytes_moved=sh.dense_bytes("Q4_K"),
+    flops=sh.dense_flops,
 )

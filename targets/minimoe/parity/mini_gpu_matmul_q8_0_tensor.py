@@ -33,4 +33,5 @@ SPEC = UnitSpec(
     ],
     build=sh.dense_matmul("Q8_0", ops.matmul_q8_0),
     bytes_moved=sh.dense_bytes("Q8_0"),
+    flops=sh.dense_flops,
 )

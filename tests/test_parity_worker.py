@@ -1,0 +1,122 @@
+"""The warm parity worker keeps the fresh child's isolation (host mode, no GPU needed).
+
+A crash, a hang, an abort or a CUDA error left by one candidate is recorded as
+that candidate's failure, and the candidates after it run in a new worker; good
+candidates in a row share one worker; no static state survives between jobs.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from porter.gates.parity import pool, runner
+
+CC = shutil.which("cc") or shutil.which("gcc")
+pytestmark = pytest.mark.skipif(CC is None, reason="no C compiler (cc)")
+
+TINY_C = r"""
+#include <stdlib.h>
+int ok(void) { return 7; }
+int counter(void) { static int n; return ++n; }
+int hang(void) { for (volatile int spin = 1; spin;) {} return 0; }
+int segv(void) { volatile int *p = (int *)0; return *p; }
+int die(void) { abort(); }
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny_lib(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny")
+    (d / "tiny.c").write_text(TINY_C)
+    subprocess.run([CC, "-shared", "-fPIC", "-o", str(d / "libtiny.so"), str(d / "tiny.c")], check=True)
+    return d / "libtiny.so"
+
+
+def _plan(tmp_path, lib, symbol, i):
+    d = tmp_path / f"job{i}-{symbol}"
+    d.mkdir()
+    (d / "plan.json").write_text(json.dumps({"mode": "call", "library": str(lib), "symbol": symbol}))
+    return d
+
+
+def test_bad_candidates_between_good_ones_are_recorded_and_replaced(tmp_path, tiny_lib):
+    p = pool.WarmPool("host", 1)
+    try:
+        seq = ["ok", "ok", "segv", "ok", "hang", "ok", "die", "ok"]
+        want = {"ok": ("done", "completed"), "segv": ("crash", "SIGSEGV"), "hang": ("timeout", "no result after"),
+                "die": ("crash", "SIGABRT")}
+        seen = []
+        for i, sym in enumerate(seq):
+            t0 = time.monotonic()
+            o = p.run(_plan(tmp_path, tiny_lib, sym, i), timeout=3)
+            seen.append((sym, o.status, o.detail, time.monotonic() - t0))
+            status, detail = want[sym]
+            assert o.status == status, (sym, o)
+            assert detail in o.detail, (sym, o.detail)
+            if sym == "ok":
+                assert o.results["rc"] == 7
+            else:
+                assert "step 'call'" in o.detail  # the progress file still names where it died
+        # one replacement per bad candidate, none for good ones
+        assert p.respawns == 3, seen
+    finally:
+        p.close()
+
+
+def test_good_candidates_share_one_worker_and_no_static_state(tmp_path, tiny_lib):
+    p = pool.WarmPool("host", 1)
+    try:
+        rcs = [p.run(_plan(tmp_path, tiny_lib, "counter", i), timeout=10).results["rc"] for i in range(3)]
+        assert p.respawns == 0
+        # each job dlopens a private copy: a static counter starts from zero every time
+        assert rcs == [1, 1, 1]
+    finally:
+        p.close()
+
+
+def test_spawn_and_warm_agree(tmp_path, tiny_lib):
+    p = pool.WarmPool("host", 1)
+    try:
+        for i, sym in enumerate(["ok", "segv"]):
+            a = runner.run_child(_plan(tmp_path, tiny_lib, sym, 10 + i), timeout=5)
+            b = p.run(_plan(tmp_path, tiny_lib, sym, 20 + i), timeout=5)
+            assert (a.status, a.returncode) == (b.status, b.returncode)
+    finally:
+        p.close()
+
+
+def test_a_worker_that_cannot_start_falls_back_to_a_fresh_child(tmp_path, tiny_lib, monkeypatch):
+    p = pool.WarmPool("no-such-mode", 1)
+    try:
+        o = p.run(_plan(tmp_path, tiny_lib, "ok", 0), timeout=10)
+        assert o.status == "done" and "warm worker unavailable" in o.detail
+    finally:
+        p.close()
+
+
+def test_worker_exits_when_its_parent_is_killed(tmp_path, tiny_lib):
+    """kill -9 of porter must not leave a worker behind (its stdin closes; a hung one watches its parent)."""
+    code = ("import sys, time; sys.path.insert(0, %r); from porter.gates.parity import pool;"
+            "w = pool.WarmWorker('host', None); assert w.ready(); print(w.proc.pid, flush=True); time.sleep(60)")
+    import os
+    import signal
+
+    root = str(__import__("pathlib").Path(__file__).resolve().parents[1])
+    parent = subprocess.Popen(["python3", "-c", code % root], stdout=subprocess.PIPE, text=True)
+    wpid = int(parent.stdout.readline())
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    for _ in range(40):
+        try:
+            os.kill(wpid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.25)
+    else:
+        os.kill(wpid, signal.SIGKILL)
+        pytest.fail("the warm worker outlived its parent")
