@@ -1,0 +1,378 @@
+"""numpy references for ds4's attention, KV-cache, compressor and indexer ops.
+
+Companion of ``reference/ds4_ops.py`` (same conventions: one function per
+``ds4_gpu_*_tensor`` call, same argument order, outputs returned, float64
+arithmetic on float32 inputs unless a rounding step of ds4.c is emulated).
+Written from the semantics of ds4's CPU path (``ds4.c``), never from a GPU
+backend:
+
+* FP8 KV round trip (``dsv4_fp8_kv_quantize_row_inplace_cpu``): the first
+  head_dim - n_rot values of a row, in blocks of 64: scale = 2^ceil(log2(amax/448))
+  (amax floored at 1e-4), each value -> nearest E4M3FN value of x/scale, ties to
+  the even code, times scale.  The RoPE tail is left alone.
+* indexer QAT (``dsv4_indexer_qat_row_inplace_cpu``): a 128-point Hadamard
+  butterfly times 1/sqrt(128), then an FP4 (E2M1) round trip in blocks of 32:
+  scale = 2^ceil(log2(amax/6)), nearest of {0, .5, 1, 1.5, 2, 3, 4, 6}, ties
+  to the even code.  The butterfly is emulated in float32, in ds4.c's order,
+  because the FP4 rounding that follows turns a last-bit difference into a
+  whole FP4 step.
+* the raw SWA cache holds rows rounded to f16 (ds4.c: fp8 round trip then
+  ``f16_round_inplace_cpu``), in a ring of raw_cap rows: position p -> row p % raw_cap.
+* attention (``layer_attention_mixed_one``, ``layer_attention_prefix_batch_worker``):
+  one KV head shared by every query head, K = V = the cache row, scores
+  q.kv / sqrt(head_dim), a per-head sink logit that joins the softmax's
+  denominator and contributes no value, compressed rows appended after the
+  raw ones, a compressed row masked out (mask -inf / not selected) dropped.
+* indexer scores (``indexer_allowed_decode_one``): per compressed row c,
+  sum_h relu(q_h . k_c) * w_h, times scale; with the causal rule a token at
+  position p sees the first (p + 1) / ratio compressed rows.
+* compressor (``compressor_decode_one``, ``compressor_pool_decode_state``):
+  ratio-4 layers keep 2 x 4 state rows of width 2*head_dim (the previous
+  window's first half overlaps the current window's second half); APE is
+  added to the score at store time; a window is pooled by a per-dimension
+  softmax over its rows' scores, RMS-normed with a weight, tail-RoPEd at the
+  window's first position.
+
+The GPU API draws its own boundaries around these steps (e.g. the FP8 round
+trip of a compressed row is a separate call); each function says which steps
+its call contains.  Errors the C call reports by returning 0 raise ValueError.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import ds4_ops as base
+
+N_HEAD = base.N_HEAD
+HEAD_DIM = base.HEAD_DIM
+N_ROT = base.N_ROT
+N_SWA = 128                 # DS4_N_SWA: raw sliding-window rows
+INDEXER_HEADS = 64          # DS4_N_INDEXER_HEAD
+INDEXER_HEAD_DIM = 128      # DS4_N_INDEXER_HEAD_DIM
+INDEXER_TOP_K = base.INDEXER_TOP_K
+FP8_MAX = 448.0
+FP8_BLOCK = 64
+FP4_MAX = 6.0
+FP4_BLOCK = 32
+HADAMARD_SCALE = np.float32(0.08838834764831845)   # 1/sqrt(128) as ds4.c writes it
+
+_f32 = base._f32
+
+
+# ---------------------------------------------------------------------------
+# Number formats
+# ---------------------------------------------------------------------------
+
+def e4m3fn_table() -> np.ndarray:
+    """The 127 non-negative finite E4M3FN values by code (code 127 is NaN)."""
+    codes = np.arange(127)
+    e, m = codes >> 3, codes & 7
+    sub = m * 2.0 ** -9
+    norm = (1.0 + m / 8.0) * np.exp2(e - 7.0)
+    return np.where(e == 0, sub, norm).astype(np.float32)
+
+
+_E4M3 = e4m3fn_table()
+_E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], np.float32)
+
+
+def _round_to_table(x, table: np.ndarray, vmax: float) -> np.ndarray:
+    """Nearest table value of |x| (clamped to vmax), ties to the even code, sign kept."""
+    x = np.asarray(x, np.float32)
+    ax = np.minimum(np.abs(x), np.float32(vmax))
+    mids = ((table[:-1].astype(np.float64) + table[1:]) / 2).astype(np.float32)  # exact for these tables
+    idx = np.searchsorted(mids, ax, side="left")  # a value on a midpoint lands on the lower code ...
+    tie = idx < mids.size
+    tie[tie] = ax[tie] == mids[idx[tie]]
+    idx[tie & (idx % 2 == 1)] += 1  # ... and moves up when that code is odd: ties go to the even code
+    q = table[idx]
+    return np.copysign(q, x).astype(np.float32)
+
+
+def e4m3_round(x) -> np.ndarray:
+    return _round_to_table(x, _E4M3, FP8_MAX)
+
+
+def e2m1_round(x) -> np.ndarray:
+    return _round_to_table(x, _E2M1, FP4_MAX)
+
+
+def _pow2_block_scale(amax: np.ndarray, vmax: float, floor: float) -> np.ndarray:
+    """2^ceil(log2(max(amax, floor) / vmax)), computed in float32 as ds4.c does."""
+    a = np.maximum(amax.astype(np.float32), np.float32(floor))
+    ratio = (a / np.float32(vmax)).astype(np.float32)
+    return np.ldexp(np.float32(1.0), np.ceil(np.log2(ratio)).astype(np.int32)).astype(np.float32)
+
+
+def f16_round(x) -> np.ndarray:
+    return np.asarray(x, np.float32).astype(np.float16).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------
+# FP8 KV and indexer QAT (in place in the C API: the new contents are returned)
+# ---------------------------------------------------------------------------
+
+def dsv4_fp8_kv_quantize(x, n_tok: int, head_dim: int, n_rot: int) -> np.ndarray:
+    """ds4_gpu_dsv4_fp8_kv_quantize_tensor: FP8 round trip of each row's first
+    head_dim - n_rot values (blocks of 64); the tail and anything past n_tok rows unchanged."""
+    if n_rot > head_dim:
+        raise ValueError("n_rot > head_dim")
+    n_nope = head_dim - n_rot
+    if n_nope % FP8_BLOCK:
+        # ds4.c always reads whole blocks of 64 (it would quantize into the RoPE
+        # tail); the API leaves such sizes undefined, so the reference refuses them.
+        raise ValueError(f"head_dim - n_rot = {n_nope} is not a multiple of {FP8_BLOCK}")
+    a = np.array(x, np.float32).reshape(-1)
+    rows = a[: n_tok * head_dim].reshape(n_tok, head_dim)
+    nope = rows[:, :n_nope].reshape(n_tok, -1, FP8_BLOCK)
+    scale = _pow2_block_scale(np.abs(nope).max(axis=2), FP8_MAX, 1e-4)[:, :, None]
+    v = np.clip(nope / scale, -FP8_MAX, FP8_MAX)
+    rows[:, :n_nope] = (e4m3_round(v) * scale).reshape(n_tok, n_nope)
+    a[: n_tok * head_dim] = rows.reshape(-1)
+    return a.reshape(np.shape(x))
+
+
+def hadamard128_f32(rows: np.ndarray) -> np.ndarray:
+    """ds4.c's butterfly (stride 1, 2, .., 64; a+b then a-b), in float32, times 1/sqrt(128)."""
+    v = np.array(rows, np.float32).reshape(-1, 128)
+    stride = 1
+    while stride < 128:
+        blk = v.reshape(v.shape[0], -1, 2, stride)
+        a, b = blk[:, :, 0, :].copy(), blk[:, :, 1, :].copy()
+        blk[:, :, 0, :] = a + b
+        blk[:, :, 1, :] = a - b
+        v = blk.reshape(v.shape[0], 128)
+        stride <<= 1
+    return (v * HADAMARD_SCALE).astype(np.float32)
+
+
+def fp4_act_quantize(rows: np.ndarray) -> np.ndarray:
+    """FP4 (E2M1) round trip in blocks of 32 (ds4.c dsv4_fp4_act_quantize_row_inplace_cpu)."""
+    v = np.asarray(rows, np.float32)
+    n_rows, n = v.shape
+    blk = v.reshape(n_rows, n // FP4_BLOCK, FP4_BLOCK)
+    scale = _pow2_block_scale(np.abs(blk).max(axis=2), FP4_MAX, 7.052966104933725e-38)[:, :, None]
+    q = e2m1_round(np.clip(blk / scale, -FP4_MAX, FP4_MAX)) * scale
+    return q.reshape(n_rows, n).astype(np.float32)
+
+
+def dsv4_indexer_qat(x, n_rows: int, head_dim: int) -> np.ndarray:
+    """ds4_gpu_dsv4_indexer_qat_tensor: Hadamard-128 then FP4 round trip, per row."""
+    if head_dim != INDEXER_HEAD_DIM or n_rows == 0:
+        raise ValueError("indexer QAT takes 128-wide rows, at least one")
+    a = np.array(x, np.float32).reshape(-1)
+    rows = a[: n_rows * head_dim].reshape(n_rows, head_dim)
+    a[: n_rows * head_dim] = fp4_act_quantize(hadamard128_f32(rows)).reshape(-1)
+    return a.reshape(np.shape(x))
+
+
+# ---------------------------------------------------------------------------
+# Raw KV cache
+# ---------------------------------------------------------------------------
+
+def store_raw_kv_batch(raw_cache, kv, raw_cap: int, pos0: int, n_tokens: int, head_dim: int) -> np.ndarray:
+    """ds4_gpu_store_raw_kv_batch_tensor: kv row t, rounded to f16, into ring row (pos0 + t) % raw_cap."""
+    if raw_cap == 0:
+        raise ValueError("raw_cap == 0")
+    cache = np.array(raw_cache, np.float32).reshape(-1)
+    rows = np.asarray(kv, np.float32).reshape(-1)[: n_tokens * head_dim].reshape(n_tokens, head_dim)
+    view = cache[: raw_cap * head_dim].reshape(raw_cap, head_dim)
+    for t in range(n_tokens):  # in order: a batch longer than the ring keeps its last rows
+        view[(pos0 + t) % raw_cap] = f16_round(rows[t])
+    return cache.reshape(np.shape(raw_cache))
+
+
+def store_raw_kv(raw_cache, kv, raw_cap: int, row: int, head_dim: int) -> np.ndarray:
+    """ds4_gpu_store_raw_kv_tensor: one row (at ring row `row % raw_cap`)."""
+    return store_raw_kv_batch(raw_cache, kv, raw_cap, row, 1, head_dim)
+
+
+def kv_fp8_store_raw(kv, raw_cache, raw_cap: int, row: int, head_dim: int, n_rot: int):
+    """ds4_gpu_kv_fp8_store_raw_tensor: FP8 round trip of kv in place, then store it: (kv, raw_cache)."""
+    kq = dsv4_fp8_kv_quantize(kv, 1, head_dim, n_rot)
+    return kq, store_raw_kv(raw_cache, kq, raw_cap, row, head_dim)
+
+
+# ---------------------------------------------------------------------------
+# Indexer scores
+# ---------------------------------------------------------------------------
+
+def indexer_scores(q, weights, index_comp, n_comp: int, n_tokens: int, pos0: int, n_head: int,
+                   head_dim: int, ratio: int, scale: float, causal: bool) -> np.ndarray:
+    """scores[t, c] = scale * sum_h relu(q[t, h] . k[c]) * w[t, h]; causal: c >= (pos0 + t + 1) // ratio -> -inf."""
+    if n_comp == 0 or n_tokens == 0 or n_head == 0 or head_dim == 0 or (causal and ratio == 0):
+        raise ValueError("empty indexer call or causal with ratio 0")
+    qq = base._rows(q, n_tokens * n_head, head_dim).astype(np.float64).reshape(n_tokens, n_head, head_dim)
+    w = base._rows(weights, n_tokens, n_head).astype(np.float64)
+    k = base._rows(index_comp, n_comp, head_dim).astype(np.float64)
+    dots = np.maximum(qq.reshape(-1, head_dim) @ k.T, 0.0).reshape(n_tokens, n_head, n_comp)
+    s = np.matmul(w[:, None, :], dots)[:, 0, :] * _f32(scale)
+    if causal:
+        visible = (pos0 + np.arange(n_tokens) + 1) // ratio
+        s[np.arange(n_comp)[None, :] >= visible[:, None]] = -np.inf
+    return s.astype(np.float32)
+
+
+def indexer_score_one(q, weights, index_comp, n_comp: int, n_head: int, head_dim: int, scale: float):
+    """ds4_gpu_indexer_score_one_tensor: one token, every compressed row visible."""
+    return indexer_scores(q, weights, index_comp, n_comp, 1, 0, n_head, head_dim, 1, scale, False)
+
+
+def indexer_scores_prefill(q, weights, index_comp, n_comp, n_tokens, n_head, head_dim, ratio, scale):
+    """ds4_gpu_indexer_scores_prefill_tensor: tokens at positions 0.., causal."""
+    return indexer_scores(q, weights, index_comp, n_comp, n_tokens, 0, n_head, head_dim, ratio, scale, True)
+
+
+def indexer_scores_decode_batch(q, weights, index_comp, n_comp, n_tokens, pos0, n_head, head_dim, ratio, scale):
+    """ds4_gpu_indexer_scores_decode_batch_tensor: tokens at positions pos0.., causal."""
+    return indexer_scores(q, weights, index_comp, n_comp, n_tokens, pos0, n_head, head_dim, ratio, scale, True)
+
+
+# ---------------------------------------------------------------------------
+# Attention
+# ---------------------------------------------------------------------------
+
+def _sinks(model_map, sinks_offset: int, n_head: int) -> np.ndarray:
+    return base._weight_bytes(model_map, sinks_offset, 4 * n_head).view("<f4").astype(np.float64)
+
+
+def attend(q_heads: np.ndarray, rows: np.ndarray, sinks: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+    """One token: out[h] = sum_r e^(s_hr - m) kv_r / (e^(sink_h - m) + sum_r e^(s_hr - m)),
+    s_hr = q_h . kv_r / sqrt(D) (+ bias_r; -inf drops the row), m the max over scores and sink."""
+    q = np.asarray(q_heads, np.float64)
+    kv = np.asarray(rows, np.float64).reshape(-1, q.shape[1])
+    if kv.shape[0] == 0:
+        return np.zeros_like(q)
+    s = q @ kv.T / math.sqrt(q.shape[1])
+    if bias is not None:
+        s = s + np.asarray(bias, np.float64)[None, :]
+    m = np.maximum(s.max(axis=1), sinks)
+    with np.errstate(invalid="ignore"):
+        w = np.exp(s - m[:, None])
+    w[np.isneginf(s)] = 0.0
+    den = np.exp(sinks - m) + w.sum(axis=1)
+    return (w @ kv) / den[:, None]
+
+
+def _check_sizes(n_head, head_dim, q, n_tokens):
+    return base._rows(q, n_tokens * n_head, head_dim).astype(np.float64).reshape(n_tokens, n_head, head_dim)
+
+
+def _ring_rows(raw_kv, raw_cap, raw_start, head_dim):
+    cache = base._rows(raw_kv, raw_cap, head_dim)
+    return lambda logical: cache[(raw_start + np.asarray(logical, np.int64)) % raw_cap]
+
+
+def _raw_span(qpos, first_raw_pos, n_raw, window):
+    """Logical indices (0 = first_raw_pos) of the raw rows a query at qpos sees."""
+    lo = first_raw_pos
+    if window and qpos + 1 > window:
+        lo = max(lo, qpos + 1 - window)
+    hi = min(qpos, first_raw_pos + n_raw - 1)
+    return np.arange(lo, hi + 1) - first_raw_pos if hi >= lo else np.arange(0)
+
+
+def attention_decode_batch(model_map, sinks_offset, q, raw_kv, comp_kv, comp_mask, use_comp_mask, n_tokens,
+                           pos0, n_raw, raw_cap, raw_start, n_comp, window, ratio, n_head, head_dim,
+                           topk=None, top_k=0) -> np.ndarray:
+    """Batched decode attention over a ring raw cache plus compressed rows.
+
+    The raw cache holds the n_raw most recent positions, pos0 + n_tokens - n_raw
+    .. pos0 + n_tokens - 1, logical row i at ring row (raw_start + i) % raw_cap.
+    Token t (position p = pos0 + t) sees the raw positions in (p - window, p]
+    (all when window == 0) and the first min(n_comp, (p + 1) // ratio) compressed
+    rows -- every row when ratio == 0 and n_tokens == 1 (single-token decode) --
+    filtered by comp_mask[t] (added; -inf drops) or by the selected top-k set."""
+    if n_tokens == 0 or n_raw == 0 or raw_cap < n_raw or raw_start >= raw_cap:
+        raise ValueError("bad raw-cache geometry")
+    if n_comp and ratio == 0 and not (n_tokens == 1):
+        raise ValueError("compressed rows need a ratio")
+    sinks = _sinks(model_map, sinks_offset, n_head)
+    qq = _check_sizes(n_head, head_dim, q, n_tokens)
+    ring = _ring_rows(raw_kv, raw_cap, raw_start, head_dim)
+    comp = base._rows(comp_kv, n_comp, head_dim) if n_comp else np.zeros((0, head_dim), np.float32)
+    mask = (np.asarray(comp_mask, np.float32).reshape(-1)[: n_tokens * n_comp].reshape(n_tokens, n_comp)
+            if use_comp_mask else None)
+    first = pos0 + n_tokens - n_raw
+    out = np.zeros((n_tokens, n_head, head_dim), np.float64)
+    for t in range(n_tokens):
+        p = pos0 + t
+        if ratio == 0 and n_tokens == 1:
+            raw_idx, vis = np.arange(n_raw), n_comp
+        else:
+            raw_idx = _raw_span(p, first, n_raw, window)
+            vis = min(n_comp, (p + 1) // ratio) if ratio else n_comp
+        rows = [ring(raw_idx)]
+        bias = [np.zeros(raw_idx.size)]
+        if topk is not None:
+            sel = np.asarray(topk, np.int64).reshape(n_tokens, top_k)[t]
+            sel = np.unique(sel[(sel >= 0) & (sel < vis)])
+            rows.append(comp[sel])
+            bias.append(np.zeros(sel.size))
+        elif vis:
+            rows.append(comp[:vis])
+            bias.append(mask[t, :vis].astype(np.float64) if mask is not None else np.zeros(vis))
+        out[t] = attend(qq[t], np.concatenate(rows), sinks, np.concatenate(bias))
+    return out.astype(np.float32)
+
+
+def attention_decode_heads(model_map, sinks_offset, q, raw_kv, n_raw, raw_cap, raw_start, comp_kv, n_comp,
+                           comp_mask, use_mask, n_head, head_dim) -> np.ndarray:
+    """ds4_gpu_attention_decode_heads_tensor: one token over all n_raw ring rows and all n_comp rows."""
+    return attention_decode_batch(model_map, sinks_offset, q, raw_kv, comp_kv, comp_mask, use_mask, 1, 0,
+                                  n_raw, raw_cap, raw_start, n_comp, 0, 0, n_head, head_dim)[0]
+
+
+def attention_decode_raw_batch_heads(model_map, sinks_offset, q, raw_kv, n_tokens, pos0, n_raw, raw_cap,
+                                     raw_start, window, n_head, head_dim) -> np.ndarray:
+    return attention_decode_batch(model_map, sinks_offset, q, raw_kv, None, None, 0, n_tokens, pos0, n_raw,
+                                  raw_cap, raw_start, 0, window, 1, n_head, head_dim)
+
+
+def attention_decode_mixed_batch_heads(model_map, sinks_offset, q, raw_kv, comp_kv, comp_mask, use_comp_mask,
+                                       n_tokens, pos0, n_raw, raw_cap, raw_start, n_comp, window, ratio,
+                                       n_head, head_dim) -> np.ndarray:
+    return attention_decode_batch(model_map, sinks_offset, q, raw_kv, comp_kv, comp_mask, use_comp_mask,
+                                  n_tokens, pos0, n_raw, raw_cap, raw_start, n_comp, window, ratio, n_head,
+                                  head_dim)
+
+
+def attention_indexed_mixed_batch_heads(model_map, sinks_offset, q, raw_kv, comp_kv, topk, n_tokens, pos0,
+                                        n_raw, raw_cap, raw_start, n_comp, top_k, window, ratio, n_head,
+                                        head_dim) -> np.ndarray:
+    """Compressed rows = the token's top-k selection (as a set; -1 and rows not yet visible skipped)."""
+    if n_comp == 0 or top_k == 0 or top_k > 512:
+        raise ValueError("indexed attention needs 1..512 selected rows of a non-empty compressed cache")
+    return attention_decode_batch(model_map, sinks_offset, q, raw_kv, comp_kv, None, 0, n_tokens, pos0, n_raw,
+                                  raw_cap, raw_start, n_comp, window, ratio, n_head, head_dim,
+                                  topk=topk, top_k=top_k)
+
+
+def attention_prefill(model_map, sinks_offset, q, raw_kv, comp_kv, comp_mask, n_tokens, n_comp, window,
+                      ratio, n_head, head_dim) -> np.ndarray:
+    """Fresh-prompt attention: raw_kv holds the n_tokens rows (no ring), token t sees rows
+    (t - window, t] and the first min(n_comp, (t + 1) // ratio) compressed rows (mask added)."""
+    if n_tokens == 0 or ratio == 0 or window > 256:
+        raise ValueError("prefill attention needs tokens, a ratio and window <= 256")
+    return attention_decode_batch(model_map, sinks_offset, q, raw_kv, comp_kv, comp_mask,
+                                  comp_mask is not None, n_tokens, 0, n_tokens, n_tokens, 0, n_comp, window,
+                                  ratio, n_head, head_dim)
+
+
+def attention_prefill_raw_heads(model_map, sinks_offset, q, raw_kv, n_tokens, window, n_head, head_dim):
+    return attention_prefill(model_map, sinks_offset, q, raw_kv, None, None, n_tokens, 0, window, 1, n_head,
+                             head_dim)
+
+
+def attention_prefill_static_mixed_heads(model_map, sinks_offset, q, raw_kv, comp_kv, n_tokens, n_comp, window,
+                                         ratio, n_head, head_dim):
+    return attention_prefill(model_map, sinks_offset, q, raw_kv, comp_kv, None, n_tokens, n_comp, window, ratio,
+                             n_head, head_dim)
+
+
+def attention_prefill_masked_mixed_heads(model_map, sinks_offset, q, raw_kv, comp_kv, comp_mask, n_tokens, n_comp,
+                                         window, ratio, n_head, head_dim):
+    return attention_prefill(model_map, sinks_offset, q, raw_kv, comp_kv, comp_mask, n_tokens, n_comp, window,
+                             ratio, n_head, head_dim)
