@@ -265,18 +265,9 @@ def _ring_rows(raw_kv, raw_cap, raw_start, head_dim):
     return lambda logical: cache[(raw_start + np.asarray(logical, np.int64)) % raw_cap]
 
 
-def _raw_span(qpos, first_raw_pos, n_raw, window):
-    """Logical indices (0 = first_raw_pos) of the raw rows a query at qpos sees."""
-    lo = first_raw_pos
-    if window and qpos + 1 > window:
-        lo = max(lo, qpos + 1 - window)
-    hi = min(qpos, first_raw_pos + n_raw - 1)
-    return np.arange(lo, hi + 1) - first_raw_pos if hi >= lo else np.arange(0)
-
-
 def attention_decode_batch(model_map, sinks_offset, q, raw_kv, comp_kv, comp_mask, use_comp_mask, n_tokens,
                            pos0, n_raw, raw_cap, raw_start, n_comp, window, ratio, n_head, head_dim,
-                           topk=None, top_k=0) -> np.ndarray:
+                           topk=None, top_k=0, chunk=32) -> np.ndarray:
     """Batched decode attention over a ring raw cache plus compressed rows.
 
     The raw cache holds the n_raw most recent positions, pos0 + n_tokens - n_raw
@@ -284,37 +275,60 @@ def attention_decode_batch(model_map, sinks_offset, q, raw_kv, comp_kv, comp_mas
     Token t (position p = pos0 + t) sees the raw positions in (p - window, p]
     (all when window == 0) and the first min(n_comp, (p + 1) // ratio) compressed
     rows -- every row when ratio == 0 and n_tokens == 1 (single-token decode) --
-    filtered by comp_mask[t] (added; -inf drops) or by the selected top-k set."""
+    filtered by comp_mask[t] (added; -inf drops) or by the selected top-k set.
+
+    Tokens are taken `chunk` at a time: one score matrix against every row any
+    of them sees, then a per-token bias (-inf where a row is not visible)."""
     if n_tokens == 0 or n_raw == 0 or raw_cap < n_raw or raw_start >= raw_cap:
         raise ValueError("bad raw-cache geometry")
-    if n_comp and ratio == 0 and not (n_tokens == 1):
+    if n_comp and ratio == 0 and n_tokens != 1:
         raise ValueError("compressed rows need a ratio")
     sinks = _sinks(model_map, sinks_offset, n_head)
-    qq = _check_sizes(n_head, head_dim, q, n_tokens)
+    q32 = base._rows(q, n_tokens * n_head, head_dim).reshape(n_tokens, n_head, head_dim)
     ring = _ring_rows(raw_kv, raw_cap, raw_start, head_dim)
-    comp = base._rows(comp_kv, n_comp, head_dim) if n_comp else np.zeros((0, head_dim), np.float32)
+    comp = base._rows(comp_kv, n_comp, head_dim).astype(np.float64) if n_comp else np.zeros((0, head_dim))
     mask = (np.asarray(comp_mask, np.float32).reshape(-1)[: n_tokens * n_comp].reshape(n_tokens, n_comp)
-            if use_comp_mask else None)
+            if use_comp_mask and n_comp else None)
+    sel = np.asarray(topk, np.int64).reshape(n_tokens, top_k) if topk is not None else None
+    raw_all = ring(np.arange(n_raw)).astype(np.float64)
     first = pos0 + n_tokens - n_raw
+    single = ratio == 0 and n_tokens == 1
     out = np.zeros((n_tokens, n_head, head_dim), np.float64)
-    for t in range(n_tokens):
-        p = pos0 + t
-        if ratio == 0 and n_tokens == 1:
-            raw_idx, vis = np.arange(n_raw), n_comp
+    for t0 in range(0, n_tokens, chunk):
+        ts = np.arange(t0, min(n_tokens, t0 + chunk))
+        pos = pos0 + ts
+        li = np.arange(n_raw)[None, :] + first  # position of each logical raw row
+        if single:
+            raw_ok = np.ones((ts.size, n_raw), bool)
+            vis = np.full(ts.size, n_comp)
         else:
-            raw_idx = _raw_span(p, first, n_raw, window)
-            vis = min(n_comp, (p + 1) // ratio) if ratio else n_comp
-        rows = [ring(raw_idx)]
-        bias = [np.zeros(raw_idx.size)]
-        if topk is not None:
-            sel = np.asarray(topk, np.int64).reshape(n_tokens, top_k)[t]
-            sel = np.unique(sel[(sel >= 0) & (sel < vis)])
-            rows.append(comp[sel])
-            bias.append(np.zeros(sel.size))
-        elif vis:
-            rows.append(comp[:vis])
-            bias.append(mask[t, :vis].astype(np.float64) if mask is not None else np.zeros(vis))
-        out[t] = attend(qq[t], np.concatenate(rows), sinks, np.concatenate(bias))
+            raw_ok = (li <= pos[:, None]) & ((window == 0) | (li > pos[:, None] - window))
+            vis = np.minimum(n_comp, (pos + 1) // ratio) if ratio else np.full(ts.size, n_comp)
+        comp_bias = np.where(np.arange(n_comp)[None, :] < vis[:, None], 0.0, -np.inf)
+        if sel is not None:
+            chosen = np.zeros((ts.size, n_comp), bool)
+            for i, t in enumerate(ts):
+                c = sel[t][(sel[t] >= 0) & (sel[t] < n_comp)]
+                chosen[i, c] = True
+            comp_bias = np.where(chosen, comp_bias, -np.inf)
+        elif mask is not None:
+            comp_bias = comp_bias + mask[ts].astype(np.float64)
+        # only the raw rows some token of the chunk sees, and the compressed rows any may see
+        seen = np.flatnonzero(raw_ok.any(axis=0))
+        r0, r1 = (seen[0], seen[-1] + 1) if seen.size else (0, 0)
+        c1 = int(vis.max()) if n_comp else 0
+        rows = np.concatenate([raw_all[r0:r1], comp[:c1]])
+        bias = np.concatenate([np.where(raw_ok[:, r0:r1], 0.0, -np.inf), comp_bias[:, :c1]], axis=1)
+        # float32 products: q and cache rows are float32 data, and float32 BLAS keeps
+        # the reference affordable (its error, ~1e-7 of a score, is far inside every bound)
+        s = (q32[ts].reshape(-1, head_dim) @ rows.T.astype(np.float32)).astype(np.float64)
+        s = s.reshape(ts.size, n_head, -1) / math.sqrt(head_dim)
+        s += bias[:, None, :]
+        m = np.maximum(s.max(axis=2, initial=-np.inf), sinks[None, :])
+        w = np.exp(s - m[:, :, None])  # exp(-inf) = 0: rows not seen weigh nothing
+        den = np.exp(sinks[None, :] - m) + w.sum(axis=2)
+        pv = w.reshape(-1, rows.shape[0]).astype(np.float32) @ rows.astype(np.float32)  # 2-D: BLAS
+        out[ts] = pv.reshape(ts.size, n_head, head_dim) / den[:, :, None]
     return out.astype(np.float32)
 
 

@@ -79,3 +79,110 @@ def indexer_bytes(s):
     d = s.dims
     t = d.get("n_tokens", 1)
     return 4 * (t * d["n_head"] * d["head_dim"] + t * d["n_head"] + d["n_comp"] * d["head_dim"] + t * d["n_comp"])
+
+
+# ---------------------------------------------------------------------------
+# attention (every entry point: one builder, the unit's parameters picked by `kind`)
+# ---------------------------------------------------------------------------
+
+NEG_INF = np.float32(-np.inf)
+
+
+def _selection(rng, n_tokens, n_comp, keep):
+    """Per token, `keep` distinct compressed rows (what the indexer's top-k picks)."""
+    return np.stack([np.sort(rng.choice(n_comp, size=min(keep, n_comp), replace=False)) for _ in range(n_tokens)])
+
+
+def attention_call(kind, shape, rng):
+    """(args, reference) for one attention unit.  kind: decode_heads, decode_raw_batch,
+    decode_mixed_batch, indexed, prefill_raw, prefill_static, prefill_masked."""
+    from porter.gates.parity.spec import In, Out
+
+    d = dict(shape.dims)
+    nh, hd = d.get("n_head", A.N_HEAD), d.get("head_dim", D)
+    nt = d.get("n_tokens", 1)
+    m, off, _ = sinks_map(rng, d.get("sink_heads", nh))
+    q = q_rows(rng, (nt, nh, hd))
+    out_shape = (nh, hd) if kind == "decode_heads" else (nt, nh, hd)
+    args = {"heads": Out("f32", out_shape), "model_map": m, "model_size": m.size, "sinks_offset": off,
+            "q": In(q[0] if kind == "decode_heads" else q), "n_head": nh, "head_dim": hd}
+    n_comp = d.get("n_comp", 0)
+    comp = kv_rows(rng, max(n_comp, 1), hd)
+    if kind.startswith("prefill"):
+        raw = kv_rows(rng, nt, hd)
+        args.update(raw_kv=In(raw), n_tokens=nt, window=d["window"])
+        mask = None
+        if kind != "prefill_raw":
+            args.update(comp_kv=In(comp), n_comp=n_comp, ratio=d["ratio"])
+        if kind == "prefill_masked":
+            mask = np.zeros((nt, max(n_comp, 1)), np.float32)
+            if n_comp:
+                sel = _selection(rng, nt, n_comp, d["keep"])
+                mask[:] = NEG_INF
+                np.put_along_axis(mask, sel, 0.0, axis=1)
+            args["comp_mask"] = In(mask)
+        if shape.expect == "error":
+            return args, None
+        ref = A.attention_prefill(m.array, off, q, raw, comp if n_comp else None, mask, nt, n_comp, d["window"],
+                                  d.get("ratio", 1), nh, hd)
+        return args, ref
+
+    cap, n_raw, start, pos0 = d["raw_cap"], d["n_raw"], d["raw_start"], d.get("pos0", 0)
+    raw = kv_rows(rng, cap, hd)
+    args.update(raw_kv=In(raw), n_raw=n_raw, raw_cap=cap, raw_start=start)
+    if kind == "decode_heads":
+        use = d.get("use_mask", 0)
+        mask = np.zeros(max(n_comp, 1), np.float32)
+        if use and n_comp:
+            mask[:] = NEG_INF
+            mask[_selection(rng, 1, n_comp, d["keep"])[0]] = 0.0
+        args.update(comp_kv=In(comp), n_comp=n_comp, comp_mask=In(mask), use_mask=use)
+        if shape.expect == "error":
+            return args, None
+        return args, A.attention_decode_heads(m.array, off, q[0], raw, n_raw, cap, start, comp, n_comp, mask, use,
+                                              nh, hd)
+    args.update(n_tokens=nt, pos0=pos0, window=d["window"])
+    if kind == "decode_raw_batch":
+        if shape.expect == "error":
+            return args, None
+        return args, A.attention_decode_raw_batch_heads(m.array, off, q, raw, nt, pos0, n_raw, cap, start,
+                                                        d["window"], nh, hd)
+    args.update(comp_kv=In(comp), n_comp=n_comp, ratio=d["ratio"])
+    if kind == "decode_mixed_batch":
+        use = d.get("use_mask", 0)
+        mask = np.zeros((nt, max(n_comp, 1)), np.float32)
+        if use and n_comp:
+            mask[:] = NEG_INF
+            np.put_along_axis(mask, _selection(rng, nt, n_comp, d["keep"]), 0.0, axis=1)
+        args.update(comp_mask=In(mask), use_comp_mask=use)
+        if shape.expect == "error":
+            return args, None
+        return args, A.attention_decode_mixed_batch_heads(m.array, off, q, raw, comp, mask, use, nt, pos0, n_raw,
+                                                          cap, start, n_comp, d["window"], d["ratio"], nh, hd)
+    # indexed: what ds4's indexer hands over -- per token the top_k of n_comp scores (top_k <=
+    # n_comp), rows not yet visible scoring -inf: with at least top_k visible rows the
+    # selection is top_k of them, in score order; with fewer, every visible row and then
+    # the first invisible ones (equal -inf scores rank the lower index first).
+    top_k = d["top_k"]
+    sel = np.zeros((nt, top_k), np.int32)
+    for t in range(nt):
+        vis = min(n_comp, (pos0 + t + 1) // d["ratio"]) if d["ratio"] else n_comp
+        if vis >= top_k:
+            sel[t] = rng.choice(vis, size=top_k, replace=False)
+        elif top_k <= n_comp:
+            sel[t] = np.concatenate([rng.permutation(vis), np.arange(vis, top_k)])
+    args.update(topk=In(sel), top_k=top_k)
+    if shape.expect == "error":
+        return args, None
+    return args, A.attention_indexed_mixed_batch_heads(m.array, off, q, raw, comp, sel, nt, pos0, n_raw, cap, start,
+                                                       n_comp, top_k, d["window"], d["ratio"], nh, hd)
+
+
+def attention_bytes(s):
+    d = s.dims
+    nt, nh, hd = d.get("n_tokens", 1), d.get("n_head", A.N_HEAD), d.get("head_dim", D)
+    rows = d.get("n_raw", nt) + min(d.get("n_comp", 0), d.get("top_k", d.get("n_comp", 0)) or 0)
+    return 4 * (2 * nt * nh * hd + rows * hd + nh)
+
+
+ATTN_TOL = dict(nmse=1e-6, max_err_rms=1e-2)
