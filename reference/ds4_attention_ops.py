@@ -390,3 +390,204 @@ def attention_prefill_masked_mixed_heads(model_map, sinks_offset, q, raw_kv, com
                                          window, ratio, n_head, head_dim):
     return attention_prefill(model_map, sinks_offset, q, raw_kv, comp_kv, comp_mask, n_tokens, n_comp, window,
                              ratio, n_head, head_dim)
+
+
+# ---------------------------------------------------------------------------
+# Compressor (ds4.c compressor_decode_one / compressor_pool_decode_state /
+# compressor_finish_prefill_state_cpu)
+# ---------------------------------------------------------------------------
+
+APE_F32, APE_F16 = 0, 1
+
+
+def _coff(ratio: int) -> int:
+    return 2 if ratio == 4 else 1
+
+
+def compressor_ape(model_map, ape_offset: int, ape_type: int, width: int, ratio: int) -> np.ndarray:
+    """The APE table [ratio][width] (F32 or F16 in the map), as float32."""
+    if ape_type not in (APE_F32, APE_F16):
+        raise ValueError(f"ape_type {ape_type} is neither F32 (0) nor F16 (1)")
+    dt, size = ("<f4", 4) if ape_type == APE_F32 else ("<f2", 2)
+    raw = base._weight_bytes(model_map, ape_offset, size * width * ratio)
+    return raw.view(dt).astype(np.float32).reshape(ratio, width)
+
+
+def _store(state_kv, state_score, kv_row, sc_row, ape, pos, ratio):
+    """One token into the state: row (ratio == 4 ? 4 : 0) + pos % ratio, score + APE[pos % ratio] (float32 add)."""
+    pm = pos % ratio
+    row = ratio + pm if ratio == 4 else pm
+    state_kv[row] = kv_row
+    state_score[row] = (sc_row.astype(np.float32) + ape[pm]).astype(np.float32)
+
+
+def _pool(state_kv, state_score, head_dim, ratio) -> np.ndarray:
+    """Per-dimension softmax over the window's rows: ratio 4 pairs the previous window's first
+    half (rows 0..3, columns [0, D)) with the current window's second half (rows 4..7, [D, 2D))."""
+    if ratio == 4:
+        vals = np.concatenate([state_kv[:4, :head_dim], state_kv[4:8, head_dim:2 * head_dim]])
+        scores = np.concatenate([state_score[:4, :head_dim], state_score[4:8, head_dim:2 * head_dim]])
+    else:
+        vals, scores = state_kv[:ratio, :head_dim], state_score[:ratio, :head_dim]
+    vals, scores = vals.astype(np.float64), scores.astype(np.float64)
+    m = scores.max(axis=0)
+    out = np.zeros(head_dim)
+    live = m > -np.inf  # ds4.c: a dimension with no finite score pools to 0
+    w = np.exp(scores[:, live] - m[live])
+    out[live] = (w * vals[:, live]).sum(axis=0) / w.sum(axis=0)
+    return out
+
+
+def _finish_row(pooled, norm_w, rms_eps, pos, n_rot, rope):
+    """RMS norm with weight, then tail RoPE at the window's first position."""
+    ss = float(np.dot(pooled, pooled))
+    r = 1.0 / math.sqrt(ss / pooled.size + _f32(rms_eps))
+    row = (pooled * r * norm_w).astype(np.float32)
+    if n_rot:
+        row = base.rope_tail(row, 1, 1, row.size, n_rot, pos, *rope).reshape(-1)
+    return row
+
+
+def _rope_args(n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow):
+    return (n_ctx_orig, False, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow)
+
+
+def _norm_weight(model_map, norm_offset, norm_type, head_dim):
+    if norm_type != 0:
+        raise ValueError("the compressor norm weight is F32 (norm_type 0)")
+    return base._weight_bytes(model_map, norm_offset, 4 * head_dim).view("<f4").astype(np.float64)
+
+
+def compressor_stream(state_kv, state_score, kv, sc, ape, norm_w, head_dim, ratio, pos0, n_tokens, n_rot, rope,
+                      rms_eps):
+    """ds4.c's streaming compressor over tokens pos0..: store each; on (pos + 1) % ratio == 0
+    pool, norm, RoPE a row and (ratio 4) copy the current window into both halves.
+    Returns (rows emitted [n][head_dim], state_kv, state_score)."""
+    skv = np.array(state_kv, np.float32).reshape(_coff(ratio) * ratio, -1).copy()
+    ssc = np.array(state_score, np.float32).reshape(_coff(ratio) * ratio, -1).copy()
+    width = _coff(ratio) * head_dim
+    kv = np.asarray(kv, np.float32).reshape(-1)[: n_tokens * width].reshape(n_tokens, width)
+    sc = np.asarray(sc, np.float32).reshape(-1)[: n_tokens * width].reshape(n_tokens, width)
+    rows = []
+    for t in range(n_tokens):
+        pos = pos0 + t
+        _store(skv, ssc, kv[t], sc[t], ape, pos, ratio)
+        if (pos + 1) % ratio:
+            continue
+        rows.append(_finish_row(_pool(skv, ssc, head_dim, ratio), norm_w, rms_eps, pos + 1 - ratio, n_rot, rope))
+        if ratio == 4:
+            skv[:4], ssc[:4] = skv[4:8], ssc[4:8]
+    return np.array(rows, np.float32).reshape(-1, head_dim), skv, ssc
+
+
+def _clear_after_prefill(skv, ssc, ratio, n_tokens):
+    """compressor_finish_prefill_state_cpu: rows the next window has not written yet are cleared."""
+    rem = n_tokens % ratio
+    start, end = (ratio + rem, 2 * ratio) if ratio == 4 else (rem, ratio)
+    skv[start:end] = 0.0
+    ssc[start:end] = -np.inf
+
+
+def compressor_store_batch(kv, sc, state_kv, state_score, model_map, ape_offset, ape_type, head_dim, ratio, pos0,
+                           n_tokens):
+    """ds4_gpu_compressor_store_batch_tensor: the store step for tokens pos0.. (no pooling).
+    Returns (state_kv, state_score)."""
+    if head_dim == 0 or ratio == 0 or n_tokens == 0:
+        raise ValueError("empty store")
+    width = _coff(ratio) * head_dim
+    ape = compressor_ape(model_map, ape_offset, ape_type, width, ratio)
+    skv = np.array(state_kv, np.float32).reshape(_coff(ratio) * ratio, width).copy()
+    ssc = np.array(state_score, np.float32).reshape(_coff(ratio) * ratio, width).copy()
+    kv = np.asarray(kv, np.float32).reshape(n_tokens, width)
+    sc = np.asarray(sc, np.float32).reshape(n_tokens, width)
+    for t in range(n_tokens):
+        _store(skv, ssc, kv[t], sc[t], ape, pos0 + t, ratio)
+    return skv, ssc
+
+
+def compressor_update(kv_cur, sc_cur, state_kv, state_score, comp_cache, model_map, ape_offset, ape_type,
+                      norm_offset, norm_type, head_dim, ratio, pos, comp_row, n_rot, n_ctx_orig, freq_base,
+                      freq_scale, ext_factor, attn_factor, beta_fast, beta_slow, rms_eps):
+    """ds4_gpu_compressor_update_tensor: one streaming step at `pos`; a row emitted at the end of
+    a window goes to comp_cache[comp_row] (normed and RoPE'd; its FP8 / QAT round trip is a
+    separate call).  Returns (state_kv, state_score, comp_cache)."""
+    if ratio == 0 or head_dim == 0:
+        raise ValueError("empty compressor")
+    width = _coff(ratio) * head_dim
+    ape = compressor_ape(model_map, ape_offset, ape_type, width, ratio)
+    norm_w = _norm_weight(model_map, norm_offset, 0, head_dim)
+    rope = _rope_args(n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow)
+    rows, skv, ssc = compressor_stream(state_kv, state_score, kv_cur, sc_cur, ape, norm_w, head_dim, ratio, pos, 1,
+                                       n_rot, rope, rms_eps)
+    cache = np.array(comp_cache, np.float32).reshape(-1).copy()
+    if rows.shape[0]:
+        cache[comp_row * head_dim:(comp_row + 1) * head_dim] = rows[0]
+    return skv, ssc, cache.reshape(np.shape(comp_cache))
+
+
+def _prefill(comp_cache, state_kv, state_score, kv, sc, model_map, ape_offset, ape_type, norm_offset, norm_type,
+             head_dim, ratio, pos0, n_tokens, n_rot, n_ctx_orig, quantize_fp8, rope_f, rms_eps, fresh):
+    if head_dim == 0 or ratio == 0 or n_tokens == 0 or n_rot > head_dim or n_rot % 2:
+        raise ValueError("bad compressor prefill sizes")
+    width = _coff(ratio) * head_dim
+    ape = compressor_ape(model_map, ape_offset, ape_type, width, ratio)
+    norm_w = _norm_weight(model_map, norm_offset, norm_type, head_dim)
+    rope = _rope_args(n_ctx_orig, *rope_f)
+    n_state = _coff(ratio) * ratio
+    if fresh:  # a fresh prompt: the compressor state starts empty (kv 0, score -inf)
+        state_kv = np.zeros((n_state, width), np.float32)
+        state_score = np.full((n_state, width), -np.inf, np.float32)
+    rows, skv, ssc = compressor_stream(state_kv, state_score, kv, sc, ape, norm_w, head_dim, ratio, pos0, n_tokens,
+                                       n_rot, rope, rms_eps)
+    _clear_after_prefill(skv, ssc, ratio, n_tokens)
+    if quantize_fp8 and rows.shape[0]:
+        rows = dsv4_fp8_kv_quantize(rows, rows.shape[0], head_dim, n_rot)
+    cache = np.array(comp_cache, np.float32).reshape(-1).copy()
+    cache[: rows.size] = rows.reshape(-1)
+    return cache.reshape(np.shape(comp_cache)), skv, ssc
+
+
+def compressor_prefill(comp_cache, state_kv, state_score, kv, sc, model_map, ape_offset, ape_type, norm_offset,
+                       norm_type, head_dim, ratio, pos0, n_tokens, n_rot, n_ctx_orig, quantize_fp8, freq_base,
+                       freq_scale, ext_factor, attn_factor, beta_fast, beta_slow, rms_eps):
+    """ds4_gpu_compressor_prefill_tensor: a fresh prompt's n_tokens through the streaming
+    compressor (from an empty state): rows 0..n_tokens/ratio - 1 of comp_cache, each optionally
+    FP8 round-tripped, and the state a decode continues from.  Returns (comp_cache, state_kv, state_score)."""
+    return _prefill(comp_cache, state_kv, state_score, kv, sc, model_map, ape_offset, ape_type, norm_offset,
+                    norm_type, head_dim, ratio, pos0, n_tokens, n_rot, n_ctx_orig, quantize_fp8,
+                    (freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow), rms_eps, fresh=True)
+
+
+def compressor_prefill_ratio4_replay(comp_cache, state_kv, state_score, kv, sc, model_map, ape_offset, ape_type,
+                                     norm_offset, norm_type, head_dim, pos0, n_tokens, n_rot, n_ctx_orig,
+                                     quantize_fp8, freq_base, freq_scale, ext_factor, attn_factor, beta_fast,
+                                     beta_slow, rms_eps):
+    """ds4_gpu_compressor_prefill_ratio4_replay_tensor: a ratio-4 prefill chunk that CONTINUES a
+    prompt (pos0 and n_tokens multiples of 4): the first window's previous half is the given
+    state's rows 0..3."""
+    if n_tokens % 4 or pos0 % 4:
+        raise ValueError("ratio-4 replay works on whole windows")
+    return _prefill(comp_cache, state_kv, state_score, kv, sc, model_map, ape_offset, ape_type, norm_offset,
+                    norm_type, head_dim, 4, pos0, n_tokens, n_rot, n_ctx_orig, quantize_fp8,
+                    (freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow), rms_eps, fresh=False)
+
+
+def compressor_prefill_state_ratio4(state_kv, state_score, kv_tail, sc_tail, model_map, ape_offset, ape_type,
+                                    head_dim, pos0):
+    """ds4_gpu_compressor_prefill_state_ratio4_tensor: the ratio-4 state after a prefill that ends
+    on a window boundary, from that last window's 4 tokens (positions pos0..pos0 + 3, pos0 a
+    multiple of 4): as the streaming compressor leaves it -- the token at position p in row p % 4
+    (score + APE of that phase), rows 4..7 empty.  Returns (state_kv, state_score)."""
+    if head_dim == 0:
+        raise ValueError("empty state")
+    width = 2 * head_dim
+    ape = compressor_ape(model_map, ape_offset, ape_type, width, 4)
+    skv = np.zeros((8, width), np.float32)
+    ssc = np.full((8, width), -np.inf, np.float32)
+    kv = np.asarray(kv_tail, np.float32).reshape(-1)[: 4 * width].reshape(4, width)
+    sc = np.asarray(sc_tail, np.float32).reshape(-1)[: 4 * width].reshape(4, width)
+    for r in range(4):
+        ph = (pos0 + r) % 4
+        skv[ph] = kv[r]
+        ssc[ph] = (sc[r] + ape[ph]).astype(np.float32)
+    return skv, ssc

@@ -186,3 +186,50 @@ def attention_bytes(s):
 
 
 ATTN_TOL = dict(nmse=1e-6, max_err_rms=1e-2)
+
+
+# ---------------------------------------------------------------------------
+# compressor (every entry point: one builder)
+# ---------------------------------------------------------------------------
+
+# ds4's compressed layers rotate with YaRN (reference.ds4_ops constants)
+import math as _math
+
+from reference import ds4_ops as _ops
+
+YARN = {"n_ctx_orig": _ops.ROPE_ORIG_CTX, "freq_base": _ops.COMPRESS_ROPE_FREQ_BASE,
+        "freq_scale": 1.0 / _ops.ROPE_SCALE_FACTOR, "ext_factor": 1.0,
+        "attn_factor": 1.0 / (1.0 + 0.1 * _math.log(_ops.ROPE_SCALE_FACTOR)),
+        "beta_fast": _ops.ROPE_YARN_BETA_FAST, "beta_slow": _ops.ROPE_YARN_BETA_SLOW}
+ROPE_KEYS = ("freq_base", "freq_scale", "ext_factor", "attn_factor", "beta_fast", "beta_slow")
+
+
+def compressor_map(rng, width, ratio, head_dim, ape_type):
+    """(Map, ape_offset, norm_offset): the APE table [ratio][width] (F16 or F32) and the F32 norm weight."""
+    ape = (rng.standard_normal((ratio, width)) * 0.7).astype(np.float32)
+    ape = ape.astype(np.float16) if ape_type == 1 else ape
+    norm = rng.uniform(0.5, 1.5, head_dim).astype(np.float32)
+    m, (a_off, n_off) = Context.synthetic_map([ape, norm], rng)
+    return m, a_off, n_off
+
+
+def compressor_state(rng, ratio, width, cleared=()):
+    """A state in use: finite kv and scores (scores already hold their APE), rows in `cleared` empty."""
+    rows = (2 if ratio == 4 else 1) * ratio
+    kv = rng.standard_normal((rows, width)).astype(np.float32)
+    sc = (rng.standard_normal((rows, width)) * 2.0).astype(np.float32)
+    for r in cleared:
+        kv[r], sc[r] = 0.0, -np.inf
+    return kv, sc
+
+
+def compressor_tokens(rng, n, width):
+    return (rng.standard_normal((n, width)).astype(np.float32),
+            (rng.standard_normal((n, width)) * 2.0).astype(np.float32))
+
+
+def compressor_bytes(s):
+    d = s.dims
+    hd, ratio, n = d["head_dim"], d.get("ratio", 4), d.get("n_tokens", 1)
+    width = (2 if ratio == 4 else 1) * hd
+    return 4 * (2 * n * width + 4 * (2 if ratio == 4 else 1) * ratio * width + (n // ratio) * hd)
