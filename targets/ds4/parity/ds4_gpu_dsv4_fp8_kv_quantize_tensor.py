@@ -7,7 +7,7 @@ raw cache and to every compressed row.  Shapes: decode (1 row), a prefill
 batch, odd widths (one block, three blocks with no tail, n_rot = head_dim:
 nothing to do), blocks whose amax is exactly 448 * 2^k with the other values
 on midpoints between FP8 codes (the tie rule decides every one of them),
-blocks of tiny values (the 1e-4 floor decides the scale), an all-zero
+blocks of values ~1e-10 (the 1e-4 floor decides the scale, which sends them into the subnormal codes), an all-zero
 block, and magnitudes far above 448 (the scale, not a clamp, must bring them
 into range).
 
@@ -44,7 +44,7 @@ def build(shape, ctx, rng):
     if kind == "ties":
         x = _tie_rows(rng, n_tok, hd, n_rot)
     else:
-        scale = {"normal": 1.0, "tiny": 3e-6, "huge": 3e4}[kind]
+        scale = {"normal": 1.0, "tiny": 1e-10, "huge": 3e4}[kind]
         x = (rng.standard_normal((n_tok, hd)) * scale).astype(np.float32)
         if kind == "tiny":
             x[:, 64:128] = 0.0  # an all-zero block: amax floored, no 0/0
@@ -71,7 +71,7 @@ SPEC = UnitSpec(
         Shape(DECODE, dims(1)),
         Shape("7 rows", dims(7)),
         Shape("ties: 5 rows, every block's amax 448 * 2^k, the rest on code midpoints", dims(5, kind="ties")),
-        Shape("tiny: 3 rows of ~3e-6 and a zero block (amax floor 1e-4)", dims(3, kind="tiny")),
+        Shape("tiny: 3 rows of ~1e-10 and a zero block (the 1e-4 amax floor pushes them subnormal)", dims(3, kind="tiny")),
         Shape("huge: 3 rows of ~3e4 (scale up, no clamp)", dims(3, kind="huge")),
         Shape("odd: head_dim 128, n_rot 64 (one block)", dims(4, 128, 64)),
         Shape("odd: head_dim 192, n_rot 0 (no tail)", dims(3, 192, 0)),
