@@ -42,7 +42,7 @@ def dims(n_rows, head_dim=A.INDEXER_HEAD_DIM, kind="normal"):
     return {"n_rows": n_rows, "head_dim": head_dim, "kind": kind}
 
 
-Q = "decode: one token's 64 indexer heads x 128"
+Q = "decode: one token, 64 indexer heads x 128"
 DISPATCH = {
     "indexer_hadamard_fp4_kernel": f"the only path (128 threads per row) -> reached by shape '{Q}'",
 }

@@ -48,6 +48,8 @@ DISPATCH = {
                                     f"'{DIRECT}' with KNOWN_GOOD_ENV[1]",
     "indexer_scores_wmma32_kernel": f"64 x 128, WMMA64 also off -> reached by shape '{DIRECT}' with KNOWN_GOOD_ENV[2]",
     "indexer_scores_wmma_kernel": f"64 x 128, WMMA32 also off -> reached by shape '{DIRECT}' with KNOWN_GOOD_ENV[3]",
+    "indexer_scores_kernel (64 x 128)": f"DIRECT_ONE off and DS4_CUDA_NO_INDEXER_WMMA=1 -> reached by shape '{DIRECT}' "
+                                        "with KNOWN_GOOD_ENV[4]",
 }
 _OFF = {"DS4_CUDA_NO_INDEXER_DIRECT_ONE": "1"}
 KNOWN_GOOD_ENV = [

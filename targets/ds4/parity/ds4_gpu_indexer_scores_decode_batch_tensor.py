@@ -69,7 +69,7 @@ SPEC = UnitSpec(
         Shape("decode: 1 token at 4001, 1024 rows (rows 1000.. not yet visible)", dims(1, 4001, 1024)),
         Shape(BATCH, dims(6, 4090, 1024)),
         Shape("batch: 17 tokens at 500, 200 rows (token-tile tail; 128-row tile edge at 127)", dims(17, 500, 200)),
-        Shape("batch: 2 tokens at 0, 1 row", dims(2, 0, 1)),
+        Shape("batch: 2 tokens at 2, 1 row (visible to token 1 only)", dims(2, 2, 1)),
         Shape(GENERIC, dims(5, 10, 9, n_head=3, head_dim=96)),
         Shape("decode batch: 16 tokens at 8176, 2048 rows (timing)", dims(16, 8176, 2048), timed=True),
         Shape("error: ratio 0", dims(2, 100, 8, ratio=0), expect="error", why="the causal cut divides by ratio"),

@@ -40,7 +40,7 @@ def dims(n_tokens, n_comp=None, ratio=4, n_head=H, head_dim=HD, **kw):
             "n_head": n_head, "head_dim": head_dim, **kw}
 
 
-ONE = "1 token, 1 row (one-token kernel: nothing visible yet)"
+ONE = "1 token, ratio 1, 3 rows (one-token kernel; rows 1, 2 not visible)"
 TILES = "1000 tokens, 250 rows: 16-token and 128-row tiles with tails; whole tiles past the causal edge"
 GENERIC = "odd: 3 heads x 96, 21 tokens, ratio 3, 7 rows (generic kernel)"
 
@@ -65,7 +65,7 @@ SPEC = UnitSpec(
     reference="reference.ds4_attention_ops.indexer_scores_prefill",
     outputs={"scores": Tol(nmse=1e-9, max_err_rms=1e-4, max_abs=1e-4)},
     shapes=[
-        Shape(ONE, dims(1, 1)),
+        Shape(ONE, dims(1, 3, ratio=1)),
         Shape("16 tokens, 4 rows (one tile)", dims(16)),
         Shape("37 tokens, 9 rows (token tail)", dims(37)),
         Shape("300 tokens, 75 rows", dims(300)),
