@@ -228,8 +228,23 @@ def compressor_tokens(rng, n, width):
             (rng.standard_normal((n, width)) * 2.0).astype(np.float32))
 
 
-def compressor_bytes(s):
-    d = s.dims
-    hd, ratio, n = d["head_dim"], d.get("ratio", 4), d.get("n_tokens", 1)
-    width = (2 if ratio == 4 else 1) * hd
-    return 4 * (2 * n * width + 4 * (2 if ratio == 4 else 1) * ratio * width + (n // ratio) * hd)
+def compressor_bytes(kind):
+    """bytes_moved for a compressor unit: what a call must at least read and write once.
+
+    store: the tokens' kv and score rows in, the same rows into the state.
+    update: one token in and stored; on an emitted row the whole state read (pool),
+    the row written and, on ratio 4, the 4-row shift written.
+    prefill / replay: the tokens in, the rows out, the state written."""
+    def moved(s):
+        d = s.dims
+        hd, ratio = d["head_dim"], d.get("ratio", 4)
+        width = (2 if ratio == 4 else 1) * hd
+        state = (2 if ratio == 4 else 1) * ratio * width
+        n = d.get("n_tokens", 1)
+        if kind == "store":
+            return 4 * 4 * n * width
+        if kind == "update":
+            emit = (d["pos"] + 1) % ratio == 0
+            return 4 * (4 * width + (2 * state + hd + (2 * 4 * width if ratio == 4 else 0) if emit else 0))
+        return 4 * (2 * n * width + (n // ratio) * hd + 2 * state)
+    return moved

@@ -71,6 +71,5 @@ SPEC = UnitSpec(
         Shape("error: pos0 not a multiple of 4", dims(8, 6), expect="error", why="windows are aligned to positions"),
     ],
     build=build,
-    bytes_moved=lambda s: 4 * (2 * s.dims["n_tokens"] * 2 * s.dims["head_dim"] + 32 * s.dims["head_dim"]
-                               + s.dims["n_tokens"] // 4 * s.dims["head_dim"]),
+    bytes_moved=I.compressor_bytes("prefill"),
 )

@@ -89,5 +89,5 @@ SPEC = UnitSpec(
         Shape("error: norm_type 1", dims(8, norm_type=1), expect="error", why="the norm weight is F32"),
     ],
     build=build,
-    bytes_moved=I.compressor_bytes,
+    bytes_moved=I.compressor_bytes("prefill"),
 )

@@ -62,5 +62,5 @@ SPEC = UnitSpec(
         Shape("error: ratio 0", dims(1, 0, ratio=0), expect="error", why="no window"),
     ],
     build=build,
-    bytes_moved=I.compressor_bytes,
+    bytes_moved=I.compressor_bytes("store"),
 )

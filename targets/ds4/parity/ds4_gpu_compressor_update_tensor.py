@@ -84,5 +84,5 @@ SPEC = UnitSpec(
               why="comp_row must be inside comp_cache when a row is emitted"),
     ],
     build=build,
-    bytes_moved=I.compressor_bytes,
+    bytes_moved=I.compressor_bytes("update"),
 )
