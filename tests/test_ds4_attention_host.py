@@ -1,0 +1,167 @@
+"""Five attention-family ds4 specs end to end in host mode (no GPU): a plain-C stand-in.
+
+Our own C versions of five ops (written for this test from the semantics in
+reference/ds4_attention_ops.py, not from ds4's code), with switchable faults,
+run by the parity child in host memory.  So the specs' argument bindings (the
+model map of sinks / APE, in-place tensors, -inf in a reference, refused
+inputs) and the check meant to catch each fault are exercised in CI.  Needs
+the ds4 checkout (for ds4_gpu.h) and a C compiler with _Float16.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.test_ds4_attention_specs import CHECKOUT, REPO
+
+pytestmark = pytest.mark.skipif(CHECKOUT is None, reason="no ds4 checkout (PORTER_DS4_SOURCE or external/ds4)")
+
+STAND_IN_C = r"""
+#include <stdint.h>
+#include <stdbool.h>
+#include <math.h>
+typedef struct { void *ptr; uint64_t bytes; int owner; } T;
+int ds4_gpu_init(void) { return 1; }
+
+#ifdef FAULT_FP8_SAT240
+#define SAT 240.0f
+#else
+#define SAT 448.0f
+#endif
+static float e4m3_val(int i) { int e = (i >> 3) & 15, m = i & 7;
+  return e == 0 ? m * 0.001953125f : (1.0f + m * 0.125f) * ldexpf(1.0f, e - 7); }
+static float e4m3_rt(float x) {  /* nearest code by a linear scan, ties to the even code */
+  float ax = fminf(fabsf(x), 448.0f), bd = ax; int best = 0;
+  for (int i = 1; i < 127; i++) { float d = fabsf(ax - e4m3_val(i));
+    if (d < bd || (d == bd && !(i & 1) && (best & 1))) { best = i; bd = d; } }
+  return (x < 0 ? -1.0f : 1.0f) * e4m3_val(best); }
+int ds4_gpu_dsv4_fp8_kv_quantize_tensor(T *x, uint32_t n_tok, uint32_t head_dim, uint32_t n_rot) {
+  if (n_rot > head_dim || x->bytes < (uint64_t)n_tok * head_dim * 4) return 0;
+  uint32_t nn = head_dim - n_rot;
+  for (uint32_t t = 0; t < n_tok; t++) { float *r = (float *)x->ptr + (uint64_t)t * head_dim;
+    for (uint32_t off = 0; off < nn; off += 64) { float amax = 0;
+      for (uint32_t i = 0; i < 64 && off + i < nn; i++) amax = fmaxf(amax, fabsf(r[off + i]));
+      float sc = ldexpf(1.0f, (int)ceilf(log2f(fmaxf(amax, 1e-4f) / 448.0f)));
+      for (uint32_t i = 0; i < 64 && off + i < nn; i++)
+        r[off + i] = e4m3_rt(fminf(SAT, fmaxf(-SAT, r[off + i] / sc))) * sc; } }
+  return 1;
+}
+
+int ds4_gpu_store_raw_kv_batch_tensor(T *raw, const T *kv, uint32_t raw_cap, uint32_t pos0, uint32_t n_tokens,
+                                      uint32_t head_dim) {
+  if (!raw_cap || raw->bytes < (uint64_t)raw_cap * head_dim * 4 || kv->bytes < (uint64_t)n_tokens * head_dim * 4)
+    return 0;
+  for (uint32_t t = 0; t < n_tokens; t++) for (uint32_t d = 0; d < head_dim; d++) {
+    float v = ((const float *)kv->ptr)[(uint64_t)t * head_dim + d];
+#ifndef FAULT_RAW_NO_F16
+    v = (float)(_Float16)v;
+#endif
+    ((float *)raw->ptr)[(uint64_t)((pos0 + t) % raw_cap) * head_dim + d] = v; }
+  return 1;
+}
+
+int ds4_gpu_compressor_prefill_state_ratio4_tensor(T *skv, T *ssc, const T *kv, const T *sc, const void *map,
+    uint64_t size, uint64_t ape_off, uint32_t ape_type, uint32_t head_dim, uint32_t pos0) {
+  uint32_t w = 2 * head_dim;
+  if (ape_type > 1 || kv->bytes < 16ull * w || sc->bytes < 16ull * w || skv->bytes < 32ull * w) return 0;
+  for (uint32_t i = 0; i < 8 * w; i++) { ((float *)skv->ptr)[i] = 0; ((float *)ssc->ptr)[i] = -INFINITY; }
+  for (uint32_t r = 0; r < 4; r++) for (uint32_t j = 0; j < w; j++) {
+    uint32_t ph = (pos0 + r) % 4; uint64_t a = (uint64_t)ph * w + j;
+    float ape = ape_type ? (float)((const _Float16 *)((const char *)map + ape_off))[a]
+                         : ((const float *)((const char *)map + ape_off))[a];
+    ((float *)skv->ptr)[(uint64_t)ph * w + j] = ((const float *)kv->ptr)[(uint64_t)r * w + j];
+    ((float *)ssc->ptr)[(uint64_t)ph * w + j] = ((const float *)sc->ptr)[(uint64_t)r * w + j] + ape; }
+  return 1;
+}
+
+int ds4_gpu_attention_prefill_raw_heads_tensor(T *heads, const void *map, uint64_t size, uint64_t sinks_off,
+    const T *q, const T *kv, uint32_t n_tokens, uint32_t window, uint32_t n_head, uint32_t head_dim) {
+  if (window > 256) return 0;
+  const float *sinks = (const float *)((const char *)map + sinks_off);
+  const float *Q = q->ptr, *K = kv->ptr; float *O = heads->ptr;
+  double s[257];
+  for (uint32_t t = 0; t < n_tokens; t++) for (uint32_t h = 0; h < n_head; h++) {
+    uint32_t lo = (window && t + 1 > window) ? t + 1 - window : 0;
+#ifdef FAULT_WINDOW_PLUS1
+    if (lo > 0) lo--;
+#endif
+    const float *qh = Q + ((uint64_t)t * n_head + h) * head_dim;
+    double m = sinks[h];
+    for (uint32_t r = lo; r <= t; r++) { double d = 0;
+      for (uint32_t i = 0; i < head_dim; i++) d += (double)qh[i] * K[(uint64_t)r * head_dim + i];
+      s[r - lo] = d / sqrt((double)head_dim); if (s[r - lo] > m) m = s[r - lo]; }
+    double den = exp(sinks[h] - m);
+    float *oh = O + ((uint64_t)t * n_head + h) * head_dim;
+    for (uint32_t i = 0; i < head_dim; i++) oh[i] = 0;
+    double acc[1024] = {0};
+    for (uint32_t r = lo; r <= t; r++) { double wgt = exp(s[r - lo] - m); den += wgt;
+      for (uint32_t i = 0; i < head_dim; i++) acc[i] += wgt * K[(uint64_t)r * head_dim + i]; }
+    for (uint32_t i = 0; i < head_dim; i++) oh[i] = (float)(acc[i] / den); }
+  return 1;
+}
+
+int ds4_gpu_indexer_scores_prefill_tensor(T *scores, const T *q, const T *w, const T *k, uint32_t n_comp,
+    uint32_t n_tokens, uint32_t n_head, uint32_t head_dim, uint32_t ratio, float scale) {
+  if (!ratio || !n_comp || k->bytes < (uint64_t)n_comp * head_dim * 4) return 0;
+  const float *Q = q->ptr, *W = w->ptr, *K = k->ptr; float *S = scores->ptr;
+  for (uint32_t t = 0; t < n_tokens; t++) for (uint32_t c = 0; c < n_comp; c++) {
+#ifdef FAULT_CAUSAL_LATE
+    uint32_t vis = t / ratio;
+#else
+    uint32_t vis = (t + 1) / ratio;
+#endif
+    if (c >= vis) { S[(uint64_t)t * n_comp + c] = -INFINITY; continue; }
+    double tot = 0;
+    for (uint32_t h = 0; h < n_head; h++) { double d = 0;
+      for (uint32_t i = 0; i < head_dim; i++) d += (double)Q[((uint64_t)t * n_head + h) * head_dim + i] * K[(uint64_t)c * head_dim + i];
+      tot += (d > 0 ? d : 0) * W[(uint64_t)t * n_head + h]; }
+    S[(uint64_t)t * n_comp + c] = (float)(tot * scale); }
+  return 1;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def target():
+    from porter.target import load_target
+
+    return load_target(REPO, "ds4", CHECKOUT)
+
+
+def _stand_in(tmp_path, *defines) -> Path:
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler (cc) for the host stand-in")
+    src = tmp_path / "stand_in.c"
+    src.write_text(STAND_IN_C)
+    lib = tmp_path / ("libattn" + "".join(d.lower() for d in defines) + ".so")
+    proc = subprocess.run([cc, "-O2", "-shared", "-fPIC", *[f"-D{d}" for d in defines], "-o", str(lib), str(src),
+                           "-lm"], capture_output=True, text=True)
+    if proc.returncode != 0 and "_Float16" in proc.stderr:
+        pytest.skip("the C compiler has no _Float16")
+    assert proc.returncode == 0, proc.stderr
+    return lib
+
+
+@pytest.mark.parametrize("unit,fault,check", [
+    ("ds4_gpu_dsv4_fp8_kv_quantize_tensor", None, "pass"),
+    ("ds4_gpu_dsv4_fp8_kv_quantize_tensor", "FAULT_FP8_SAT240", "values"),
+    ("ds4_gpu_store_raw_kv_batch_tensor", None, "pass"),
+    ("ds4_gpu_store_raw_kv_batch_tensor", "FAULT_RAW_NO_F16", "values"),
+    ("ds4_gpu_compressor_prefill_state_ratio4_tensor", None, "pass"),
+    ("ds4_gpu_attention_prefill_raw_heads_tensor", None, "pass"),
+    ("ds4_gpu_attention_prefill_raw_heads_tensor", "FAULT_WINDOW_PLUS1", "values"),
+    ("ds4_gpu_indexer_scores_prefill_tensor", None, "pass"),
+    ("ds4_gpu_indexer_scores_prefill_tensor", "FAULT_CAUSAL_LATE", "values"),
+])
+def test_host_stand_in_passes_and_each_fault_is_named(target, tmp_path, unit, fault, check):
+    from porter.gates.parity.gate import run_spec
+    from porter.gates.parity.spec import load_spec
+    from porter.known_good import first_check
+
+    lib = _stand_in(tmp_path, *([fault] if fault else []))
+    res = run_spec(target, load_spec(target, unit), lib, workspace=tmp_path, mode="host", timing_reps=0)
+    assert first_check(res) == check, res.summary
