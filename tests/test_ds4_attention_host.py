@@ -1,6 +1,6 @@
-"""Five attention-family ds4 specs end to end in host mode (no GPU): a plain-C stand-in.
+"""Six attention-family ds4 specs end to end in host mode (no GPU): a plain-C stand-in.
 
-Our own C versions of five ops (written for this test from the semantics in
+Our own C versions of six ops (written for this test from the semantics in
 reference/ds4_attention_ops.py, not from ds4's code), with switchable faults,
 run by the parity child in host memory.  So the specs' argument bindings (the
 model map of sinks / APE, in-place tensors, -inf in a reference, refused
@@ -121,6 +121,67 @@ int ds4_gpu_indexer_scores_prefill_tensor(T *scores, const T *q, const T *w, con
     S[(uint64_t)t * n_comp + c] = (float)(tot * scale); }
   return 1;
 }
+
+/* ---- compressor prefill, window by window (the batched formulation) ---- */
+static void rope_row(float *x, uint32_t hd, uint32_t n_rot, uint32_t pos, uint32_t n_ctx_orig, float freq_base,
+                     float freq_scale, float ext_factor, float attn_factor, float beta_fast, float beta_slow) {
+  double lo = 0, hi = 0, pi = 3.14159265358979323846;
+  if (ext_factor != 0) { double den = 2 * log(freq_base);
+    lo = fmax(0, floor(n_rot * log(n_ctx_orig / (beta_fast * 2 * pi)) / den));
+    hi = fmin(n_rot - 1, ceil(n_rot * log(n_ctx_orig / (beta_slow * 2 * pi)) / den)); }
+  float *tail = x + hd - n_rot;
+  for (uint32_t i = 0; i < n_rot; i += 2) {
+    double te = (double)pos * pow(freq_base, -(double)i / n_rot), ti = freq_scale * te, th = ti, ms = attn_factor;
+    if (ext_factor != 0) { double r = (1 - fmin(1, fmax(0, ((i / 2) - lo) / fmax(0.001, hi - lo)))) * ext_factor;
+      th = ti * (1 - r) + te * r; ms *= 1 + 0.1 * log(1.0 / freq_scale); }
+    double c = cos(th) * ms, s = sin(th) * ms, x0 = tail[i], x1 = tail[i + 1];
+    tail[i] = x0 * c - x1 * s; tail[i + 1] = x0 * s + x1 * c; }
+}
+static float ape_at(const void *map, uint64_t off, uint32_t type, uint64_t idx) {
+  const char *p = (const char *)map + off;
+  return type ? (float)((const _Float16 *)p)[idx] : ((const float *)p)[idx];
+}
+int ds4_gpu_compressor_prefill_tensor(T *comp, T *skv, T *ssc, const T *kv, const T *sc, const void *map,
+    uint64_t size, uint64_t ape_off, uint32_t ape_type, uint64_t norm_off, uint32_t norm_type, uint32_t hd,
+    uint32_t ratio, uint32_t pos0, uint32_t n, uint32_t n_rot, uint32_t n_ctx_orig, bool fp8, float fb, float fs,
+    float ef, float af, float bfast, float bslow, float eps) {
+  if (!hd || !ratio || !n || n_rot > hd || (n_rot & 1) || ape_type > 1 || norm_type) return 0;
+  uint32_t coff = ratio == 4 ? 2 : 1, w = coff * hd, rows = coff * ratio, n_comp = n / ratio, cut = n_comp * ratio;
+  const float *K = kv->ptr, *S = sc->ptr, *norm = (const float *)((const char *)map + norm_off);
+  float *out = comp->ptr;
+  for (uint32_t c = 0; c < n_comp; c++) {
+    float *row = out + (uint64_t)c * hd;
+    for (uint32_t d = 0; d < hd; d++) {
+      double v[256], s[256], m = -INFINITY; uint32_t k = 0;
+#ifndef FAULT_NO_OVERLAP
+      if (ratio == 4 && c > 0) for (uint32_t t = (c - 1) * 4; t < c * 4; t++) {
+        v[k] = K[(uint64_t)t * w + d];
+        s[k] = (float)(S[(uint64_t)t * w + d] + ape_at(map, ape_off, ape_type, (uint64_t)((pos0 + t) % 4) * w + d));
+        if (s[k] > m) m = s[k]; k++; }
+#endif
+      uint32_t col = ratio == 4 ? hd + d : d;
+      for (uint32_t t = c * ratio; t < (c + 1) * ratio; t++) {
+        v[k] = K[(uint64_t)t * w + col];
+        s[k] = (float)(S[(uint64_t)t * w + col] + ape_at(map, ape_off, ape_type, (uint64_t)((pos0 + t) % ratio) * w + col));
+        if (s[k] > m) m = s[k]; k++; }
+      double den = 0, acc = 0;
+      for (uint32_t i = 0; i < k; i++) { double e = exp(s[i] - m); den += e; acc += e * v[i]; }
+      row[d] = (float)(acc / den); }
+    double ss = 0;
+    for (uint32_t d = 0; d < hd; d++) ss += (double)row[d] * row[d];
+    float r = 1.0f / sqrtf((float)(ss / hd) + eps);
+    for (uint32_t d = 0; d < hd; d++) row[d] = row[d] * r * norm[d];
+    if (n_rot) rope_row(row, hd, n_rot, pos0 + c * ratio, n_ctx_orig, fb, fs, ef, af, bfast, bslow);
+    if (fp8) { T one = { row, (uint64_t)hd * 4, 0 }; ds4_gpu_dsv4_fp8_kv_quantize_tensor(&one, 1, hd, n_rot); } }
+  float *SK = skv->ptr, *SS = ssc->ptr;
+  for (uint64_t i = 0; i < (uint64_t)rows * w; i++) { SK[i] = 0; SS[i] = -INFINITY; }
+  uint32_t src0 = ratio == 4 && cut >= 4 ? cut - 4 : cut;  /* ratio 4: the last whole window, then the rest */
+  uint32_t dst0 = ratio == 4 && cut >= 4 ? 0 : (ratio == 4 ? 4 : 0);
+  for (uint32_t t = src0, r = dst0; t < n; t++, r++) for (uint32_t j = 0; j < w; j++) {
+    SK[(uint64_t)r * w + j] = K[(uint64_t)t * w + j];
+    SS[(uint64_t)r * w + j] = S[(uint64_t)t * w + j] + ape_at(map, ape_off, ape_type, (uint64_t)((pos0 + t) % ratio) * w + j); }
+  return 1;
+}
 """
 
 
@@ -156,6 +217,8 @@ def _stand_in(tmp_path, *defines) -> Path:
     ("ds4_gpu_attention_prefill_raw_heads_tensor", "FAULT_WINDOW_PLUS1", "values"),
     ("ds4_gpu_indexer_scores_prefill_tensor", None, "pass"),
     ("ds4_gpu_indexer_scores_prefill_tensor", "FAULT_CAUSAL_LATE", "values"),
+    ("ds4_gpu_compressor_prefill_tensor", None, "pass"),
+    ("ds4_gpu_compressor_prefill_tensor", "FAULT_NO_OVERLAP", "values"),
 ])
 def test_host_stand_in_passes_and_each_fault_is_named(target, tmp_path, unit, fault, check):
     from porter.gates.parity.gate import run_spec
