@@ -238,28 +238,6 @@ def _sinks(model_map, sinks_offset: int, n_head: int) -> np.ndarray:
     return base._weight_bytes(model_map, sinks_offset, 4 * n_head).view("<f4").astype(np.float64)
 
 
-def attend(q_heads: np.ndarray, rows: np.ndarray, sinks: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
-    """One token: out[h] = sum_r e^(s_hr - m) kv_r / (e^(sink_h - m) + sum_r e^(s_hr - m)),
-    s_hr = q_h . kv_r / sqrt(D) (+ bias_r; -inf drops the row), m the max over scores and sink."""
-    q = np.asarray(q_heads, np.float64)
-    kv = np.asarray(rows, np.float64).reshape(-1, q.shape[1])
-    if kv.shape[0] == 0:
-        return np.zeros_like(q)
-    s = q @ kv.T / math.sqrt(q.shape[1])
-    if bias is not None:
-        s = s + np.asarray(bias, np.float64)[None, :]
-    m = np.maximum(s.max(axis=1), sinks)
-    with np.errstate(invalid="ignore"):
-        w = np.exp(s - m[:, None])
-    w[np.isneginf(s)] = 0.0
-    den = np.exp(sinks - m) + w.sum(axis=1)
-    return (w @ kv) / den[:, None]
-
-
-def _check_sizes(n_head, head_dim, q, n_tokens):
-    return base._rows(q, n_tokens * n_head, head_dim).astype(np.float64).reshape(n_tokens, n_head, head_dim)
-
-
 def _ring_rows(raw_kv, raw_cap, raw_start, head_dim):
     cache = base._rows(raw_kv, raw_cap, head_dim)
     return lambda logical: cache[(raw_start + np.asarray(logical, np.int64)) % raw_cap]

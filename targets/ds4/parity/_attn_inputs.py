@@ -16,10 +16,13 @@ Why the inputs look the way they do:
   notice the sink: a kernel that ignores sinks, or adds one twice, moves many
   heads by a lot.
 """
+import math as _math
+
 import numpy as np
 
 from porter.gates.parity.spec import Context
 from reference import ds4_attention_ops as A
+from reference import ds4_ops as _ops
 
 D = A.HEAD_DIM
 
@@ -49,12 +52,6 @@ def sinks_map(rng, n_head):
 def qat_rows(rng, n, head_dim=A.INDEXER_HEAD_DIM):
     x = rng.standard_normal((n, head_dim)).astype(np.float32)
     return A.dsv4_indexer_qat(x, n, head_dim) if head_dim == A.INDEXER_HEAD_DIM else A.f16_round(x)
-
-
-def ring_cache(rng, raw_cap, n_raw, raw_start, head_dim=D):
-    """A raw SWA ring: n_raw live rows from ring row raw_start on (wrapping), stale rows elsewhere."""
-    cache = kv_rows(rng, raw_cap, head_dim)
-    return cache
 
 
 # ---------------------------------------------------------------------------
@@ -193,10 +190,6 @@ ATTN_TOL = dict(nmse=1e-6, max_err_rms=1e-2)
 # ---------------------------------------------------------------------------
 
 # ds4's compressed layers rotate with YaRN (reference.ds4_ops constants)
-import math as _math
-
-from reference import ds4_ops as _ops
-
 YARN = {"n_ctx_orig": _ops.ROPE_ORIG_CTX, "freq_base": _ops.COMPRESS_ROPE_FREQ_BASE,
         "freq_scale": 1.0 / _ops.ROPE_SCALE_FACTOR, "ext_factor": 1.0,
         "attn_factor": 1.0 / (1.0 + 0.1 * _math.log(_ops.ROPE_SCALE_FACTOR)),
