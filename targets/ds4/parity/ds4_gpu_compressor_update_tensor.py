@@ -36,7 +36,7 @@ def build(shape, ctx, rng):
     rope = {**I.YARN, "n_ctx_orig": I.YARN["n_ctx_orig"]}
     args = {"kv_cur": In(kv), "sc_cur": In(sc), "state_kv": InOut(skv), "state_score": InOut(ssc),
             "comp_cache": InOut(cache), "model_map": m, "model_size": m.size, "ape_offset": a_off,
-            "ape_type": ape_type, "norm_offset": n_off, "norm_type": 0, "head_dim": hd, "ratio": ratio, "pos": pos,
+            "ape_type": ape_type, "norm_offset": n_off, "norm_type": d.get("norm_type", 0), "head_dim": hd, "ratio": ratio, "pos": pos,
             "comp_row": d["comp_row"], "n_rot": d["n_rot"], "n_ctx_orig": rope["n_ctx_orig"],
             **{k: rope[k] for k in I.ROPE_KEYS}, "rms_eps": 1e-6}
     if shape.expect == "error":
@@ -80,6 +80,8 @@ SPEC = UnitSpec(
         Shape("indexer lane: 128 wide, ratio 4, token at 127 -> row 31", dims(127, head_dim=128)),
         Shape("odd: 96 wide, ratio 3, n_rot 32, token at 29 -> row 9", dims(29, ratio=3, head_dim=96, n_rot=32)),
         Shape("error: ape_type 2", dims(4099, ape_type=2), expect="error", why="APE is F32 (0) or F16 (1)"),
+        Shape("error: norm_type 1", dims(4097, comp_row=5, cache_rows=8, norm_type=1), expect="error",
+              why="the norm weight is F32"),
         Shape("error: comp_cache too short for the emitted row", dims(4099, cache_rows=1024), expect="error",
               why="comp_row must be inside comp_cache when a row is emitted"),
     ],
