@@ -1,6 +1,6 @@
-"""Six attention-family ds4 specs end to end in host mode (no GPU): a plain-C stand-in.
+"""Eight attention-family ds4 specs end to end in host mode (no GPU): a plain-C stand-in.
 
-Our own C versions of six ops (written for this test from the semantics in
+Our own C versions of eight ops (written for this test from the semantics in
 reference/ds4_attention_ops.py, not from ds4's code), with switchable faults,
 run by the parity child in host memory.  So the specs' argument bindings (the
 model map of sinks / APE, in-place tensors, -inf in a reference, refused
@@ -182,6 +182,63 @@ int ds4_gpu_compressor_prefill_tensor(T *comp, T *skv, T *ssc, const T *kv, cons
     SS[(uint64_t)r * w + j] = S[(uint64_t)t * w + j] + ape_at(map, ape_off, ape_type, (uint64_t)((pos0 + t) % ratio) * w + j); }
   return 1;
 }
+
+/* ---- decode attention over the ring + compressed rows, by positions (kernel-style bookkeeping) ---- */
+static int decode_attn(float *O, const float *sinks, const float *Q, const float *R, const float *C,
+    const float *mask, uint32_t use_mask, uint32_t n_tokens, uint32_t pos0, uint32_t n_raw, uint32_t raw_cap,
+    uint32_t raw_start, uint32_t n_comp, uint32_t window, uint32_t ratio, uint32_t n_head, uint32_t hd) {
+  static double s[8192 + 256], acc[1024];
+  for (uint32_t t = 0; t < n_tokens; t++) {
+    int64_t qpos = (int64_t)pos0 + t, first = (int64_t)pos0 + n_tokens - n_raw;
+    int64_t lo = 0, hi = (int64_t)n_raw - 1;  /* logical ring indices a token sees */
+    uint32_t vis = n_comp;
+    if (!(n_tokens == 1 && ratio == 0)) {  /* single-token decode sees every row */
+      int64_t plo = first, phi = qpos < first + n_raw - 1 ? qpos : first + n_raw - 1;
+      if (window && qpos + 1 > window && qpos + 1 - window > plo) plo = qpos + 1 - window;
+      lo = plo - first; hi = phi - first;
+#ifdef FAULT_COMP_LATE
+      if (ratio) vis = (uint32_t)(qpos / ratio);
+#else
+      if (ratio) vis = (uint32_t)((qpos + 1) / ratio);
+#endif
+      if (vis > n_comp) vis = n_comp; }
+    for (uint32_t h = 0; h < n_head; h++) {
+      const float *qh = Q + ((uint64_t)t * n_head + h) * hd;
+      double m = sinks[h]; uint32_t k = 0;
+      for (int64_t li = lo; li <= hi; li++, k++) { const float *row = R + (uint64_t)((raw_start + li) % raw_cap) * hd;
+        double d = 0; for (uint32_t i = 0; i < hd; i++) d += (double)qh[i] * row[i];
+        s[k] = d / sqrt((double)hd); if (s[k] > m) m = s[k]; }
+      uint32_t nr = k;
+      for (uint32_t c = 0; c < vis; c++, k++) { double add = use_mask ? mask[(uint64_t)t * n_comp + c] : 0.0;
+        if (add == -INFINITY) { s[k] = -INFINITY; continue; }
+        double d = 0; for (uint32_t i = 0; i < hd; i++) d += (double)qh[i] * C[(uint64_t)c * hd + i];
+        s[k] = d / sqrt((double)hd) + add; if (s[k] > m) m = s[k]; }
+      double den = exp(sinks[h] - m);
+      for (uint32_t i = 0; i < hd; i++) acc[i] = 0;
+      for (uint32_t j = 0; j < k; j++) { if (s[j] == -INFINITY) continue; double w = exp(s[j] - m); den += w;
+        const float *row = j < nr ? R + (uint64_t)((raw_start + lo + j) % raw_cap) * hd : C + (uint64_t)(j - nr) * hd;
+        for (uint32_t i = 0; i < hd; i++) acc[i] += w * row[i]; }
+      float *oh = O + ((uint64_t)t * n_head + h) * hd;
+      for (uint32_t i = 0; i < hd; i++) oh[i] = (float)(acc[i] / den); } }
+  return 1;
+}
+int ds4_gpu_attention_decode_mixed_batch_heads_tensor(T *heads, const void *map, uint64_t size, uint64_t sinks_off,
+    const T *q, const T *raw, const T *comp, const T *mask, uint32_t use_mask, uint32_t n_tokens, uint32_t pos0,
+    uint32_t n_raw, uint32_t raw_cap, uint32_t raw_start, uint32_t n_comp, uint32_t window, uint32_t ratio,
+    uint32_t n_head, uint32_t hd) {
+  if (!n_tokens || !n_raw || raw_cap < n_raw || raw_start >= raw_cap || (n_comp && !ratio)) return 0;
+  if (n_comp > 7936 && use_mask) return 0;  /* upstream's limit, kept so the spec's refusal case holds */
+  return decode_attn(heads->ptr, (const float *)((const char *)map + sinks_off), q->ptr, raw->ptr, comp->ptr,
+                     mask->ptr, use_mask, n_tokens, pos0, n_raw, raw_cap, raw_start, n_comp, window, ratio, n_head, hd);
+}
+int ds4_gpu_attention_decode_heads_tensor(T *heads, const void *map, uint64_t size, uint64_t sinks_off, const T *q,
+    const T *raw, uint32_t n_raw, uint32_t raw_cap, uint32_t raw_start, const T *comp, uint32_t n_comp,
+    const T *mask, uint32_t use_mask, uint32_t n_head, uint32_t hd) {
+  if (!n_raw || raw_cap < n_raw || raw_start >= raw_cap) return 0;
+  if (n_comp > 7936 && use_mask) return 0;
+  return decode_attn(heads->ptr, (const float *)((const char *)map + sinks_off), q->ptr, raw->ptr, comp->ptr,
+                     mask->ptr, use_mask, 1, 0, n_raw, raw_cap, raw_start, n_comp, 0, 0, n_head, hd);
+}
 """
 
 
@@ -219,6 +276,9 @@ def _stand_in(tmp_path, *defines) -> Path:
     ("ds4_gpu_indexer_scores_prefill_tensor", "FAULT_CAUSAL_LATE", "values"),
     ("ds4_gpu_compressor_prefill_tensor", None, "pass"),
     ("ds4_gpu_compressor_prefill_tensor", "FAULT_NO_OVERLAP", "values"),
+    ("ds4_gpu_attention_decode_heads_tensor", None, "pass"),
+    ("ds4_gpu_attention_decode_mixed_batch_heads_tensor", None, "pass"),
+    ("ds4_gpu_attention_decode_mixed_batch_heads_tensor", "FAULT_COMP_LATE", "values"),
 ])
 def test_host_stand_in_passes_and_each_fault_is_named(target, tmp_path, unit, fault, check):
     from porter.gates.parity.gate import run_spec
