@@ -1,6 +1,6 @@
-"""Eight attention-family ds4 specs end to end in host mode (no GPU): a plain-C stand-in.
+"""Nine attention-family ds4 specs end to end in host mode (no GPU): a plain-C stand-in.
 
-Our own C versions of eight ops (written for this test from the semantics in
+Our own C versions of nine ops (written for this test from the semantics in
 reference/ds4_attention_ops.py, not from ds4's code), with switchable faults,
 run by the parity child in host memory.  So the specs' argument bindings (the
 model map of sinks / APE, in-place tensors, -inf in a reference, refused
@@ -23,6 +23,8 @@ STAND_IN_C = r"""
 #include <stdint.h>
 #include <stdbool.h>
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 typedef struct { void *ptr; uint64_t bytes; int owner; } T;
 int ds4_gpu_init(void) { return 1; }
 
@@ -239,6 +241,35 @@ int ds4_gpu_attention_decode_heads_tensor(T *heads, const void *map, uint64_t si
   return decode_attn(heads->ptr, (const float *)((const char *)map + sinks_off), q->ptr, raw->ptr, comp->ptr,
                      mask->ptr, use_mask, 1, 0, n_raw, raw_cap, raw_start, n_comp, 0, 0, n_head, hd);
 }
+
+/* ---- indexed attention as upstream's batched path does it: the selection sorted (top 512), then the
+   first min(top_k, visible) entries taken unchecked; one token: every entry checked ---- */
+static int cmp_i32(const void *a, const void *b) { int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+  return (x > y) - (x < y); }
+int ds4_gpu_attention_indexed_mixed_batch_heads_tensor(T *heads, const void *map, uint64_t size, uint64_t sinks_off,
+    const T *q, const T *raw, const T *comp, const T *topk, uint32_t n_tokens, uint32_t pos0, uint32_t n_raw,
+    uint32_t raw_cap, uint32_t raw_start, uint32_t n_comp, uint32_t top_k, uint32_t window, uint32_t ratio,
+    uint32_t n_head, uint32_t hd) {
+  if (!n_tokens || !n_raw || raw_cap < n_raw || raw_start >= raw_cap || !n_comp || !top_k || top_k > 512) return 0;
+  static float mask[16 * 8192];
+  static int32_t sel[512];
+  if ((uint64_t)n_tokens * n_comp > sizeof mask / sizeof mask[0]) return 0;
+  for (uint32_t t = 0; t < n_tokens; t++) {
+    uint32_t vis = ratio ? (pos0 + t + 1) / ratio : n_comp;
+    if (vis > n_comp) vis = n_comp;
+    for (uint32_t c = 0; c < n_comp; c++) mask[(uint64_t)t * n_comp + c] = -INFINITY;
+    memcpy(sel, (const int32_t *)topk->ptr + (uint64_t)t * top_k, top_k * sizeof(int32_t));
+#ifndef FAULT_NO_SORT
+    if (n_tokens > 1 && top_k == 512) qsort(sel, top_k, sizeof(int32_t), cmp_i32);
+#endif
+    uint32_t take = n_tokens > 1 ? (top_k < vis ? top_k : vis) : top_k;
+    for (uint32_t i = 0; i < take; i++) {
+      int32_t c = sel[i];
+      if (n_tokens == 1 && (c < 0 || (uint32_t)c >= vis)) continue;
+      mask[(uint64_t)t * n_comp + c] = 0.0f; } }
+  return decode_attn(heads->ptr, (const float *)((const char *)map + sinks_off), q->ptr, raw->ptr, comp->ptr,
+                     mask, 1, n_tokens, pos0, n_raw, raw_cap, raw_start, n_comp, window, ratio, n_head, hd);
+}
 """
 
 
@@ -279,6 +310,8 @@ def _stand_in(tmp_path, *defines) -> Path:
     ("ds4_gpu_attention_decode_heads_tensor", None, "pass"),
     ("ds4_gpu_attention_decode_mixed_batch_heads_tensor", None, "pass"),
     ("ds4_gpu_attention_decode_mixed_batch_heads_tensor", "FAULT_COMP_LATE", "values"),
+    ("ds4_gpu_attention_indexed_mixed_batch_heads_tensor", None, "pass"),
+    ("ds4_gpu_attention_indexed_mixed_batch_heads_tensor", "FAULT_NO_SORT", "values"),
 ])
 def test_host_stand_in_passes_and_each_fault_is_named(target, tmp_path, unit, fault, check):
     from porter.gates.parity.gate import run_spec
