@@ -259,16 +259,20 @@ int ds4_gpu_attention_indexed_mixed_batch_heads_tensor(T *heads, const void *map
     if (vis > n_comp) vis = n_comp;
     for (uint32_t c = 0; c < n_comp; c++) mask[(uint64_t)t * n_comp + c] = -INFINITY;
     memcpy(sel, (const int32_t *)topk->ptr + (uint64_t)t * top_k, top_k * sizeof(int32_t));
-#ifndef FAULT_NO_SORT
     if (n_tokens > 1 && top_k == 512) qsort(sel, top_k, sizeof(int32_t), cmp_i32);
-#endif
+#ifdef FAULT_NO_VISIBLE_CAP
+    uint32_t take = top_k;  /* every selected row, visible or not */
+#else
     uint32_t take = n_tokens > 1 ? (top_k < vis ? top_k : vis) : top_k;
+#endif
     for (uint32_t i = 0; i < take; i++) {
       int32_t c = sel[i];
       if (n_tokens == 1 && (c < 0 || (uint32_t)c >= vis)) continue;
       mask[(uint64_t)t * n_comp + c] = 0.0f; } }
+  /* a batch: the selection alone decides which compressed rows count (ratio 0: no visibility cut) */
   return decode_attn(heads->ptr, (const float *)((const char *)map + sinks_off), q->ptr, raw->ptr, comp->ptr,
-                     mask, 1, n_tokens, pos0, n_raw, raw_cap, raw_start, n_comp, window, ratio, n_head, hd);
+                     mask, 1, n_tokens, pos0, n_raw, raw_cap, raw_start, n_comp, window, n_tokens > 1 ? 0 : ratio,
+                     n_head, hd);
 }
 """
 
@@ -311,7 +315,7 @@ def _stand_in(tmp_path, *defines) -> Path:
     ("ds4_gpu_attention_decode_mixed_batch_heads_tensor", None, "pass"),
     ("ds4_gpu_attention_decode_mixed_batch_heads_tensor", "FAULT_COMP_LATE", "values"),
     ("ds4_gpu_attention_indexed_mixed_batch_heads_tensor", None, "pass"),
-    ("ds4_gpu_attention_indexed_mixed_batch_heads_tensor", "FAULT_NO_SORT", "values"),
+    ("ds4_gpu_attention_indexed_mixed_batch_heads_tensor", "FAULT_NO_VISIBLE_CAP", "values"),
 ])
 def test_host_stand_in_passes_and_each_fault_is_named(target, tmp_path, unit, fault, check):
     from porter.gates.parity.gate import run_spec
