@@ -1,6 +1,6 @@
-"""Nine attention-family ds4 specs end to end in host mode (no GPU): a plain-C stand-in.
+"""Twelve attention-family ds4 specs end to end in host mode (no GPU): a plain-C stand-in.
 
-Our own C versions of nine ops (written for this test from the semantics in
+Our own C versions of twelve ops (written for this test from the semantics in
 reference/ds4_attention_ops.py, not from ds4's code), with switchable faults,
 run by the parity child in host memory.  So the specs' argument bindings (the
 model map of sinks / APE, in-place tensors, -inf in a reference, refused
@@ -38,13 +38,21 @@ static float e4m3_val(int i) { int e = (i >> 3) & 15, m = i & 7;
 static float e4m3_rt(float x) {  /* nearest code by a linear scan, ties to the even code */
   float ax = fminf(fabsf(x), 448.0f), bd = ax; int best = 0;
   for (int i = 1; i < 127; i++) { float d = fabsf(ax - e4m3_val(i));
+#ifdef FAULT_FP8_TIES_UP
+    if (d <= bd) { best = i; bd = d; } }
+#else
     if (d < bd || (d == bd && !(i & 1) && (best & 1))) { best = i; bd = d; } }
+#endif
   return (x < 0 ? -1.0f : 1.0f) * e4m3_val(best); }
 int ds4_gpu_dsv4_fp8_kv_quantize_tensor(T *x, uint32_t n_tok, uint32_t head_dim, uint32_t n_rot) {
   if (n_rot > head_dim || x->bytes < (uint64_t)n_tok * head_dim * 4) return 0;
   uint32_t nn = head_dim - n_rot;
   for (uint32_t t = 0; t < n_tok; t++) { float *r = (float *)x->ptr + (uint64_t)t * head_dim;
+#ifdef FAULT_FP8_LAST_BLOCK
+    for (uint32_t off = 0; off + 64 < nn; off += 64) { float amax = 0;
+#else
     for (uint32_t off = 0; off < nn; off += 64) { float amax = 0;
+#endif
       for (uint32_t i = 0; i < 64 && off + i < nn; i++) amax = fmaxf(amax, fabsf(r[off + i]));
       float sc = ldexpf(1.0f, (int)ceilf(log2f(fmaxf(amax, 1e-4f) / 448.0f)));
       for (uint32_t i = 0; i < 64 && off + i < nn; i++)
@@ -58,6 +66,12 @@ int ds4_gpu_store_raw_kv_batch_tensor(T *raw, const T *kv, uint32_t raw_cap, uin
     return 0;
   for (uint32_t t = 0; t < n_tokens; t++) for (uint32_t d = 0; d < head_dim; d++) {
     float v = ((const float *)kv->ptr)[(uint64_t)t * head_dim + d];
+#ifdef FAULT_RAW_LAST_DROPPED
+    if (t + 1 == n_tokens && d + 1 == head_dim) continue;
+#endif
+#ifdef FAULT_RAW_IGNORES_POS0
+    pos0 = 0;
+#endif
 #ifndef FAULT_RAW_NO_F16
     v = (float)(_Float16)v;
 #endif
@@ -69,9 +83,16 @@ int ds4_gpu_compressor_prefill_state_ratio4_tensor(T *skv, T *ssc, const T *kv, 
     uint64_t size, uint64_t ape_off, uint32_t ape_type, uint32_t head_dim, uint32_t pos0) {
   uint32_t w = 2 * head_dim;
   if (ape_type > 1 || kv->bytes < 16ull * w || sc->bytes < 16ull * w || skv->bytes < 32ull * w) return 0;
-  for (uint32_t i = 0; i < 8 * w; i++) { ((float *)skv->ptr)[i] = 0; ((float *)ssc->ptr)[i] = -INFINITY; }
+  for (uint32_t i = 0; i < 8 * w; i++) { ((float *)skv->ptr)[i] = 0;
+#ifndef FAULT_STATE_NOT_CLEARED
+    ((float *)ssc->ptr)[i] = -INFINITY;
+#endif
+  }
   for (uint32_t r = 0; r < 4; r++) for (uint32_t j = 0; j < w; j++) {
     uint32_t ph = (pos0 + r) % 4; uint64_t a = (uint64_t)ph * w + j;
+#ifdef FAULT_STATE_UPPER
+    ph += 4;
+#endif
     float ape = ape_type ? (float)((const _Float16 *)((const char *)map + ape_off))[a]
                          : ((const float *)((const char *)map + ape_off))[a];
     ((float *)skv->ptr)[(uint64_t)ph * w + j] = ((const float *)kv->ptr)[(uint64_t)r * w + j];
@@ -87,8 +108,11 @@ int ds4_gpu_attention_prefill_raw_heads_tensor(T *heads, const void *map, uint64
   double s[257];
   for (uint32_t t = 0; t < n_tokens; t++) for (uint32_t h = 0; h < n_head; h++) {
     uint32_t lo = (window && t + 1 > window) ? t + 1 - window : 0;
-#ifdef FAULT_WINDOW_PLUS1
-    if (lo > 0) lo--;
+#ifdef FAULT_PREFILL_ONLINE_WINDOW_PLUS1
+    if (lo > 0 && n_tokens >= 128 && head_dim == 512) lo--;
+#endif
+#ifdef FAULT_PREFILL_CUBLAS_WINDOW_PLUS1
+    if (lo > 0 && n_tokens > 1 && n_tokens < 128 && head_dim == 512) lo--;
 #endif
     const float *qh = Q + ((uint64_t)t * n_head + h) * head_dim;
     double m = sinks[h];
@@ -119,6 +143,9 @@ int ds4_gpu_indexer_scores_prefill_tensor(T *scores, const T *q, const T *w, con
     double tot = 0;
     for (uint32_t h = 0; h < n_head; h++) { double d = 0;
       for (uint32_t i = 0; i < head_dim; i++) d += (double)Q[((uint64_t)t * n_head + h) * head_dim + i] * K[(uint64_t)c * head_dim + i];
+#ifdef FAULT_INDEXER_NO_WEIGHTS
+      if (n_head == 64 && head_dim == 128 && n_tokens > 1) { tot += (d > 0 ? d : 0); continue; }
+#endif
       tot += (d > 0 ? d : 0) * W[(uint64_t)t * n_head + h]; }
     S[(uint64_t)t * n_comp + c] = (float)(tot * scale); }
   return 1;
@@ -176,7 +203,11 @@ int ds4_gpu_compressor_prefill_tensor(T *comp, T *skv, T *ssc, const T *kv, cons
     if (n_rot) rope_row(row, hd, n_rot, pos0 + c * ratio, n_ctx_orig, fb, fs, ef, af, bfast, bslow);
     if (fp8) { T one = { row, (uint64_t)hd * 4, 0 }; ds4_gpu_dsv4_fp8_kv_quantize_tensor(&one, 1, hd, n_rot); } }
   float *SK = skv->ptr, *SS = ssc->ptr;
-  for (uint64_t i = 0; i < (uint64_t)rows * w; i++) { SK[i] = 0; SS[i] = -INFINITY; }
+  for (uint64_t i = 0; i < (uint64_t)rows * w; i++) { SK[i] = 0;
+#ifndef FAULT_CPREFILL_NOT_CLEARED
+    SS[i] = -INFINITY;
+#endif
+  }
   uint32_t src0 = ratio == 4 && cut >= 4 ? cut - 4 : cut;  /* ratio 4: the last whole window, then the rest */
   uint32_t dst0 = ratio == 4 && cut >= 4 ? 0 : (ratio == 4 ? 4 : 0);
   for (uint32_t t = src0, r = dst0; t < n; t++, r++) for (uint32_t j = 0; j < w; j++) {
@@ -185,44 +216,107 @@ int ds4_gpu_compressor_prefill_tensor(T *comp, T *skv, T *ssc, const T *kv, cons
   return 1;
 }
 
-/* ---- decode attention over the ring + compressed rows, by positions (kernel-style bookkeeping) ---- */
-static int decode_attn(float *O, const float *sinks, const float *Q, const float *R, const float *C,
+/* ---- attention over the ring + compressed rows, by positions (kernel-style bookkeeping) ---- */
+enum { U_DECODE_HEADS, U_RAW, U_MIXED, U_INDEXED, U_STATIC, U_MASKED };
+static int decode_attn(int unit, float *O, const float *sinks, const float *Q, const float *R, const float *C,
     const float *mask, uint32_t use_mask, uint32_t n_tokens, uint32_t pos0, uint32_t n_raw, uint32_t raw_cap,
     uint32_t raw_start, uint32_t n_comp, uint32_t window, uint32_t ratio, uint32_t n_head, uint32_t hd) {
   static double s[8192 + 256], acc[1024];
+  /* upstream's path for this call, so a fault can be planted in one path only, as the mutants are */
+  int big = hd == 512, online = 0, cublas = 0;
+  if (unit == U_DECODE_HEADS) online = n_comp > 7936;
+  else if (unit == U_RAW || unit == U_MIXED) online = n_comp > 7936 || (!use_mask && n_tokens >= 128 && big);
+  else if (unit == U_STATIC) { online = n_tokens >= 128 && big; cublas = !online && n_tokens > 1 && big; }
+  else if (unit == U_MASKED) cublas = n_tokens > 1 && big;
+  else if (unit == U_INDEXED) online = n_tokens > 1 && big;
+  uint32_t rs = raw_start, use = use_mask;
+  int mask_row0 = 0, comp_late = 0, win_plus1 = 0;
+  (void)online; (void)cublas;
+#ifdef FAULT_RING_START_DECODE
+  if (unit == U_DECODE_HEADS && !online) rs = 0;
+#endif
+#ifdef FAULT_RING_START_INDEXED
+  if (unit == U_INDEXED && online) rs = 0;
+#endif
+#ifdef FAULT_DECODE_MASK_IGNORED
+  if (unit == U_DECODE_HEADS) use = 0;
+#endif
+#ifdef FAULT_MASKED_IGNORED
+  if (unit == U_MASKED && cublas) use = 0;
+#endif
+#ifdef FAULT_MIXED_MASK_ROW0
+  if (unit == U_MIXED && !online && n_tokens > 1) mask_row0 = 1;
+#endif
+#ifdef FAULT_MASKED_ROW0
+  if (unit == U_MASKED && cublas) mask_row0 = 1;
+#endif
+#ifdef FAULT_COMP_LATE
+  if (unit == U_MIXED && !online) comp_late = 1;
+#endif
+#ifdef FAULT_STATIC_ONLINE_LATE
+  if (unit == U_STATIC && online) comp_late = 1;
+#endif
+#ifdef FAULT_STATIC_CUBLAS_LATE
+  if (unit == U_STATIC && cublas) comp_late = 1;
+#endif
+#ifdef FAULT_DECODE_WINDOW_PLUS1
+  if (unit == U_RAW && !online) win_plus1 = 1;
+#endif
+#ifdef FAULT_DECODE_ONLINE_WINDOW_PLUS1
+  if (unit == U_RAW && online) win_plus1 = 1;
+#endif
   for (uint32_t t = 0; t < n_tokens; t++) {
     int64_t qpos = (int64_t)pos0 + t, first = (int64_t)pos0 + n_tokens - n_raw;
     int64_t lo = 0, hi = (int64_t)n_raw - 1;  /* logical ring indices a token sees */
     uint32_t vis = n_comp;
     if (!(n_tokens == 1 && ratio == 0)) {  /* single-token decode sees every row */
       int64_t plo = first, phi = qpos < first + n_raw - 1 ? qpos : first + n_raw - 1;
-      if (window && qpos + 1 > window && qpos + 1 - window > plo) plo = qpos + 1 - window;
+      if (window && qpos + 1 > window && qpos + 1 - window - win_plus1 > plo) plo = qpos + 1 - window - win_plus1;
       lo = plo - first; hi = phi - first;
-#ifdef FAULT_COMP_LATE
-      if (ratio) vis = (uint32_t)(qpos / ratio);
-#else
-      if (ratio) vis = (uint32_t)((qpos + 1) / ratio);
-#endif
+      if (ratio) vis = (uint32_t)((qpos + 1 - comp_late) / ratio);
       if (vis > n_comp) vis = n_comp; }
+    const float *mrow = mask + (uint64_t)(mask_row0 ? 0 : t) * n_comp;
     for (uint32_t h = 0; h < n_head; h++) {
       const float *qh = Q + ((uint64_t)t * n_head + h) * hd;
       double m = sinks[h]; uint32_t k = 0;
-      for (int64_t li = lo; li <= hi; li++, k++) { const float *row = R + (uint64_t)((raw_start + li) % raw_cap) * hd;
+      for (int64_t li = lo; li <= hi; li++, k++) { const float *row = R + (uint64_t)((rs + li) % raw_cap) * hd;
         double d = 0; for (uint32_t i = 0; i < hd; i++) d += (double)qh[i] * row[i];
         s[k] = d / sqrt((double)hd); if (s[k] > m) m = s[k]; }
       uint32_t nr = k;
-      for (uint32_t c = 0; c < vis; c++, k++) { double add = use_mask ? mask[(uint64_t)t * n_comp + c] : 0.0;
+      for (uint32_t c = 0; c < vis; c++, k++) { double add = use ? mrow[c] : 0.0;
         if (add == -INFINITY) { s[k] = -INFINITY; continue; }
         double d = 0; for (uint32_t i = 0; i < hd; i++) d += (double)qh[i] * C[(uint64_t)c * hd + i];
         s[k] = d / sqrt((double)hd) + add; if (s[k] > m) m = s[k]; }
       double den = exp(sinks[h] - m);
       for (uint32_t i = 0; i < hd; i++) acc[i] = 0;
       for (uint32_t j = 0; j < k; j++) { if (s[j] == -INFINITY) continue; double w = exp(s[j] - m); den += w;
-        const float *row = j < nr ? R + (uint64_t)((raw_start + lo + j) % raw_cap) * hd : C + (uint64_t)(j - nr) * hd;
+        const float *row = j < nr ? R + (uint64_t)((rs + lo + j) % raw_cap) * hd : C + (uint64_t)(j - nr) * hd;
         for (uint32_t i = 0; i < hd; i++) acc[i] += w * row[i]; }
       float *oh = O + ((uint64_t)t * n_head + h) * hd;
       for (uint32_t i = 0; i < hd; i++) oh[i] = (float)(acc[i] / den); } }
   return 1;
+}
+#define SINKS ((const float *)((const char *)map + sinks_off))
+int ds4_gpu_attention_decode_raw_batch_heads_tensor(T *heads, const void *map, uint64_t size, uint64_t sinks_off,
+    const T *q, const T *raw, uint32_t n_tokens, uint32_t pos0, uint32_t n_raw, uint32_t raw_cap, uint32_t raw_start,
+    uint32_t window, uint32_t n_head, uint32_t hd) {
+  if (!n_tokens || !n_raw || raw_cap < n_raw || raw_start >= raw_cap) return 0;
+  return decode_attn(U_RAW, heads->ptr, SINKS, q->ptr, raw->ptr, raw->ptr, NULL, 0, n_tokens, pos0, n_raw, raw_cap,
+                     raw_start, 0, window, 1, n_head, hd);
+}
+int ds4_gpu_attention_prefill_static_mixed_heads_tensor(T *heads, const void *map, uint64_t size, uint64_t sinks_off,
+    const T *q, const T *raw, const T *comp, uint32_t n_tokens, uint32_t n_comp, uint32_t window, uint32_t ratio,
+    uint32_t n_head, uint32_t hd) {
+  if (!n_tokens || !ratio) return 0;
+  return decode_attn(U_STATIC, heads->ptr, SINKS, q->ptr, raw->ptr, comp->ptr, NULL, 0, n_tokens, 0, n_tokens,
+                     n_tokens, 0, n_comp, window, ratio, n_head, hd);
+}
+int ds4_gpu_attention_prefill_masked_mixed_heads_tensor(T *heads, const void *map, uint64_t size, uint64_t sinks_off,
+    const T *q, const T *raw, const T *comp, const T *mask, uint32_t n_tokens, uint32_t n_comp, uint32_t window,
+    uint32_t ratio, uint32_t n_head, uint32_t hd) {
+  if (!n_tokens || !ratio) return 0;
+  return decode_attn(U_MASKED, heads->ptr, SINKS, q->ptr, raw->ptr, comp->ptr, mask->ptr, 1, n_tokens, 0, n_tokens,
+                     n_tokens, 0, n_comp, window, ratio, n_head, hd);
 }
 int ds4_gpu_attention_decode_mixed_batch_heads_tensor(T *heads, const void *map, uint64_t size, uint64_t sinks_off,
     const T *q, const T *raw, const T *comp, const T *mask, uint32_t use_mask, uint32_t n_tokens, uint32_t pos0,
@@ -230,16 +324,16 @@ int ds4_gpu_attention_decode_mixed_batch_heads_tensor(T *heads, const void *map,
     uint32_t n_head, uint32_t hd) {
   if (!n_tokens || !n_raw || raw_cap < n_raw || raw_start >= raw_cap || (n_comp && !ratio)) return 0;
   if (n_comp > 7936 && use_mask) return 0;  /* upstream's limit, kept so the spec's refusal case holds */
-  return decode_attn(heads->ptr, (const float *)((const char *)map + sinks_off), q->ptr, raw->ptr, comp->ptr,
-                     mask->ptr, use_mask, n_tokens, pos0, n_raw, raw_cap, raw_start, n_comp, window, ratio, n_head, hd);
+  return decode_attn(U_MIXED, heads->ptr, SINKS, q->ptr, raw->ptr, comp->ptr, mask->ptr, use_mask, n_tokens, pos0,
+                     n_raw, raw_cap, raw_start, n_comp, window, ratio, n_head, hd);
 }
 int ds4_gpu_attention_decode_heads_tensor(T *heads, const void *map, uint64_t size, uint64_t sinks_off, const T *q,
     const T *raw, uint32_t n_raw, uint32_t raw_cap, uint32_t raw_start, const T *comp, uint32_t n_comp,
     const T *mask, uint32_t use_mask, uint32_t n_head, uint32_t hd) {
   if (!n_raw || raw_cap < n_raw || raw_start >= raw_cap) return 0;
   if (n_comp > 7936 && use_mask) return 0;
-  return decode_attn(heads->ptr, (const float *)((const char *)map + sinks_off), q->ptr, raw->ptr, comp->ptr,
-                     mask->ptr, use_mask, 1, 0, n_raw, raw_cap, raw_start, n_comp, 0, 0, n_head, hd);
+  return decode_attn(U_DECODE_HEADS, heads->ptr, SINKS, q->ptr, raw->ptr, comp->ptr, mask->ptr, use_mask, 1, 0,
+                     n_raw, raw_cap, raw_start, n_comp, 0, 0, n_head, hd);
 }
 
 /* ---- indexed attention as upstream's batched path does it: the selection sorted (top 512), then the
@@ -270,9 +364,8 @@ int ds4_gpu_attention_indexed_mixed_batch_heads_tensor(T *heads, const void *map
       if (n_tokens == 1 && (c < 0 || (uint32_t)c >= vis)) continue;
       mask[(uint64_t)t * n_comp + c] = 0.0f; } }
   /* a batch: the selection alone decides which compressed rows count (ratio 0: no visibility cut) */
-  return decode_attn(heads->ptr, (const float *)((const char *)map + sinks_off), q->ptr, raw->ptr, comp->ptr,
-                     mask, 1, n_tokens, pos0, n_raw, raw_cap, raw_start, n_comp, window, n_tokens > 1 ? 0 : ratio,
-                     n_head, hd);
+  return decode_attn(U_INDEXED, heads->ptr, SINKS, q->ptr, raw->ptr, comp->ptr, mask, 1, n_tokens, pos0, n_raw,
+                     raw_cap, raw_start, n_comp, window, n_tokens > 1 ? 0 : ratio, n_head, hd);
 }
 """
 
@@ -299,23 +392,56 @@ def _stand_in(tmp_path, *defines) -> Path:
     return lib
 
 
+SLOW = pytest.mark.slow
+
+
+# Each fault mirrors one mutant of targets/ds4/mutants.toml -- in the upstream path the mutant
+# touches, where it touches one -- so a fault the specs miss here is a mutant they would miss.
 @pytest.mark.parametrize("unit,fault,check", [
     ("ds4_gpu_dsv4_fp8_kv_quantize_tensor", None, "pass"),
     ("ds4_gpu_dsv4_fp8_kv_quantize_tensor", "FAULT_FP8_SAT240", "values"),
+    pytest.param("ds4_gpu_dsv4_fp8_kv_quantize_tensor", "FAULT_FP8_LAST_BLOCK", "values", marks=SLOW),
+    pytest.param("ds4_gpu_dsv4_fp8_kv_quantize_tensor", "FAULT_FP8_TIES_UP", "values", marks=SLOW),
     ("ds4_gpu_store_raw_kv_batch_tensor", None, "pass"),
     ("ds4_gpu_store_raw_kv_batch_tensor", "FAULT_RAW_NO_F16", "values"),
+    pytest.param("ds4_gpu_store_raw_kv_batch_tensor", "FAULT_RAW_IGNORES_POS0", "values", marks=SLOW),
+    pytest.param("ds4_gpu_store_raw_kv_batch_tensor", "FAULT_RAW_LAST_DROPPED", "values", marks=SLOW),
     ("ds4_gpu_compressor_prefill_state_ratio4_tensor", None, "pass"),
+    pytest.param("ds4_gpu_compressor_prefill_state_ratio4_tensor", "FAULT_STATE_UPPER", "values", marks=SLOW),
+    pytest.param("ds4_gpu_compressor_prefill_state_ratio4_tensor", "FAULT_STATE_NOT_CLEARED", "values", marks=SLOW),
     ("ds4_gpu_attention_prefill_raw_heads_tensor", None, "pass"),
-    ("ds4_gpu_attention_prefill_raw_heads_tensor", "FAULT_WINDOW_PLUS1", "values"),
+    ("ds4_gpu_attention_prefill_raw_heads_tensor", "FAULT_PREFILL_CUBLAS_WINDOW_PLUS1", "values"),
+    pytest.param("ds4_gpu_attention_prefill_raw_heads_tensor", "FAULT_PREFILL_ONLINE_WINDOW_PLUS1", "values",
+                 marks=SLOW),
     ("ds4_gpu_indexer_scores_prefill_tensor", None, "pass"),
     ("ds4_gpu_indexer_scores_prefill_tensor", "FAULT_CAUSAL_LATE", "values"),
+    pytest.param("ds4_gpu_indexer_scores_prefill_tensor", "FAULT_INDEXER_NO_WEIGHTS", "values", marks=SLOW),
     ("ds4_gpu_compressor_prefill_tensor", None, "pass"),
     ("ds4_gpu_compressor_prefill_tensor", "FAULT_NO_OVERLAP", "values"),
+    pytest.param("ds4_gpu_compressor_prefill_tensor", "FAULT_CPREFILL_NOT_CLEARED", "values", marks=SLOW),
     ("ds4_gpu_attention_decode_heads_tensor", None, "pass"),
+    pytest.param("ds4_gpu_attention_decode_heads_tensor", "FAULT_RING_START_DECODE", "values", marks=SLOW),
+    pytest.param("ds4_gpu_attention_decode_heads_tensor", "FAULT_DECODE_MASK_IGNORED", "values", marks=SLOW),
+    ("ds4_gpu_attention_decode_raw_batch_heads_tensor", None, "pass"),
+    pytest.param("ds4_gpu_attention_decode_raw_batch_heads_tensor", "FAULT_DECODE_WINDOW_PLUS1", "values",
+                 marks=SLOW),
+    pytest.param("ds4_gpu_attention_decode_raw_batch_heads_tensor", "FAULT_DECODE_ONLINE_WINDOW_PLUS1", "values",
+                 marks=SLOW),
     ("ds4_gpu_attention_decode_mixed_batch_heads_tensor", None, "pass"),
     ("ds4_gpu_attention_decode_mixed_batch_heads_tensor", "FAULT_COMP_LATE", "values"),
+    pytest.param("ds4_gpu_attention_decode_mixed_batch_heads_tensor", "FAULT_MIXED_MASK_ROW0", "values", marks=SLOW),
     ("ds4_gpu_attention_indexed_mixed_batch_heads_tensor", None, "pass"),
     ("ds4_gpu_attention_indexed_mixed_batch_heads_tensor", "FAULT_NO_VISIBLE_CAP", "values"),
+    pytest.param("ds4_gpu_attention_indexed_mixed_batch_heads_tensor", "FAULT_RING_START_INDEXED", "values",
+                 marks=SLOW),
+    ("ds4_gpu_attention_prefill_static_mixed_heads_tensor", None, "pass"),
+    pytest.param("ds4_gpu_attention_prefill_static_mixed_heads_tensor", "FAULT_STATIC_ONLINE_LATE", "values",
+                 marks=SLOW),
+    pytest.param("ds4_gpu_attention_prefill_static_mixed_heads_tensor", "FAULT_STATIC_CUBLAS_LATE", "values",
+                 marks=SLOW),
+    ("ds4_gpu_attention_prefill_masked_mixed_heads_tensor", None, "pass"),
+    pytest.param("ds4_gpu_attention_prefill_masked_mixed_heads_tensor", "FAULT_MASKED_IGNORED", "values", marks=SLOW),
+    pytest.param("ds4_gpu_attention_prefill_masked_mixed_heads_tensor", "FAULT_MASKED_ROW0", "values", marks=SLOW),
 ])
 def test_host_stand_in_passes_and_each_fault_is_named(target, tmp_path, unit, fault, check):
     from porter.gates.parity.gate import run_spec
