@@ -171,7 +171,8 @@ def _family_mutants(target):
 
     text = (target.dir / "mutants.toml").read_text()
     assert text.count(FAMILY_HEADER) == 1
-    names = {m["name"] for m in tomllib.loads(text.split(FAMILY_HEADER)[1])["mutant"]}
+    section = text.split(FAMILY_HEADER)[1].split("\n# --- ")[0]  # up to the next family's header
+    names = {m["name"] for m in tomllib.loads(section)["mutant"]}
     return [m for m in rule_mutants(target) if m.name in names]
 
 
