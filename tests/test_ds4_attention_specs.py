@@ -101,24 +101,24 @@ def test_dispatch_map_names_upstream_kernels_knobs_and_our_shapes(target, unit, 
 
 
 def test_every_unit_has_two_mutants_that_apply_once(target, cuda_source):
-    from porter.known_good import apply_mutation, load_mutations
+    from porter.calibration.mutants import rule_mutants
 
     by_unit = {}
-    for m in load_mutations(target):
+    for m in rule_mutants(target):
         by_unit.setdefault(m.unit, []).append(m)
     for unit in UNITS:
         muts = by_unit.get(unit, [])
         assert len(muts) >= 2, unit
         for m in muts:
-            out = apply_mutation(cuda_source, m)  # raises unless every search text occurs exactly once
+            out = m.apply(cuda_source)  # raises unless every search text occurs exactly once
             assert out != cuda_source and "porter mutant" in out
 
 
 def test_a_search_text_that_is_not_unique_is_refused(target, cuda_source):
     from porter.errors import PorterError
-    from porter.known_good import Mutation, Rule, apply_mutation
+    from porter.calibration.mutants import Mutant, Rule
 
     twice = "for (uint32_t off = 4u; off > 0u; off >>= 1u) {"  # two kernels share this reduction
     assert cuda_source.count(twice) == 2
     with pytest.raises(PorterError, match="occurs 2 times"):
-        apply_mutation(cuda_source, Mutation("m", "u", "ds4_cuda.cu", "values", "w", (Rule(twice, "x"),)))
+        Mutant("u", "m", "values", "w", "rules", file="ds4_cuda.cu", rules=(Rule(twice, "x"),)).apply(cuda_source)
