@@ -62,6 +62,13 @@ class ScriptedSpec(_Strict):
     dir: str = "scripted"
 
 
+class ReferenceSpec(_Strict):
+    """An existing CUDA backend in the checkout that --provider reference slices (porter.providers.reference)."""
+
+    source: str  # relative to the checkout, e.g. "ds4_cuda.cu"
+    rules: str | None = None  # relative to the target folder, e.g. "reference_rules.toml"
+
+
 class TargetSpec(_Strict):
     name: str
     description: str = ""
@@ -74,6 +81,7 @@ class TargetSpec(_Strict):
     provider: dict = Field(default_factory=dict)  # provider defaults, see porter.providers
     census: dict = Field(default_factory=dict)  # tensor-name rules -> units, see porter.scan.census
     perf: dict = Field(default_factory=dict)  # {enabled, max_slowdown}, see porter.gates.perf
+    reference: ReferenceSpec | None = None
 
 
 class Target:

@@ -1,0 +1,160 @@
+"""The reference provider: answers a unit with upstream's own CUDA code for it.
+
+A full dry run of the port on real code: the unit's API function, the kernels
+it launches and the helpers, device functions, constants and types they reach
+are sliced (porter.scan.cuda_slice) from the target's existing CUDA backend in
+the user's checkout, named by target.toml:
+
+    [reference]
+    source = "ds4_cuda.cu"              # relative to the checkout
+    rules = "reference_rules.toml"      # relative to the target folder
+
+The rules adapt the slice to porter's conventions mechanically, never by hand
+per unit: `provided` names the conventions header defines under the same
+name, `[rename]` maps upstream names to the conventions' (shared state,
+glue helpers), `per_unit` names mutable globals a unit may own a private copy
+of, `[inline_includes]` maps a quoted include to the storage its declarations
+get when inlined (e.g. "static" for __constant__ tables every unit needs its
+own copy of).  Every rename target and provided name must appear in the
+conventions header, so a rule cannot point at nothing.
+
+With flaws (`--flaws`, options["flaws"], $PORTER_REFERENCE_FLAWS=1 or
+[provider] flaws = true), the first answers for a unit are its mutants from
+targets/<t>/mutants.toml (each applied to the source, then sliced), in file
+order, and then the real slice: the retry loop runs on the real target.
+
+Nothing of the checkout is written into the repository: the slice is the
+answer text, which the loop saves under runs/ and, when it passes, commits in
+the user's workspace.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tomllib
+from pathlib import Path
+
+from porter.errors import PorterError
+from porter.providers.base import Completion, PromptRequest, Provider, ProviderError
+from porter.scan.cuda_slice import CudaFile, SliceError, SliceRules, slice_unit
+
+RULE_KEYS = {"provided", "rename", "per_unit", "inline_includes"}
+
+
+def _truthy(v) -> bool:
+    return str(v).strip().lower() in ("1", "true", "yes", "on")
+
+
+def reference_source(target) -> Path:
+    spec = getattr(target.spec, "reference", None)
+    if spec is None or not spec.source:
+        raise ProviderError(f"target {target.name} names no reference backend: add [reference] source = \"...\" "
+                            f"to targets/{target.name}/target.toml")
+    path = Path(target.checkout) / spec.source
+    if not path.is_file():
+        raise ProviderError(f"reference source {path} does not exist in the checkout {target.checkout}")
+    return path
+
+
+def load_rules(target) -> SliceRules:
+    """The target's slicing rules, checked against its conventions header."""
+    spec = getattr(target.spec, "reference", None)
+    rel = spec.rules if spec is not None and spec.rules else None
+    raw: dict = {}
+    if rel:
+        path = Path(target.dir) / rel
+        if not path.is_file():
+            raise ProviderError(f"reference rules {path} do not exist")
+        try:
+            raw = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ProviderError(f"malformed {path}: {exc}") from None
+        unknown = set(raw) - RULE_KEYS
+        if unknown:
+            raise ProviderError(f"malformed {path}: unknown key(s) {', '.join(sorted(unknown))} "
+                                f"(known: {', '.join(sorted(RULE_KEYS))})")
+    rules = SliceRules(
+        provided=frozenset(raw.get("provided", [])),
+        rename=dict(raw.get("rename", {})),
+        per_unit=frozenset(raw.get("per_unit", [])),
+        inline_includes=dict(raw.get("inline_includes", {})),
+        api=frozenset(f.name for f in target.api),
+    )
+    header = Path(target.conventions_header)
+    if header.is_file():
+        declared = set(re.findall(r"[A-Za-z_]\w*", header.read_text()))
+        missing = sorted((set(rules.rename.values()) | rules.provided) - declared)
+        if missing:
+            raise ProviderError(f"reference rules of {target.name} name {', '.join(missing)}, which "
+                                f"{header.name} does not declare")
+    return rules
+
+
+def unit_mutants(target, unit: str, source_name: str) -> list:
+    """The unit's mutants of the reference source, in mutants.toml order."""
+    from porter.known_good import load_mutations
+
+    return [m for m in load_mutations(target) if m.unit == unit and m.file == source_name]
+
+
+class ReferenceProvider(Provider):
+    name = "reference"
+
+    def __init__(self, target, options: dict | None = None):
+        options = dict(options or {})
+        self.target = target
+        self.source = reference_source(target)
+        self.rules = load_rules(target)
+        toml = dict(getattr(target.spec, "provider", None) or {})
+        self.flaws = any(_truthy(v) for v in (options.get("flaws"), os.environ.get("PORTER_REFERENCE_FLAWS"),
+                                              toml.get("flaws")) if v is not None)
+        self.model = f"upstream:{self.source.name}"
+        self._parsed: dict[str, CudaFile] = {}
+
+    def _file(self, text: str) -> CudaFile:
+        key = hashlib.sha256(text.encode()).hexdigest()
+        if key not in self._parsed:
+            try:
+                self._parsed[key] = CudaFile.parse(self.source, self.rules, text=text)
+            except SliceError as exc:
+                raise ProviderError(str(exc)) from None
+        return self._parsed[key]
+
+    def answer(self, unit: str, attempt: int) -> tuple[str, str]:
+        """(answer text, what it is: 'upstream' or 'mutant NAME') for the attempt-th try of unit."""
+        text = self.source.read_text()
+        what = "upstream"
+        if self.flaws:
+            mutants = unit_mutants(self.target, unit, self.source.name)
+            if 1 <= attempt <= len(mutants):
+                from porter.known_good import apply_mutation
+
+                m = mutants[attempt - 1]
+                try:
+                    text = apply_mutation(text, m)
+                except PorterError as exc:
+                    raise ProviderError(str(exc)) from None
+                what = f"mutant {m.name}"
+        sha = hashlib.sha256(text.encode()).hexdigest()[:12]
+        banner = (f"{unit}: sliced by porter's reference provider from {self.source.name} ({what}, sha256 {sha}),\n"
+                  f"adapted by targets/{self.target.name}/{self.target.spec.reference.rules or '(no rules)'}.")
+        try:
+            s = slice_unit(self._file(text), unit, self.rules, Path(self.target.conventions_header).name, banner)
+        except SliceError as exc:
+            raise ProviderError(str(exc)) from None
+        calls = f" It calls {', '.join(s.api_calls)} through the API (linked, not copied)." if s.api_calls else ""
+        prose = (f"Reference answer for {unit}: {what} code from {self.source.name}, "
+                 f"{len(s.decls)} declarations.{calls}\n\n")
+        return prose + "```cuda\n" + s.text + "```\n", what
+
+    def complete(self, req: PromptRequest) -> Completion:
+        text, what = self.answer(req.unit, req.attempt)
+        usage = {"input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0, "calls": 0}
+        model = self.model + ("" if what == "upstream" else f":{what.split()[-1]}")
+        return Completion(text=text, provider=self.name, model=model, usage=usage)
+
+
+def make(target, options: dict | None = None) -> ReferenceProvider:
+    return ReferenceProvider(target, options)
