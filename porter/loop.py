@@ -547,7 +547,7 @@ def ordered_units(target, out: Reporter) -> list[str]:
 
 def provider_options(args) -> dict:
     keys = ("provider", "model", "base_url", "price_input", "price_output", "budget_run_usd", "budget_unit_usd",
-            "budget_run_tokens", "budget_unit_tokens")
+            "budget_run_tokens", "budget_unit_tokens", "flaws")
     return {k: getattr(args, k, None) for k in keys if getattr(args, k, None) is not None}
 
 
