@@ -42,6 +42,9 @@ class EngineSpec(_Strict):
 class UnitsSpec(_Strict):
     runtime: list[str] = Field(default_factory=list)
     skip: list[str] = Field(default_factory=list)  # API functions not ported (host-only helpers)
+    # runtime units whose correct port may be trivial (a constant return, a log line): the static
+    # gate still checks linkage and signature but not for a stub body
+    trivial: list[str] = Field(default_factory=list)
 
 
 class CudaSpec(_Strict):

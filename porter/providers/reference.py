@@ -16,7 +16,11 @@ glue helpers), `per_unit` names mutable globals a unit may own a private copy
 of, `[inline_includes]` maps a quoted include to the storage its declarations
 get when inlined (e.g. "static" for __constant__ tables every unit needs its
 own copy of).  Every rename target and provided name must appear in the
-conventions header, so a rule cannot point at nothing.
+conventions header, so a rule cannot point at nothing.  With
+`append_missing_params = true`, an upstream definition whose parameters are
+the header's minus trailing ones gets those appended, unused (upstream's own
+behaviour: it never reads or writes them); any other mismatch is left for the
+static gate to report.
 
 With flaws (`--flaws`, options["flaws"], $PORTER_REFERENCE_FLAWS=1 or
 [provider] flaws = true), the first answers for a unit are its mutants from
@@ -40,7 +44,7 @@ from porter.errors import PorterError
 from porter.providers.base import Completion, PromptRequest, Provider, ProviderError
 from porter.scan.cuda_slice import CudaFile, SliceError, SliceRules, slice_unit
 
-RULE_KEYS = {"provided", "rename", "per_unit", "inline_includes"}
+RULE_KEYS = {"provided", "rename", "per_unit", "inline_includes", "append_missing_params"}
 
 
 def _truthy(v) -> bool:
@@ -75,12 +79,22 @@ def load_rules(target) -> SliceRules:
         if unknown:
             raise ProviderError(f"malformed {path}: unknown key(s) {', '.join(sorted(unknown))} "
                                 f"(known: {', '.join(sorted(RULE_KEYS))})")
+    for key in ("rename", "inline_includes"):
+        table = raw.get(key, {})
+        if not isinstance(table, dict) or not all(isinstance(v, str) for v in table.values()):
+            raise ProviderError(f"malformed reference rules of {target.name}: [{key}] maps names to strings")
+    for key in ("provided", "per_unit"):
+        if not isinstance(raw.get(key, []), list) or not all(isinstance(v, str) for v in raw.get(key, [])):
+            raise ProviderError(f"malformed reference rules of {target.name}: {key} is a list of names")
+    if "append_missing_params" in raw and not isinstance(raw["append_missing_params"], bool):
+        raise ProviderError(f"malformed reference rules of {target.name}: append_missing_params must be true or false")
     rules = SliceRules(
         provided=frozenset(raw.get("provided", [])),
         rename=dict(raw.get("rename", {})),
         per_unit=frozenset(raw.get("per_unit", [])),
         inline_includes=dict(raw.get("inline_includes", {})),
         api=frozenset(f.name for f in target.api),
+        append_missing_params=bool(raw.get("append_missing_params", False)),
     )
     header = Path(target.conventions_header)
     if header.is_file():
@@ -97,6 +111,41 @@ def unit_mutants(target, unit: str, source_name: str) -> list:
     from porter.known_good import load_mutations
 
     return [m for m in load_mutations(target) if m.unit == unit and m.file == source_name]
+
+
+def append_missing_params(text: str, fn) -> tuple[str, list[str]]:
+    """`text` with fn's definition given the header's trailing parameters it lacks (unused), and their names.
+
+    Only when the definition's parameters are exactly the header's first ones; otherwise unchanged."""
+    from porter.cparse import _params, _declarator_chain, canonical_type, parse_cuda
+
+    tree = parse_cuda(text)
+    stack = [tree.root_node]
+    while stack:
+        node = stack.pop()
+        if node.type == "function_definition":
+            fd, _ = _declarator_chain(node.child_by_field_name("declarator"))
+            name = fd.child_by_field_name("declarator") if fd is not None else None
+            if name is not None and name.text.decode() == fn.name:
+                have = _params(fd)
+                want = fn.params
+                if len(have) >= len(want) or [canonical_type(p.type) for p in have] != \
+                        [canonical_type(p.type) for p in want[:len(have)]]:
+                    return text, []
+                missing = want[len(have):]
+                plist = fd.child_by_field_name("parameters")
+                body = node.child_by_field_name("body")
+                close = plist.end_byte - 1  # the ')'
+                sep = ", " if have else ""
+                added = sep + ", ".join(f"{p.type} {p.name}".replace("* ", "*") for p in missing)
+                unused = "".join(f"\n    (void){p.name};  /* porter: in the header, not upstream */" for p in missing)
+                data = text.encode()
+                out = data[:close] + added.encode() + data[close:body.start_byte + 1] + unused.encode() \
+                    + data[body.start_byte + 1:]
+                return out.decode(), [p.name for p in missing]
+            continue
+        stack.extend(node.children)
+    return text, []
 
 
 class ReferenceProvider(Provider):
@@ -144,9 +193,15 @@ class ReferenceProvider(Provider):
             s = slice_unit(self._file(text), unit, self.rules, Path(self.target.conventions_header).name, banner)
         except SliceError as exc:
             raise ProviderError(str(exc)) from None
+        adapted = ""
+        if self.rules.append_missing_params:
+            code, added = append_missing_params(s.text, self.target.api_function(unit))
+            if added:
+                s.text = code
+                adapted = f" Appended header parameter(s) upstream lacks, unused: {', '.join(added)}."
         calls = f" It calls {', '.join(s.api_calls)} through the API (linked, not copied)." if s.api_calls else ""
         prose = (f"Reference answer for {unit}: {what} code from {self.source.name}, "
-                 f"{len(s.decls)} declarations.{calls}\n\n")
+                 f"{len(s.decls)} declarations.{calls}{adapted}\n\n")
         return prose + "```cuda\n" + s.text + "```\n", what
 
     def complete(self, req: PromptRequest) -> Completion:

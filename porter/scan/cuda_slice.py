@@ -52,6 +52,7 @@ class SliceRules:
     per_unit: frozenset[str] = frozenset()  # mutable globals a unit may own a private copy of
     inline_includes: dict = field(default_factory=dict)  # quoted include -> storage prefix ("static")
     api: frozenset[str] = frozenset()  # API functions: calls between them stay calls
+    append_missing_params: bool = False  # see porter.providers.reference
 
     @property
     def not_sliced(self) -> frozenset[str]:
