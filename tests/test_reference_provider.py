@@ -178,6 +178,16 @@ def test_a_trivial_runtime_body_passes_the_static_gate_only_when_declared(tmp_pa
     assert not static.check(t, "refmini_gpu_sum_tensor", op).ok
 
 
+def test_a_mutant_outside_the_units_slice_is_refused_not_answered_unmutated(tmp_path):
+    t = _mini_target(tmp_path)
+    (t.dir / "mutants.toml").write_text((MINI / "target" / "mutants.toml").read_text().replace(
+        'unit = "refmini_gpu_sum_tensor"', 'unit = "refmini_gpu_scale_tensor"'))
+    p = get_provider("reference", t, {"flaws": True})
+    with pytest.raises(ProviderError, match="changes nothing in refmini_gpu_scale_tensor's slice"):
+        _answer(p, "refmini_gpu_scale_tensor", 1)
+    assert "mutant" not in _answer(p, "refmini_gpu_scale_tensor", 2)
+
+
 def test_unknown_unit_and_missing_source_are_one_line_errors(tmp_path):
     t = _mini_target(tmp_path)
     p = get_provider("reference", t, {})

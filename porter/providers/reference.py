@@ -193,6 +193,13 @@ class ReferenceProvider(Provider):
             s = slice_unit(self._file(text), unit, self.rules, Path(self.target.conventions_header).name, banner)
         except SliceError as exc:
             raise ProviderError(str(exc)) from None
+        if what != "upstream":
+            header = Path(self.target.conventions_header).name
+            real = slice_unit(self._file(self.source.read_text()), unit, self.rules, header)
+            if real.text == slice_unit(self._file(text), unit, self.rules, header).text:
+                # a mutant whose rule lands outside this unit's slice would be an unmutated answer
+                raise ProviderError(f"{what} changes nothing in {unit}'s slice of {self.source.name}: "
+                                    f"its rule edits code the unit does not reach")
         adapted = ""
         if self.rules.append_missing_params:
             code, added = append_missing_params(s.text, self.target.api_function(unit))
