@@ -276,7 +276,7 @@ extern "C" int porter_ds4_init(void) {
     if (!ds4_cuda_ok(cudaSetDevice(0), "cudaSetDevice")) return 0;
     if (!ds4_cublas_ok(cublasCreate(&ds4_cuda_cublas), "cublasCreate")) return 0;
     // TF32 only outside quality mode (ds4_gpu_set_quality) and unless DS4_CUDA_NO_TF32 is set,
-    // ds4's documented switch for exact F32 GEMMs.
+    // the switch ds4's own CUDA backend reads for exact F32 GEMMs.
     const bool exact = ds4_cuda_quality_mode || getenv("DS4_CUDA_NO_TF32") != NULL;
     (void)cublasSetMathMode(ds4_cuda_cublas, exact ? CUBLAS_DEFAULT_MATH : CUBLAS_TF32_TENSOR_OP_MATH);
     ds4_cuda_cublas_ready = 1;
