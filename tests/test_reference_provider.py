@@ -331,8 +331,8 @@ def test_every_ds4_slice_compiles_in_its_own_unit_and_links(tmp_path):
         results = list(pool.map(one, jobs))
     bad = {n: out for n, rc, out in results if rc != 0}
     assert not bad, f"{len(bad)} of {len(jobs)} do not compile: {sorted(bad)}\n{next(iter(bad.values()), '')}"
-    lib = Path(inc).parent / "lib"
+    libs = [a for d in ("lib64", "lib") if (Path(inc).parent / d).is_dir() for a in ("-L", str(Path(inc).parent / d))]
     link = subprocess.run(["nvcc", "-shared", "-Xlinker", "-z", "-Xlinker", "defs", "-o", str(tmp_path / "lib.so"),
-                           *[str(tmp_path / f"{n}.o") for n, _, _ in results], "-L", str(lib), "-lcudart", "-lcublas"],
+                           *[str(tmp_path / f"{n}.o") for n, _, _ in results], *libs, "-lcudart", "-lcublas"],
                           capture_output=True, text=True)
     assert link.returncode == 0, (link.stdout + link.stderr)[-3000:]
