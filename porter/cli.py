@@ -99,9 +99,11 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                    "  porter run --provider anthropic --unit mini_gpu_add_tensor --time-budget 20m\n\n"
                    "Safe to start from cron: a second run while one is active prints who holds the lock and exits 0;\n"
                    "a run killed at any point is repaired by the next one before it does anything else.")
-    p.add_argument("--provider", help="scripted (replays targets/<t>/scripted; the default), anthropic, openai "
+    p.add_argument("--provider", help="scripted (replays targets/<t>/scripted; the default), anthropic, openai, reference "
                    "(default: $PORTER_PROVIDER, target.toml [provider] name, scripted)")
     p.add_argument("--model", help="model name for the provider (default: the provider's)")
+    p.add_argument("--flaws", action="store_true", default=None,
+                   help="reference provider: answer each unit with its mutants (targets/<t>/mutants.toml) first, then the real slice")
     p.add_argument("--unit", action="append", metavar="UNIT", help="port only this unit (repeatable; retries exhausted ones)")
     p.add_argument("--max-attempts", type=int, default=3, metavar="N", help="attempts per unit in this run (default 3)")
     p.add_argument("--max-units", type=int, metavar="N", help="stop after N units")
@@ -235,7 +237,7 @@ def _dispatch(args) -> int:
         from porter.loop import RunOptions, run
 
         keys = ("provider", "model", "base_url", "price_input", "price_output", "budget_run_usd", "budget_unit_usd",
-                "budget_run_tokens", "budget_unit_tokens")
+                "budget_run_tokens", "budget_unit_tokens", "flaws")
         return run(RunOptions(args.workspace, args.target, getattr(args, "source", None), list(args.unit or []), args.max_attempts,
                               args.max_units, args.time_budget, args.quiet,
                               {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None},

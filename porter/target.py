@@ -42,6 +42,9 @@ class EngineSpec(_Strict):
 class UnitsSpec(_Strict):
     runtime: list[str] = Field(default_factory=list)
     skip: list[str] = Field(default_factory=list)  # API functions not ported (host-only helpers)
+    # runtime units whose correct port may be trivial (a constant return, a log line): the static
+    # gate still checks linkage and signature but not for a stub body
+    trivial: list[str] = Field(default_factory=list)
 
 
 class CudaSpec(_Strict):
@@ -77,6 +80,13 @@ class ScriptedSpec(_Strict):
     dir: str = "scripted"
 
 
+class ReferenceSpec(_Strict):
+    """An existing CUDA backend in the checkout that --provider reference slices (porter.providers.reference)."""
+
+    source: str  # relative to the checkout, e.g. "ds4_cuda.cu"
+    rules: str | None = None  # relative to the target folder, e.g. "reference_rules.toml"
+
+
 class TargetSpec(_Strict):
     name: str
     description: str = ""
@@ -90,6 +100,7 @@ class TargetSpec(_Strict):
     census: dict = Field(default_factory=dict)  # tensor-name rules -> units, see porter.scan.census
     perf: dict = Field(default_factory=dict)  # {enabled, max_slowdown}, see porter.gates.perf
     e2e: E2ESpec | None = None  # see porter.gates.e2e
+    reference: ReferenceSpec | None = None
 
 
 class Target:

@@ -236,3 +236,43 @@ def test_minimoe_fixture_census_builtin_table(tmp_path):
         "mini_gpu_matmul_q4_k_tensor": {},
     }
     assert c.unit("mini_gpu_matmul_q4_k_tensor").absent == ["Q4_K"]  # the abandoned variant: nothing in the file
+
+
+# ---------------------------------------------------------------- the compressor's ape, the Q4_K variant
+
+
+def test_compressor_ape_is_read_by_every_compressor_unit(ds4_file, ds4_rules):
+    """ds4.c reads `ape` directly in three compressor calls and, through the `ape` parameter of
+    metal_graph_refresh_ratio4_compressor_state, in ds4_gpu_compressor_prefill_state_ratio4_tensor."""
+    c = census(ds4_file, ds4_rules)
+    # 41 compressed layers have attn_compressor_ape, the 21 ratio-4 ones also indexer_compressor_ape
+    for unit in ("ds4_gpu_compressor_prefill_tensor", "ds4_gpu_compressor_update_tensor",
+                 "ds4_gpu_compressor_prefill_ratio4_replay_tensor", "ds4_gpu_compressor_prefill_state_ratio4_tensor"):
+        assert c.unit(unit).required.get("F16") == 41 + 21, unit
+        assert c.unit(unit).examples["F16"].endswith("compressor_ape.weight")
+
+
+def test_q4_k_expert_file_is_the_q4_variant(tmp_path, ds4_rules):
+    from porter.scan.census import load_variants
+
+    variants = load_variants(DS4_TARGET)
+    assert [v.name for v in variants] == ["q2", "q4", "mtp"]
+    q2 = census(write_header_only(tmp_path / "q2.gguf", ds4_tensors()), ds4_rules, variants=variants)
+    assert q2.variant == "q2" and q2.variant_notes == []
+    q4_file = write_header_only(tmp_path / "q4.gguf", ds4_tensors(), overrides={"blk.*.ffn_*_exps.weight": "Q4_K"})
+    q4 = census(q4_file, ds4_rules, variants=variants)
+    assert q4.variant == "q4" and q4.flags == []
+    moe = q4.unit("ds4_gpu_routed_moe_one_tensor")
+    assert moe.required == {"Q4_K": 3 * 43} and sorted(moe.absent) == ["IQ2_XXS", "Q2_K"]
+
+
+def test_a_mixed_expert_file_is_no_variant_and_says_why(tmp_path, ds4_rules):
+    from porter.scan.census import load_variants
+
+    # gate Q4_K with up IQ2_XXS: ds4.c refuses it ("routed gate/up experts use different quant types")
+    mixed = write_header_only(tmp_path / "mixed.gguf", ds4_tensors(), overrides={"blk.*.ffn_gate_exps.weight": "Q4_K"})
+    c = census(mixed, ds4_rules, variants=load_variants(DS4_TARGET))
+    assert c.variant is None
+    assert any(n.startswith("q2: blk.0.ffn_gate_exps.weight is Q4_K, IQ2_XXS expected (and 42 more)") for n in c.variant_notes)
+    assert any(n.startswith("q4: blk.0.ffn_up_exps.weight is IQ2_XXS, Q4_K expected") for n in c.variant_notes)
+    assert "mtp: no tensor of this file matches its patterns" in c.variant_notes

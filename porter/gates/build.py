@@ -65,6 +65,14 @@ def _nvcc_version(path: str) -> str:
     return release
 
 
+def toolkit_rpath(nvcc: str) -> list[str]:
+    """-rpath to the toolkit's library folders: the parity child dlopens the backend, and a
+    library it links (-lcublas) must resolve there even when the loader's path lacks the toolkit."""
+    root = Path(nvcc).resolve().parent.parent
+    dirs = [d for d in (root / "lib64", root / "targets" / "x86_64-linux" / "lib") if d.is_dir()]
+    return [a for d in dirs for a in ("-Xlinker", "-rpath", "-Xlinker", str(d))]
+
+
 def toolchain() -> dict:
     nvcc = nvcc_path()
     return {"nvcc": nvcc, "nvcc_version": _nvcc_version(nvcc)}
@@ -285,7 +293,7 @@ def run(candidate, ctx) -> GateResult:
     # 3. link the backend library (cached by the objects that make it).
     order = [k for k in objects if k.startswith("glue:")] + [u for u in target.units if u in objects]
     obj_hashes = [objects[k].stem for k in order]
-    link_flags = [*target.spec.cuda.link_flags, *PORTER_LINK_FLAGS]
+    link_flags = [*target.spec.cuda.link_flags, *PORTER_LINK_FLAGS, *toolkit_rpath(nvcc)]
     lib_key = sha256_bytes(("\n".join(obj_hashes) + "\n" + "\0".join(link_flags)).encode())
     lib_dir = cache / "lib" / lib_key
     library = lib_dir / target.spec.cuda.library

@@ -3,6 +3,7 @@
     get_provider("scripted", target, {})     replays targets/<t>/scripted/manifest.toml
     get_provider("anthropic", target, opts)  Messages API  (porter.providers.anthropic_provider)
     get_provider("openai", target, opts)     Chat Completions, also OpenAI-compatible local servers
+    get_provider("reference", target, opts)  slices of the target's existing CUDA backend ([reference] in target.toml)
 
 The name is, in order: the argument, options["provider"], $PORTER_PROVIDER,
 target.toml [provider] name, "scripted".  Other packages can add providers
@@ -22,6 +23,7 @@ KNOWN = {
     "scripted": "porter.providers.scripted",
     "anthropic": "porter.providers.anthropic_provider",
     "openai": "porter.providers.openai_provider",
+    "reference": "porter.providers.reference",
 }
 
 

@@ -14,6 +14,17 @@ those tensors and the GGML types the engine expects there:
     expect = ["IQ2_XXS", "Q2_K", "Q4_K"]     # types the units read correctly; [] = any
     role = "routed expert gate"
 
+A table may also name the model files the engine knows as whole-file variants
+(ds4: the 2-bit download with IQ2_XXS gate/up and Q2_K down experts, and the
+high-memory one with Q4_K experts); the census says which one a file is, or
+why it is none of them (a mix the engine refuses, e.g. gate and up of
+different types):
+
+    [[variant]]                          # targets/<t>/census.toml
+    name = "q4"
+    role = "Q4_K routed experts (high-memory variant)"
+    types = {"**.ffn_gate_exps.weight" = "Q4_K", "**.ffn_up_exps.weight" = "Q4_K", "**.ffn_down_exps.weight" = "Q4_K"}
+
 For each unit: the quant variants this file requires (types of the tensors
 mapped to it), the variants it has code for that this file does not contain
 ("absent": the unit's `expect` types and the quant types named by its Metal
@@ -79,6 +90,27 @@ class CensusFlag:
     message: str
 
 
+@dataclass(frozen=True)
+class CensusVariant:
+    """A kind of model file the engine knows: every tensor matching a pattern has that pattern's type."""
+
+    name: str
+    types: tuple[tuple[str, str], ...]  # (tensor-name glob, GGML type)
+    role: str = ""
+
+    def mismatches(self, tensors) -> tuple[int, list[str]]:
+        """(tensors the variant speaks about, one line per tensor of another type)."""
+        seen, bad = 0, []
+        for t in tensors:
+            for pat, typ in self.types:
+                if glob_regex(pat).match(t.name):
+                    seen += 1
+                    if t.type != typ:
+                        bad.append(f"{t.name} is {t.type}, {typ} expected")
+                    break
+        return seen, bad
+
+
 @dataclass
 class UnitCensus:
     unit: str
@@ -105,6 +137,8 @@ class Census:
     unmatched: list[str]
     header_only: bool  # tensor data lies beyond the end of the file (a header-only/truncated file)
     rules_source: str = ""
+    variant: str | None = None  # the known model variant this file is, when the table names variants
+    variant_notes: list[str] = field(default_factory=list)  # why it is none of them
 
     def unit(self, name: str) -> UnitCensus | None:
         return self.units.get(name)
@@ -235,11 +269,52 @@ def load_rules(target) -> tuple[list[CensusRule], str]:
     return rules, where
 
 
+def load_variants(target) -> list[CensusVariant]:
+    """[[variant]] tables of targets/<t>/census.toml (none when it has no such table)."""
+    side = Path(target.dir) / "census.toml"
+    if not side.is_file():
+        return []
+    try:
+        raw = tomllib.loads(side.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise PorterError(f"malformed {side}: {exc}") from exc
+    out = []
+    for i, v in enumerate(raw.get("variant", [])):
+        if not isinstance(v, dict) or not isinstance(v.get("name"), str) or not isinstance(v.get("types"), dict) \
+                or not v["types"]:
+            raise PorterError(f"{side}: variant {i + 1} needs `name` and a non-empty `types` table")
+        unknown = set(v) - {"name", "types", "role"}
+        if unknown:
+            raise PorterError(f"{side}: variant {i + 1} has unknown keys {sorted(unknown)}")
+        out.append(CensusVariant(v["name"], tuple((str(p), str(t)) for p, t in v["types"].items()),
+                                 str(v.get("role", ""))))
+    return out
+
+
+def which_variant(tensors, variants: list[CensusVariant]) -> tuple[str | None, list[str]]:
+    """(the one variant every relevant tensor agrees with, else None and why not)."""
+    matched, notes = [], []
+    for v in variants:
+        seen, bad = v.mismatches(tensors)
+        if seen and not bad:
+            matched.append(v.name)
+        elif not seen:
+            notes.append(f"{v.name}: no tensor of this file matches its patterns")
+        else:
+            more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+            notes.append(f"{v.name}: {bad[0]}{more}")
+    if len(matched) == 1:
+        return matched[0], []
+    if matched:
+        return None, [f"matches several variants: {', '.join(matched)}"]
+    return None, notes
+
+
 # ---------------------------------------------------------------- the census
 
 
 def census(model_path: str | Path, rules: list[CensusRule], unit_kernels: dict[str, list[str]] | None = None,
-           rules_source: str = "") -> Census:
+           rules_source: str = "", variants: list[CensusVariant] | None = None) -> Census:
     """Census of a GGUF file against a census table.
 
     unit_kernels: unit -> Metal kernel names (from the host dispatch map); the
@@ -300,6 +375,7 @@ def census(model_path: str | Path, rules: list[CensusRule], unit_kernels: dict[s
                         c.flags.append(line)
     for u, c in units.items():
         c.absent = [q for q in universe.get(u, []) if q not in c.required]
+    variant, variant_notes = which_variant(tensors, variants) if variants else (None, [])
     return Census(
         path=str(model_path),
         architecture=arch,
@@ -311,4 +387,6 @@ def census(model_path: str | Path, rules: list[CensusRule], unit_kernels: dict[s
         unmatched=unmatched,
         header_only=header_only,
         rules_source=rules_source,
+        variant=variant,
+        variant_notes=variant_notes,
     )

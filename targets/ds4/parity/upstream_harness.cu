@@ -4,6 +4,9 @@
 // file with the user's checkout of ds4_cuda.cu into a calibration-only library
 // under runs/known-good/ds4/.  It uses ds4_gpu.h's public API only.
 //
+// The child calls once, at start:
+//   init           porter_ds4_init(): ds4_gpu_init() (the cuBLAS handle); porter's own
+//                  backend defines the same hook in cuda/ds4_cuda_glue.cu.
 // The child calls, before every call of a unit (targets/ds4/parity/harness.toml):
 //   forget_models  porter_ds4_forget_models(): the upstream backend caches device
 //                  views of the model map keyed by (host pointer, offset) --
@@ -27,6 +30,10 @@
 extern "C" int ds4_gpu_init(void);
 extern "C" void ds4_gpu_cleanup(void);
 extern "C" int ds4_gpu_set_model_map(const void *model_map, uint64_t model_size);
+
+extern "C" int porter_ds4_init(void) {
+    return ds4_gpu_init();
+}
 
 extern "C" void porter_ds4_forget_models(void) {
     ds4_gpu_cleanup();        // synchronizes, unregisters and frees every cached model range
