@@ -339,6 +339,25 @@ class Ledger:
                     self._recorded_torn.add(rel)
         return repaired
 
+    def quarantine_from(self, line: int, reason: str) -> dict:
+        """Move lines `line`.. (bytes unchanged) to ledger/quarantine-<time>.jsonl and append a
+        "repair" record naming that file, its size and sha256 (`porter repair`, for a tampered tail)."""
+        with self._locked() as fd:
+            data = os.pread(fd, os.fstat(fd).st_size, 0)
+            lines = data.split(b"\n")
+            cut = sum(len(x) + 1 for x in lines[: line - 1])
+            moved = data[cut:]
+            stamp = utc_now().replace(":", "").replace("-", "")
+            path = self.dir / f"quarantine-{stamp}.jsonl"
+            path.write_bytes(moved)
+            fsync_dir(self.dir)
+            os.ftruncate(fd, cut)
+            os.fsync(fd)
+            rel = f"{LEDGER_DIR}/{path.name}"
+            return self._append_locked(fd, "repair", {"reason": reason, "quarantined_file": rel,
+                                                      "quarantined_from_line": line, "quarantined_bytes": len(moved),
+                                                      "quarantined_sha256": sha256_bytes(moved)})
+
     def _save_torn(self, torn: bytes) -> str:
         stamp = utc_now().replace(":", "").replace("-", "")
         path = self.dir / f"torn-{stamp}.jsonl.part"

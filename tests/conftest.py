@@ -23,6 +23,14 @@ REPO = Path(__file__).resolve().parents[1]
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH: the build gate needs the CUDA toolkit")
 
 
+@pytest.fixture(autouse=True)
+def _porter_home(monkeypatch, tmp_path):
+    """Signing keys, trust pins and witnesses of every test live in tmp, never in ~/.config/porter."""
+    for var in ("PORTER_SIGNING_KEY", "PORTER_TRUSTED_KEYS", "PORTER_WITNESS_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("PORTER_HOME", str(tmp_path / "porter-home"))
+
+
 @pytest.fixture(scope="session")
 def build_cache(tmp_path_factory) -> Path:
     if os.environ.get("PORTER_BUILD_CACHE"):
