@@ -1,4 +1,4 @@
-"""The ledger: an append-only, hash-chained (optionally HMAC-keyed) JSONL file.
+"""The ledger: an append-only, hash-chained, Ed25519-signed JSONL file (HMAC-keyed in old workspaces).
 
 Every attempt, gate result, failure and verified/built step of a run is one
 line of <workspace>/ledger/ledger.jsonl. A line is the canonical JSON of one
@@ -10,7 +10,8 @@ record (sorted keys, no spaces):
     ...   the record's own fields, flat (unit, attempt, gate, ok, ...)
     prev  sha256 hex of the previous line's bytes (without its newline); "0"*64 for the first
     hash  sha256 hex of the canonical JSON of the record without `hash` and `hmac`
-    hmac  HMAC-SHA256(key, prev_hmac + hash) when a key is set; prev_hmac is the
+    sig   Ed25519 signature over DOMAIN + hash by the workspace's key (porter.signing)
+    hmac  HMAC-SHA256(key, prev_hmac + hash) when a legacy key is set; prev_hmac is the
           previous record's hmac, or "0"*64 when it has none
 
 `prev` ties each line to the exact bytes before it, so an edited, deleted,

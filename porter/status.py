@@ -1,9 +1,12 @@
 """`porter status`: every unit's state, derived, never read from a stored verdict.
 
-The inputs are exactly four, and nothing else in the workspace is opened (a
+The inputs are exactly these, and nothing else in the workspace is opened (a
 hand-written runs/status.json or PROGRESS.md cannot change the answer):
 
-1. the ledger, re-verified on every call (hash chain, HMAC when keyed);
+1. the ledger, re-verified on every call (hash chain; Ed25519 signatures with
+   the public key in ledger/signer.pub, checked against the reader's pinned
+   keys; HMAC when a legacy key is set), and the witness of its last signed
+   head kept outside the workspace (porter.witness);
 2. the evidence files its step records name (each must hash to its own name);
 3. the git history: commits carrying Porter-* trailers, read in one `git log`,
    and the ledger as committed at HEAD (one `git cat-file`);
@@ -12,7 +15,10 @@ hand-written runs/status.json or PROGRESS.md cannot change the answer):
 
 Per unit the state is the first that holds of:
 
-  tampered   a ledger line of the unit fails the chain; an evidence file is
+  tampered   a ledger line of the unit fails the chain or its signature; its step
+             is incomplete (no attempt, or evidence that is not exactly its
+             attempt's gate records); its step seen by the witness is gone
+             (rolled back); an evidence file is
              missing, edited or swapped; a commit trailer names a step or
              evidence the ledger does not hold (or that disagrees with it); a
              committed step record has no commit; or the evidence claims a
@@ -26,6 +32,8 @@ Per unit the state is the first that holds of:
   exhausted  its attempts ran out (an "exhausted" record after the last attempt)
   failing    attempts were made, none produced a step
   unported   no attempt is recorded (whatever the file holds)
+
+Exit: 3 when anything is tampered or rolled back, else 4 when a unit is stale, else 0.
 """
 
 from __future__ import annotations
@@ -628,7 +636,8 @@ def render(report: StatusReport, console=None) -> None:
         say(f"ledger: {led['records']} records, chain ok, {led['key']}")
     else:
         more = f" (+{len(led['problems']) - 1} more)" if len(led["problems"]) > 1 else ""
-        say(f"ledger: {led['records']} records, TAMPERED: {led['problems'][0]}{more}", "bold red")
+        word = "ROLLED BACK" if led.get("rolled_back") else "TAMPERED"
+        say(f"ledger: {led['records']} records, {word}: {led['problems'][0]}{more}", "bold red")
     for p in report.problems:
         say(f"tampered: {p}", "bold red")
     for n in report.notes:

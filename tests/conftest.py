@@ -55,6 +55,8 @@ def _run_porter(ws: Path | None, *args: str, env: dict | None = None, timeout: f
     full_env = dict(os.environ)
     full_env.update(env or {})
     full_env.setdefault("COLUMNS", "200")
+    # the porter of this tree, not whichever one is installed (the command runs in the workspace)
+    full_env["PYTHONPATH"] = str(REPO) + os.pathsep + full_env.get("PYTHONPATH", "")
     cmd = [sys.executable, "-m", "porter"]
     if ws is not None:
         cmd += ["-C", str(ws)]
