@@ -124,7 +124,7 @@ def init_workspace(directory: str | Path, target_names: list[str], source: str |
         # when there is none, outside the workspace); its public half is committed with the workspace
         signing.write_workspace_key(dest, signing.create_private(dest))
         gitops.git(dest, "add", "-A")
-        gitops.git(dest, "commit", "-q", "--no-verify", "-m",
+        gitops.git(dest, *gitops.signing_args(dest), "commit", "-q", "--no-verify", "-m",
                    f"porter: new workspace for {', '.join(target_names)} (all units placeholders)")
     except BaseException:
         # Leave nothing half-made behind: the directory was new or empty.

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -373,3 +374,24 @@ def test_hmac_ledger_with_stripped_hmacs_is_tampered(tmp_path, capsys, monkeypat
     forge_append(ws2, "exhausted", target=TARGET, unit=INIT, attempts=1)
     code, data = status(ws2, capsys)  # no key in the environment: the missing HMAC is still visible
     assert code == 3 and "has no HMAC after signed records" in data["ledger"]["problems"][0]
+
+
+def test_commits_are_signed_with_the_ledger_key(tmp_path, workspace):
+    """Step commits (and the init commit) carry git SSH signatures by the ledger key: `git verify-commit`
+    accepts them with an allowed-signers file naming ledger/signer.pub, and refuses them under another key."""
+    from porter import gitops
+
+    if shutil.which("ssh-keygen") is None:
+        pytest.skip("ssh-keygen not on PATH: git cannot make SSH signatures here")
+    (workspace / "ledger" / "note.txt").write_text("x")
+    sha = gitops.commit_paths(workspace, ["ledger"], "porter: test\n\nPorter-Run: t\n")
+    allowed = tmp_path / "allowed_signers"
+
+    def verify(rev):
+        return subprocess.run(["git", "-c", f"gpg.ssh.allowedSignersFile={allowed}", "verify-commit", rev],
+                              cwd=workspace, capture_output=True, text=True).returncode
+
+    allowed.write_text(gitops.allowed_signers_line(workspace) + "\n")
+    assert verify(sha) == 0 and verify(f"{sha}~1") == 0
+    allowed.write_text("porter@ledger " + signing.openssh_line(other_signer().public) + "\n")
+    assert verify(sha) != 0
