@@ -478,8 +478,8 @@ def run(opts: RunOptions) -> int:
     opts.units = list(dict.fromkeys(opts.units))  # repeated --unit: once
     budget_s = check_options(target, opts)
     key = load_key(ws)
-    signer = signer_for(ws)  # a signed workspace and no key, or another key: one line, exit 3
     provider = get_provider(opts.provider.get("provider"), target, opts.provider)
+    signer = signer_for(ws)  # a signed workspace and no key, or another key: one line, exit 3
 
     lock = RunLock(ws)
     if not lock.acquire():
