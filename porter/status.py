@@ -53,7 +53,7 @@ from porter.errors import PorterError
 from porter.evidence import check_evidence
 from porter.gates import static
 from porter.gates.driver import Candidate, GateContext
-from porter.history import History, Step, UnitHistory
+from porter.history import Attempt, GateRecord, History, Step, UnitHistory
 from porter.digest import sha256_bytes
 from porter.ledger import Ledger, load_key
 from porter.placeholder import is_placeholder
@@ -375,10 +375,11 @@ def check_integrity(target: Target, history: History, ledger_integrity, data: by
                 flag(step.unit, f"{where}: {problem}")
 
     # step records against commits and evidence
+    by_unit_attempt: dict = {}
     for step_hash, step in steps.items():
         if step_hash in history.abandoned_steps:
             continue
-        for text in _incomplete(history, step):
+        for text in _incomplete(history, step, by_unit_attempt):
             flag(step.unit, text)
         if step_hash not in commit_of_step and step.line <= committed_lines:
             flag(step.unit, f"step record at ledger line {step.line} (attempt {step.attempt}, {step.state}) has no commit (commit dropped?)")
@@ -393,22 +394,28 @@ def check_integrity(target: Target, history: History, ledger_integrity, data: by
     return Integrity(dict(issues), problems, ledger_problems, commit_of_step, committed_lines)
 
 
-def _incomplete(history: History, step: Step) -> list[str]:
+def _incomplete(history: History, step: Step, index: dict) -> list[str]:
     """What a step lacks behind it: its attempt record (same candidate) and exactly the gate records
     of that attempt since the attempt (or since the attempt's previous step, for a built step
     re-verified later), all passing, naming the evidence the step names, including the gate its
     state needs. A step forged on its own, or one whose gate records were removed, fails here."""
     where = f"step record at ledger line {step.line} (attempt {step.attempt}, {step.state})"
-    uh = history.unit(step.unit)
-    attempt = next((a for a in reversed(uh.attempts) if a.attempt == step.attempt and a.line < step.line), None)
+    by_attempt = index.get(step.unit)
+    if by_attempt is None:  # one pass over the unit's records for all its steps (status runs this per step)
+        by_attempt = index[step.unit] = {}
+        for r in history.unit(step.unit).records:
+            if isinstance(r, (Attempt, GateRecord, Step)):
+                by_attempt.setdefault(r.attempt if isinstance(r.attempt, int) else None, []).append(r)
+    mine = by_attempt.get(step.attempt if isinstance(step.attempt, int) else None, [])
+    attempt = next((a for a in reversed(mine) if isinstance(a, Attempt) and a.line < step.line), None)
     if attempt is None:
         return [f"{where} has no attempt record behind it (step forged?)"]
     out = []
     if attempt.candidate_sha256 != step.candidate_sha256:
         out.append(f"{where} candidate {_short(step.candidate_sha256)} is not its attempt's "
                    f"({_short(attempt.candidate_sha256)})")
-    since = max([attempt.line] + [s.line for s in uh.all_steps if s.attempt == step.attempt and s.line < step.line])
-    gates = [g for g in uh.gates if g.attempt == step.attempt and since < g.line < step.line]
+    since = max([attempt.line] + [s.line for s in mine if isinstance(s, Step) and s.line < step.line])
+    gates = [g for g in mine if isinstance(g, GateRecord) and since < g.line < step.line]
     named = [g.evidence for g in gates]
     extra = [e for e in step.evidence if e not in named]
     if extra:
