@@ -23,8 +23,9 @@ __pycache__/
 """
 
 LEDGER_README = """\
-Append-only, hash-chained ledger of porter's attempts and gate verdicts (ledger.jsonl),
-and the content-addressed evidence files they point to (evidence/<sha256>.json).
+Append-only, hash-chained, Ed25519-signed ledger of porter's attempts and gate verdicts
+(ledger.jsonl; the key's public half is signer.pub), and the content-addressed evidence
+files they point to (evidence/<sha256>.json).
 Written only by `porter run`; read by `porter status` and `porter audit`.
 """
 
