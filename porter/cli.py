@@ -26,10 +26,13 @@ examples:
   porter run --provider anthropic --unit mini_gpu_swiglu_tensor
                                            port one unit with a real model
   porter status                            per-unit state, derived from git + ledger + evidence
+  porter trust SHA256:...                  pin the ledger signing key you trust (reviewers)
+  porter repair --reason "..."             accept a tampered tail or a rollback, recorded and signed
   porter audit mini_gpu_add_tensor         one unit's chain: ledger records, evidence, commits, file
   porter report                            the same for every unit as a static HTML site (runs/report/)
 
-exit codes: 0 ok, 1 a run ended with units failing, 2 bad input, 3 ledger tampered.
+exit codes: 0 ok, 1 a run ended with units failing (or --reverify contradicted a state), 2 bad input,
+3 tampered or rolled back (ledger, signatures, evidence, commits, witness), 4 status: a unit is stale.
 `porter COMMAND --help` explains each command.
 """
 
@@ -41,6 +44,8 @@ DELEGATED = {
     "prompt": ("porter.prompt.cli", "show the prompt porter would send for a unit (nothing is sent)"),
     "report": ("porter.report", "write the reviewer's view as a static HTML site: overview, critical-path graph, a page per unit"),
     "calibrate": ("porter.calibration.command", "check that each parity spec accepts a known-good build and rejects mutants"),
+    "trust": ("porter.trust", "pin the ledger signing key you trust (a key swapped in the repository is then tampered)"),
+    "repair": ("porter.repair", "accept a tampered tail or a rollback explicitly (recorded, signed), so runs can go on"),
 }
 READ_COMMANDS = {"units", "status", "audit", "plan", "prompt"}
 

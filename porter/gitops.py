@@ -17,6 +17,7 @@ the ledger record it commits:
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from functools import lru_cache
 from pathlib import Path
@@ -125,8 +126,29 @@ def commit_paths(workspace: Path, paths: list[str], message: str) -> str:
     """
     existing = [p for p in paths if (workspace / p).exists() or committed_blob(workspace, p) is not None]
     git(workspace, "add", "-A", "--", *existing)
-    git(workspace, "commit", "-q", "--no-verify", "-F", "-", "--", *existing, input=message)
+    git(workspace, *signing_args(workspace), "commit", "-q", "--no-verify", "-F", "-", "--", *existing, input=message)
     return head(workspace) or ""
+
+
+def signing_args(workspace: Path) -> tuple[str, ...]:
+    """In a signed workspace, sign the commit with the ledger's key through git's own SSH signing
+    (gpg.format=ssh: ssh-keygen -Y sign), so `git verify-commit` checks it against ledger/signer.pub
+    (see README: allowed-signers line). Nothing when the workspace is unsigned or ssh-keygen is absent."""
+    from porter import signing
+
+    if not signing.workspace_key_path(workspace).is_file() or shutil.which("ssh-keygen") is None:
+        return ()
+    key = signing.private_key_path()
+    if not key.is_file():
+        return ()
+    return ("-c", "gpg.format=ssh", "-c", f"user.signingkey={key}", "-c", "commit.gpgsign=true")
+
+
+def allowed_signers_line(workspace: Path) -> str:
+    """The line of an allowed-signers file (gpg.ssh.allowedSignersFile) that trusts the workspace key."""
+    from porter import signing
+
+    return "porter@ledger " + " ".join(signing.workspace_key_path(workspace).read_text().split()[:2])
 
 
 def commits_with_trailer(workspace: Path, key: str, value: str) -> list[str]:

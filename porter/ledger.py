@@ -1,4 +1,4 @@
-"""The ledger: an append-only, hash-chained (optionally HMAC-keyed) JSONL file.
+"""The ledger: an append-only, hash-chained, Ed25519-signed JSONL file (HMAC-keyed in old workspaces).
 
 Every attempt, gate result, failure and verified/built step of a run is one
 line of <workspace>/ledger/ledger.jsonl. A line is the canonical JSON of one
@@ -10,7 +10,8 @@ record (sorted keys, no spaces):
     ...   the record's own fields, flat (unit, attempt, gate, ok, ...)
     prev  sha256 hex of the previous line's bytes (without its newline); "0"*64 for the first
     hash  sha256 hex of the canonical JSON of the record without `hash` and `hmac`
-    hmac  HMAC-SHA256(key, prev_hmac + hash) when a key is set; prev_hmac is the
+    sig   Ed25519 signature over DOMAIN + hash by the workspace's key (porter.signing)
+    hmac  HMAC-SHA256(key, prev_hmac + hash) when a legacy key is set; prev_hmac is the
           previous record's hmac, or "0"*64 when it has none
 
 `prev` ties each line to the exact bytes before it, so an edited, deleted,
@@ -49,10 +50,12 @@ LEDGER_DIR = "ledger"
 LEDGER_FILE = "ledger.jsonl"
 TORN_GLOB = "torn-*.jsonl.part"
 # Fields the ledger itself sets; a caller's field of the same name would be ambiguous.
-RESERVED = frozenset({"seq", "time", "kind", "prev", "hash", "hmac"})
+RESERVED = frozenset({"seq", "time", "kind", "prev", "hash", "hmac", "sig"})
+UNHASHED = ("hash", "hmac", "sig")  # the fields `hash` is not computed over
 KEY_ENV = "PORTER_LEDGER_KEY"
 KEY_FILE_ENV = "PORTER_LEDGER_KEY_FILE"
 DEFAULT_KEY_FILE = Path("~/.config/porter/ledger.key")
+_FROM_WORKSPACE = object()
 
 
 def canonical(obj) -> bytes:
@@ -61,8 +64,8 @@ def canonical(obj) -> bytes:
 
 
 def record_hash(record: dict) -> str:
-    """sha256 of the canonical JSON of `record` without its hash and hmac."""
-    body = {k: v for k, v in record.items() if k != "hash" and k != "hmac"}
+    """sha256 of the canonical JSON of `record` without its hash, hmac and sig."""
+    body = {k: v for k, v in record.items() if k not in UNHASHED}
     return sha256_bytes(canonical(body))
 
 
@@ -75,11 +78,11 @@ def _line_body(line: bytes, rec: dict) -> bytes | None:
     the line minus its top-level "hash" and "hmac" members. None when that cannot be done
     unambiguously (then the caller re-encodes the parsed record)."""
     out = line
-    for key in ("hash", "hmac"):
+    for key in UNHASHED:
         if key not in rec:
             continue
         value = rec[key]
-        if not isinstance(value, str) or len(value) != 64 or not value.isalnum() or not value.isascii():
+        if not isinstance(value, str) or len(value) not in (64, 128) or not value.isalnum() or not value.isascii():
             return None
         member = b'"' + key.encode() + b'":"' + value.encode() + b'"'
         i = out.find(member)
@@ -153,8 +156,14 @@ class Integrity:
     notes: list[str] = field(default_factory=list)  # not tampering: torn tail, unsigned prefix
     bad_lines: dict[int, str] = field(default_factory=dict)  # 1-based line -> problem
     first_signed_line: int | None = None
+    fingerprint: str | None = None  # the Ed25519 key records were checked with (the workspace's)
+    sig_signed: int = 0  # records carrying a sig
+    first_sig_line: int | None = None
 
     def key_state(self) -> str:
+        if self.fingerprint:
+            frm = f" from line {self.first_sig_line}" if self.first_sig_line and self.first_sig_line > 1 else ""
+            return f"signed{frm} (Ed25519 {self.fingerprint})"
         if self.key_given and self.records and self.signed == 0:
             return "UNKEYED (a key is set but no record is signed yet)"
         if self.key_given and self.first_signed_line and self.first_signed_line > 1:
@@ -185,17 +194,35 @@ class Scan:
 class Ledger:
     """<workspace>/ledger/ledger.jsonl. See the module docstring for the format."""
 
-    def __init__(self, workspace: Path, key: bytes | None = None):
+    def __init__(self, workspace: Path, key: bytes | None = None, signer=None, public=_FROM_WORKSPACE):
+        """`key`: the legacy HMAC key; `signer`: a porter.signing.Signer that signs every append (and
+        keeps the witness current); `public`: the Ed25519 key scan() verifies with (default: the
+        workspace's ledger/signer.pub)."""
         self.workspace = Path(workspace)
         self.dir = self.workspace / LEDGER_DIR
         self.path = self.dir / LEDGER_FILE
         self.key = key
+        self.signer = signer
+        self._public = public
+        self._witness = None
+        self._first_hash: str | None = None
         self._recorded_torn: set[str] = set()  # torn files known to be named by a repair record
 
     @classmethod
     def open(cls, workspace: Path) -> "Ledger":
-        """A ledger with the key load_key() finds (or none)."""
-        return cls(workspace, load_key(workspace))
+        """The ledger as a writer opens it: the HMAC key load_key() finds (or none), and this user's
+        signing key when the workspace is signed (a missing or wrong key is a one-line error)."""
+        from porter.signing import signer_for
+
+        return cls(workspace, load_key(workspace), signer_for(workspace))
+
+    @property
+    def public(self):
+        if self._public is _FROM_WORKSPACE:
+            from porter.signing import load_workspace_key
+
+            self._public = load_workspace_key(self.workspace)[0]
+        return self._public
 
     # ---- appending -------------------------------------------------------
 
@@ -237,10 +264,36 @@ class Ledger:
         record["hash"] = sha256_bytes(canonical(record))
         if self.key is not None:
             record["hmac"] = chain_hmac(self.key, prev_hmac, record["hash"])
+        if self.signer is not None:
+            record["sig"] = self.signer.sign(record["hash"])
         line = canonical(record) + b"\n"
         _write_all(fd, line)
         os.fsync(fd)
+        if self.signer is not None:
+            self._witness_saw(fd, record)
         return record
+
+    def _witness_saw(self, fd: int, record: dict) -> None:
+        from porter import witness
+
+        if self._witness is None:
+            self._witness = witness.Writer(self.workspace, self.signer.fingerprint)
+        if self._first_hash is None:
+            first = os.pread(fd, 4096, 0)
+            while b"\n" not in first and len(first) < os.fstat(fd).st_size:
+                first = os.pread(fd, len(first) * 2, 0)
+            self._first_hash = json.loads(first.split(b"\n", 1)[0]).get("hash")
+        self._witness.saw(record, self._first_hash)
+
+    def reset_witness(self) -> None:
+        """Make the witness the ledger as it is now (`porter repair`, after accepting a loss)."""
+        from porter import witness
+
+        if self.signer is None:
+            return
+        self._first_hash = None
+        self._witness = witness.Writer(self.workspace, self.signer.fingerprint)
+        self._witness.reset(self.scan().entries)
 
     # ---- torn tail ---------------------------------------------------------
 
@@ -287,6 +340,25 @@ class Ledger:
                     self._recorded_torn.add(rel)
         return repaired
 
+    def quarantine_from(self, line: int, reason: str) -> dict:
+        """Move lines `line`.. (bytes unchanged) to ledger/quarantine-<time>.jsonl and append a
+        "repair" record naming that file, its size and sha256 (`porter repair`, for a tampered tail)."""
+        with self._locked() as fd:
+            data = os.pread(fd, os.fstat(fd).st_size, 0)
+            lines = data.split(b"\n")
+            cut = sum(len(x) + 1 for x in lines[: line - 1])
+            moved = data[cut:]
+            stamp = utc_now().replace(":", "").replace("-", "")
+            path = self.dir / f"quarantine-{stamp}.jsonl"
+            path.write_bytes(moved)
+            fsync_dir(self.dir)
+            os.ftruncate(fd, cut)
+            os.fsync(fd)
+            rel = f"{LEDGER_DIR}/{path.name}"
+            return self._append_locked(fd, "repair", {"reason": reason, "quarantined_file": rel,
+                                                      "quarantined_from_line": line, "quarantined_bytes": len(moved),
+                                                      "quarantined_sha256": sha256_bytes(moved)})
+
     def _save_torn(self, torn: bytes) -> str:
         stamp = utc_now().replace(":", "").replace("-", "")
         path = self.dir / f"torn-{stamp}.jsonl.part"
@@ -330,10 +402,10 @@ class Ledger:
         """Read and verify in one pass: records with line numbers, plus the Integrity verdict."""
         if data is None:
             data = self.read_bytes()
-        return scan_bytes(data, self.key)
+        return scan_bytes(data, self.key, self.public)
 
 
-def scan_bytes(data: bytes, key: bytes | None) -> Scan:
+def scan_bytes(data: bytes, key: bytes | None, public=None) -> Scan:
     lines = data.split(b"\n")
     tail = lines.pop()  # b"" when the file ends with a newline
     notes: list[str] = []
@@ -362,6 +434,8 @@ def scan_bytes(data: bytes, key: bytes | None) -> Scan:
         bad.setdefault(lineno, text)
 
     entries: list[tuple[int, dict]] = []
+    hmac_bad: list[tuple[int, str]] = []
+    sig_lines: list[int] = []
     prev_line: bytes | None = None
     prev_seq = 0
     prev_hmac = ZERO
@@ -402,21 +476,61 @@ def scan_bytes(data: bytes, key: bytes | None) -> Scan:
             signed += 1
             if first_signed is None:
                 first_signed = i
-        if key is not None:
-            if rec_hmac is not None:
-                if not isinstance(rec_hash, str) or not hmac_mod.compare_digest(
-                    str(rec_hmac), chain_hmac(key, prev_hmac, rec_hash)
-                ):
-                    problem(i, f"line {i} HMAC mismatch (written or altered without the key; {_describe(rec)})")
-            elif first_signed is not None:
-                problem(i, f"line {i} has no HMAC after signed records (appended without the key; {_describe(rec)})")
+        if rec_hmac is None and first_signed is not None:
+            # visible without the key: a keyed ledger does not go back to unsigned lines
+            problem(i, f"line {i} has no HMAC after signed records (appended without the key; {_describe(rec)})")
+        elif key is not None and rec_hmac is not None:
+            if not isinstance(rec_hash, str) or not hmac_mod.compare_digest(
+                str(rec_hmac), chain_hmac(key, prev_hmac, rec_hash)
+            ):
+                hmac_bad.append((i, f"line {i} HMAC mismatch (written or altered without the key; {_describe(rec)})"))
+        if rec.get("sig") is not None:
+            sig_lines.append(i)
+        elif sig_lines:
+            problem(i, f"line {i} is not signed after signed records (appended without the signing key, "
+                       f"or its signature stripped; {_describe(rec)})")
         prev_hmac = rec_hmac if isinstance(rec_hmac, str) else ZERO
         prev_line, prev_edited = line, edited
         if isinstance(seq, int):
             prev_seq = seq
 
+    if hmac_bad and len(hmac_bad) == signed:
+        problems.append(f"wrong HMAC key: none of the {signed} HMAC-signed records verifies with the key given "
+                        f"(check PORTER_LEDGER_KEY / the key file)")
+    else:
+        for i, text in hmac_bad:
+            problem(i, text)
+    if key is not None and entries and signed == 0 and public is None:
+        problems.append(f"a ledger key is set but none of the {len(entries)} records carries an HMAC "
+                        "(HMACs stripped and the chain recomputed, or a key set for another ledger)")
     if key is not None and first_signed is not None and first_signed > 1:
         notes.append(f"lines 1-{first_signed - 1} predate the HMAC key (covered by the chain into line {first_signed})")
+    fp = None
+    by_line = dict(entries)
+    if public is not None:
+        from porter import signing
+
+        fp = signing.fingerprint(public)
+        if entries and not sig_lines:
+            problems.append(f"the workspace's signing key is {fp} but none of the {len(entries)} records is signed "
+                            "(signatures stripped and the chain recomputed?)")
+        elif sig_lines:
+            last = by_line[sig_lines[-1]]
+            # one signature on the last record vouches for every byte before it (hash covers prev);
+            # only when it fails is each record checked, to name the lines at fault
+            if not signing.verify(public, last.get("hash"), last.get("sig")):
+                failed = [i for i in sig_lines if not signing.verify(public, by_line[i].get("hash"), by_line[i].get("sig"))]
+                if len(failed) == len(sig_lines):
+                    problems.append(f"no signed record verifies with the workspace's key {fp} "
+                                    f"(ledger/signer.pub swapped, or every record forged)")
+                for i in failed if len(failed) < len(sig_lines) else []:
+                    problem(i, f"line {i} signature does not verify with {fp} (forged, or signed with another key; "
+                               f"{_describe(by_line[i])})")
+            if sig_lines[0] > 1:
+                notes.append(f"lines 1-{sig_lines[0] - 1} predate the signing key (covered by the chain into line {sig_lines[0]})")
+    elif sig_lines:
+        problems.append(f"{len(sig_lines)} records are signed but the workspace names no signing key "
+                        "(ledger/signer.pub removed?)")
     keyed = key is not None and not any("HMAC" in p for p in problems) and (signed > 0 or not entries)
     integ = Integrity(
         ok=not problems,
@@ -428,6 +542,9 @@ def scan_bytes(data: bytes, key: bytes | None) -> Scan:
         notes=notes,
         bad_lines=bad,
         first_signed_line=first_signed,
+        fingerprint=fp,
+        sig_signed=len(sig_lines),
+        first_sig_line=sig_lines[0] if sig_lines else None,
     )
     return Scan(entries, integ, data)
 

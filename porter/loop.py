@@ -65,6 +65,7 @@ from porter.gates.result import GateResult
 from porter.history import GateRecord, History, Step, typed
 from porter.ledger import Ledger, load_key
 from porter.lock import RunLock
+from porter.signing import signer_for
 from porter.plan import ranked_units
 from porter.prompt import build_prompt
 from porter.providers import ProviderError, get_provider
@@ -598,6 +599,22 @@ def check_options(target, opts: RunOptions) -> float | None:
     return budget_s
 
 
+def refuse_if_tampered(ws: Path, target, key) -> None:
+    """A run appends to the ledger and commits it: over a tampered or rolled-back workspace that
+    would bury the evidence of tampering, so it refuses (exit 3) and `porter repair` is the way on."""
+    from porter.status import derive
+
+    report = derive(ws, key=key, use_static=False, target=target, rank=False)
+    if not report.tampered:
+        return
+    led = report.ledger
+    first = (led["problems"] + report.problems
+             + [f"{u.unit}: {u.reason}" for u in report.units if u.state == "tampered"])[0]
+    what = "rolled back" if led.get("rolled_back") else "tampered"
+    raise PorterError(f"workspace {what}, not starting: {first}; see `porter status`, and `porter repair --reason "
+                      f"TEXT` to accept the loss and go on", exit_code=3)
+
+
 def run(opts: RunOptions) -> int:
     ws = opts.workspace
     target = load_target(ws, opts.target, opts.source)
@@ -609,19 +626,25 @@ def run(opts: RunOptions) -> int:
         from porter.providers.delayed import DelayedProvider
 
         provider = DelayedProvider(provider, opts.provider["answer_delay_s"])
+    signer = signer_for(ws)  # a signed workspace and no key, or another key: one line, exit 3
 
     lock = RunLock(ws)
     if not lock.acquire():
         pid = lock.holder()
         print(f"porter: another porter run is active (pid {pid if pid else '?'}); nothing to do")
         return 0
+    try:
+        refuse_if_tampered(ws, target, key)
+    except BaseException:
+        lock.release()
+        raise
     started = time.monotonic()
     run_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + f"-{os.getpid()}"
     run_dir = ws / "runs" / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
     out = Reporter(run_dir / "run.log", quiet=opts.quiet)
     try:
-        ledger = Ledger(ws, key)
+        ledger = Ledger(ws, key, signer)
         if ledger.repair_torn_tail():
             out.line("ledger: a torn last line (interrupted write) was moved aside and recorded", "yellow")
         for line in reconcile(ws, target, ledger, out):

@@ -1,9 +1,12 @@
 """`porter status`: every unit's state, derived, never read from a stored verdict.
 
-The inputs are exactly four, and nothing else in the workspace is opened (a
+The inputs are exactly these, and nothing else in the workspace is opened (a
 hand-written runs/status.json or PROGRESS.md cannot change the answer):
 
-1. the ledger, re-verified on every call (hash chain, HMAC when keyed);
+1. the ledger, re-verified on every call (hash chain; Ed25519 signatures with
+   the public key in ledger/signer.pub, checked against the reader's pinned
+   keys; HMAC when a legacy key is set), and the witness of its last signed
+   head kept outside the workspace (porter.witness);
 2. the evidence files its step records name (each must hash to its own name);
 3. the git history: commits carrying Porter-* trailers, read in one `git log`,
    and the ledger as committed at HEAD (one `git cat-file`);
@@ -12,7 +15,10 @@ hand-written runs/status.json or PROGRESS.md cannot change the answer):
 
 Per unit the state is the first that holds of:
 
-  tampered   a ledger line of the unit fails the chain; an evidence file is
+  tampered   a ledger line of the unit fails the chain or its signature; its step
+             is incomplete (no attempt, or evidence that is not exactly its
+             attempt's gate records); its step seen by the witness is gone
+             (rolled back); an evidence file is
              missing, edited or swapped; a commit trailer names a step or
              evidence the ledger does not hold (or that disagrees with it); a
              committed step record has no commit; or the evidence claims a
@@ -29,6 +35,8 @@ Per unit the state is the first that holds of:
   exhausted  its attempts ran out (an "exhausted" record after the last attempt)
   failing    attempts were made, none produced a step
   unported   no attempt is recorded (whatever the file holds)
+
+Exit: 3 when anything is tampered or rolled back, else 4 when a unit is stale, else 0.
 """
 
 from __future__ import annotations
@@ -43,13 +51,14 @@ from pathlib import Path
 
 import git
 
+from porter import signing, witness
 from porter.errors import PorterError
 from porter.evidence import check_evidence
 from porter.gates import static
 from porter.gates.driver import Candidate, GateContext
 from porter.gates.e2e.state import prefill_line
 from porter.gates.e2e.wiring import prefill_status
-from porter.history import GateRecord, History, Step, UnitHistory
+from porter.history import Attempt, GateRecord, History, Step, UnitHistory
 from porter.digest import sha256_bytes
 from porter.ledger import Ledger, load_key
 from porter.placeholder import is_placeholder
@@ -63,6 +72,7 @@ CRITICAL_TIERS = ("runtime", "prefill")
 # The gate whose passing evidence makes a step of each state true.
 STATE_GATE = {"verified": "parity", "built": "build"}
 _AUTO = object()
+EXIT_STALE = 4
 
 
 # ---- git --------------------------------------------------------------------
@@ -173,8 +183,13 @@ class StatusReport:
         return bool(self.problems) or not self.ledger["ok"] or any(u.state == "tampered" for u in self.units)
 
     @property
+    def stale(self) -> bool:
+        return any(u.state == "stale" for u in self.units)
+
+    @property
     def exit_code(self) -> int:
-        return 3 if self.tampered else 0
+        """3 tampered or rolled back; 4 some unit is stale (its code is not what was verified); else 0."""
+        return 3 if self.tampered else EXIT_STALE if self.stale else 0
 
     def unit(self, name: str) -> UnitStatus:
         for u in self.units:
@@ -230,6 +245,51 @@ def _resolve_target_name(workspace: Path, name: str | None) -> str:
     )
 
 
+# ---- keys: the workspace's signing key against pins and this user's key ---------------
+
+
+@dataclass
+class KeyState:
+    public: object  # the workspace's Ed25519 public key, or None (unsigned, legacy workspace)
+    fingerprint: str | None
+    problems: list[str]
+    notes: list[str]
+    pin_note: str
+
+
+def signing_state(workspace: Path) -> KeyState:
+    """What the reviewer's pins and this user's key say about the workspace's key. Only public
+    material is needed: the private key is read (when present) to say "wrong key", never required."""
+    public, problem = signing.load_workspace_key(workspace)
+    fp = signing.fingerprint(public) if public is not None else None
+    problems = [problem] if problem else []
+    notes: list[str] = []
+    pins = signing.trusted()
+    pin_note = ""
+    if pins:
+        if fp is None:
+            problems.append(f"you trust {', '.join(sorted(pins))} but the workspace names no signing key "
+                            "(ledger/signer.pub removed: signatures stripped?)")
+        elif fp not in pins:
+            problems.append(f"wrong key: the workspace's signing key {fp} is not a key you trust "
+                            f"({', '.join(sorted(pins))}): key swapped in the repository, or pin it with `porter trust {fp}`")
+        else:
+            pin_note = ", pinned"
+    try:
+        mine = signing.load_private(workspace)
+    except PorterError as exc:
+        mine, _ = None, notes.append(str(exc))
+    if fp and not pins:
+        if mine is not None and mine.fingerprint == fp:
+            pin_note = ", your key"
+        else:
+            pin_note = f", not pinned: `porter trust {fp}`"
+    if fp and mine is not None and mine.fingerprint != fp:
+        notes.append(f"wrong key: your signing key is {mine.fingerprint}, this workspace's is {fp} "
+                     "(`porter run` here would refuse to write)")
+    return KeyState(public, fp, problems, notes, pin_note)
+
+
 # ---- integrity: ledger, commits and evidence agree -------------------------------
 
 
@@ -256,7 +316,7 @@ class EvidenceCache:
 
 
 def check_integrity(target: Target, history: History, ledger_integrity, data: bytes, gitv: GitView,
-                    evidence: EvidenceCache) -> Integrity:
+                    evidence: EvidenceCache, rollback: tuple[list[str], dict[str, str]] = ([], {})) -> Integrity:
     units = set(target.units)
     issues: dict[str, list[str]] = defaultdict(list)
     problems: list[str] = []
@@ -279,6 +339,10 @@ def check_integrity(target: Target, history: History, ledger_integrity, data: by
                 f"ledger.jsonl differs from the one committed at HEAD from line {n + 1} (committed lines rewritten or removed)"
             )
             committed_lines = n
+
+    ledger_problems += rollback[0]
+    for unit, text in rollback[1].items():
+        flag(unit, text)
 
     for lineno, text in ledger_integrity.bad_lines.items():
         rec = history.by_line.get(lineno)
@@ -320,9 +384,12 @@ def check_integrity(target: Target, history: History, ledger_integrity, data: by
                 flag(step.unit, f"{where}: {problem}")
 
     # step records against commits and evidence
+    by_unit_attempt: dict = {}
     for step_hash, step in steps.items():
         if step_hash in history.abandoned_steps:
             continue
+        for text in _incomplete(history, step, by_unit_attempt):
+            flag(step.unit, text)
         if step_hash not in commit_of_step and step.line <= committed_lines:
             flag(step.unit, f"step record at ledger line {step.line} (attempt {step.attempt}, {step.state}) has no commit (commit dropped?)")
         for sha in step.evidence:
@@ -334,6 +401,45 @@ def check_integrity(target: Target, history: History, ledger_integrity, data: by
             elif ev.get("candidate_sha256") != step.candidate_sha256:
                 flag(step.unit, f"evidence {sha[:12]} judged candidate {_short(ev.get('candidate_sha256'))}, not the step's {_short(step.candidate_sha256)}")
     return Integrity(dict(issues), problems, ledger_problems, commit_of_step, committed_lines)
+
+
+def _incomplete(history: History, step: Step, index: dict) -> list[str]:
+    """What a step lacks behind it: its attempt record (same candidate) and exactly the gate records
+    of that attempt since the attempt (or since the attempt's previous step, for a built step
+    re-verified later), all passing, naming the evidence the step names, including the gate its
+    state needs. A step forged on its own, or one whose gate records were removed, fails here."""
+    where = f"step record at ledger line {step.line} (attempt {step.attempt}, {step.state})"
+    by_attempt = index.get(step.unit)
+    if by_attempt is None:  # one pass over the unit's records for all its steps (status runs this per step)
+        by_attempt = index[step.unit] = {}
+        for r in history.unit(step.unit).records:
+            if isinstance(r, (Attempt, GateRecord, Step)):
+                by_attempt.setdefault(r.attempt if isinstance(r.attempt, int) else None, []).append(r)
+    mine = by_attempt.get(step.attempt if isinstance(step.attempt, int) else None, [])
+    attempt = next((a for a in reversed(mine) if isinstance(a, Attempt) and a.line < step.line), None)
+    if attempt is None:
+        return [f"{where} has no attempt record behind it (step forged?)"]
+    out = []
+    if attempt.candidate_sha256 != step.candidate_sha256:
+        out.append(f"{where} candidate {_short(step.candidate_sha256)} is not its attempt's "
+                   f"({_short(attempt.candidate_sha256)})")
+    since = max([attempt.line] + [s.line for s in mine if isinstance(s, Step) and s.line < step.line])
+    gates = [g for g in mine if isinstance(g, GateRecord) and since < g.line < step.line]
+    named = [g.evidence for g in gates]
+    extra = [e for e in step.evidence if e not in named]
+    if extra:
+        out.append(f"{where} names evidence {_short(extra[0])} that no gate record of its attempt holds "
+                   "(gate records removed, or evidence added)")
+    left_out = [g for g in gates if g.evidence not in step.evidence]
+    if left_out:
+        out.append(f"{where} leaves out the {left_out[0].gate} gate record at line {left_out[0].line}")
+    refused = next((g for g in gates if not g.ok and not g.skipped), None)
+    if refused is not None:
+        out.append(f"{where} follows a failed {refused.gate} gate (line {refused.line})")
+    need = STATE_GATE.get(step.state)
+    if need and not any(g.gate == need and g.ok and not g.skipped for g in gates):
+        out.append(f"{where} has no passing {need} gate record behind it")
+    return out
 
 
 # ---- one unit's state: a pure function of its history, its file and the checks above ----
@@ -439,6 +545,7 @@ def derive(
     key=_AUTO,
     use_static: bool = True,
     target: Target | None = None,
+    rank: bool = True,
 ) -> StatusReport:
     """Derive every unit's state from the ledger, evidence, git history and current files."""
     workspace = Path(workspace).resolve()
@@ -446,15 +553,19 @@ def derive(
         target = load_target(workspace, _resolve_target_name(workspace, target_name), source)
     if key is _AUTO:
         key = load_key(workspace)
-    ledger = Ledger(workspace, key)
+    keys = signing_state(workspace)
+    ledger = Ledger(workspace, key, public=keys.public)
     scan = ledger.scan()
     history = History.from_scan(scan, target.name, workspace)
     gitv = read_git(workspace, ledger.path)
-    notes = list(scan.integrity.notes) + ([gitv.reason] if gitv.reason else [])
+    notes = list(scan.integrity.notes) + ([gitv.reason] if gitv.reason else []) + keys.notes
     evidence = EvidenceCache(workspace)
-    integ = check_integrity(target, history, scan.integrity, scan.data, gitv, evidence)
+    w, by_path = witness.load(workspace, scan.entries[0][1].get("hash") if scan.entries else None)
+    w_problems, w_units = witness.check(w, by_path, scan.entries, keys.fingerprint, target.name)
+    integ = check_integrity(target, history, scan.integrity, scan.data, gitv, evidence,
+                            (keys.problems + w_problems, w_units))
 
-    ranking, ranking_reason = _ranking(target)
+    ranking, ranking_reason = _ranking(target) if rank else (None, "not ranked")
     results: list[UnitStatus] = []
     for unit in target.units:
         uh = history.unit(unit)
@@ -479,7 +590,10 @@ def derive(
         critical = {"available": False, "reason": ranking_reason, "tiers": list(CRITICAL_TIERS), "units": [], "counts": None}
 
     li = scan.integrity
-    ledger_info = {"records": li.records, "ok": not integ.ledger_problems, "keyed": li.keyed, "key": li.key_state(),
+    key_line = li.key_state() + keys.pin_note
+    rolled = [p for p in w_problems if p.startswith("rolled back")] + [f"{u}: {t}" for u, t in w_units.items()]
+    ledger_info = {"records": li.records, "ok": not integ.ledger_problems, "keyed": li.keyed, "key": key_line,
+                   "fingerprint": keys.fingerprint, "rolled_back": rolled,
                    "problems": integ.ledger_problems, "notes": list(li.notes), "committed_records": integ.committed_lines}
     e2e_records = [r.raw for r in history.mine if isinstance(r, GateRecord) and r.gate == "e2e"]
     p_state, p_commit, p_reason = prefill_status(workspace, target, e2e_records)
@@ -554,7 +668,8 @@ def render(report: StatusReport, console=None, wide: bool = False) -> None:
         say(f"ledger: {led['records']} records, chain ok, {led['key']}")
     else:
         more = f" (+{len(led['problems']) - 1} more)" if len(led["problems"]) > 1 else ""
-        say(f"ledger: {led['records']} records, TAMPERED: {led['problems'][0]}{more}", "bold red")
+        word = "ROLLED BACK" if led.get("rolled_back") else "TAMPERED"
+        say(f"ledger: {led['records']} records, {word}: {led['problems'][0]}{more}", "bold red")
     for p in report.problems:
         say(f"tampered: {p}", "bold red")
     for n in report.notes:

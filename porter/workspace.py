@@ -9,7 +9,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from porter import gitops
+from porter import gitops, signing
 from porter.errors import PorterError
 from porter.placeholder import placeholder_source
 
@@ -23,8 +23,9 @@ __pycache__/
 """
 
 LEDGER_README = """\
-Append-only, hash-chained ledger of porter's attempts and gate verdicts (ledger.jsonl),
-and the content-addressed evidence files they point to (evidence/<sha256>.json).
+Append-only, hash-chained, Ed25519-signed ledger of porter's attempts and gate verdicts
+(ledger.jsonl; the key's public half is signer.pub), and the content-addressed evidence
+files they point to (evidence/<sha256>.json).
 Written only by `porter run`; read by `porter status` and `porter audit`.
 """
 
@@ -120,8 +121,11 @@ def init_workspace(directory: str | Path, target_names: list[str], source: str |
         (dest / ".gitignore").write_text(GITIGNORE)
         for name in target_names:
             write_placeholders(dest, name, source=source)
+        # every record this workspace's ledger will hold is signed with this user's key (made now
+        # when there is none, outside the workspace); its public half is committed with the workspace
+        signing.write_workspace_key(dest, signing.create_private(dest))
         gitops.git(dest, "add", "-A")
-        gitops.git(dest, "commit", "-q", "--no-verify", "-m",
+        gitops.git(dest, *gitops.signing_args(dest), "commit", "-q", "--no-verify", "-m",
                    f"porter: new workspace for {', '.join(target_names)} (all units placeholders)")
     except BaseException:
         # Leave nothing half-made behind: the directory was new or empty.

@@ -23,6 +23,14 @@ REPO = Path(__file__).resolve().parents[1]
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH: the build gate needs the CUDA toolkit")
 
 
+@pytest.fixture(autouse=True)
+def _porter_home(monkeypatch, tmp_path):
+    """Signing keys, trust pins and witnesses of every test live in tmp, never in ~/.config/porter."""
+    for var in ("PORTER_SIGNING_KEY", "PORTER_TRUSTED_KEYS", "PORTER_WITNESS_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("PORTER_HOME", str(tmp_path / "porter-home"))
+
+
 @pytest.fixture(scope="session")
 def build_cache(tmp_path_factory) -> Path:
     if os.environ.get("PORTER_BUILD_CACHE"):
@@ -47,6 +55,8 @@ def _run_porter(ws: Path | None, *args: str, env: dict | None = None, timeout: f
     full_env = dict(os.environ)
     full_env.update(env or {})
     full_env.setdefault("COLUMNS", "200")
+    # the porter of this tree, not whichever one is installed (the command runs in the workspace)
+    full_env["PYTHONPATH"] = str(REPO) + os.pathsep + full_env.get("PYTHONPATH", "")
     cmd = [sys.executable, "-m", "porter"]
     if ws is not None:
         cmd += ["-C", str(ws)]

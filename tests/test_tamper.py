@@ -177,7 +177,7 @@ def test_editing_a_unit_after_verification_is_stale(tmp_path, capsys):
     ws = ported(tmp_path)
     ws.write_unit(ADD, SOURCES[ADD].replace("a[i] + b[i]", "a[i] - b[i]"))
     code, data = status(ws, capsys)
-    assert code == 0  # not tampering: the code simply is not what was verified
+    assert code == 4  # not tampering (3): the code simply is not what was verified; stale has its own exit
     assert unit(data, ADD)["state"] == "stale" and "changed after it was verified" in unit(data, ADD)["reason"]
     assert data["counts"]["verified"] == 2 and data["counts"]["stale"] == 1
 
@@ -189,7 +189,7 @@ def test_stubbing_a_verified_unit_is_stale(tmp_path, capsys):
     ws.commit_all("hand edit")  # committed or not, the current file is what counts
     code, data = status(ws, capsys)
     u = unit(data, SWIGLU)
-    assert code == 0 and u["state"] == "stale" and u["candidate_sha256"] != verified_sha
+    assert code == 4 and u["state"] == "stale" and u["candidate_sha256"] != verified_sha
     try:
         import porter.gates.static  # noqa: F401
     except ImportError:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import git
 
+from porter import signing
 from porter.evidence import store_evidence
 from porter.digest import sha256_bytes
 from porter.ledger import Ledger
@@ -93,12 +94,13 @@ def placeholder(unit: str) -> str:
 
 
 class Workspace:
-    def __init__(self, root: Path, key: bytes | None = None):
+    def __init__(self, root: Path, key: bytes | None = None, signer=None):
         self.root = Path(root)
         self.key = key
+        self.signer = signer
         self.repo = git.Repo(self.root)
         self.target = load_target(self.root, TARGET)
-        self.ledger = Ledger(self.root, key)
+        self.ledger = Ledger(self.root, key, signer)
 
     # -- files --
     def unit_path(self, unit: str) -> Path:
@@ -210,8 +212,9 @@ class Workspace:
         return self.repo.index.commit(message).hexsha
 
 
-def make_workspace(root: Path, key: bytes | None = None) -> Workspace:
-    """A fresh workspace: minimoe target files, placeholders for every unit, one commit."""
+def make_workspace(root: Path, key: bytes | None = None, signer=None) -> Workspace:
+    """A fresh workspace: minimoe target files, placeholders for every unit, one commit.
+    With a porter.signing.Signer its public key is ledger/signer.pub and every record is signed."""
     root = Path(root)
     dst = root / "targets" / TARGET
     shutil.copytree(
@@ -225,7 +228,9 @@ def make_workspace(root: Path, key: bytes | None = None) -> Workspace:
     with repo.config_writer() as cw:
         cw.set_value("user", "name", "porter-test")
         cw.set_value("user", "email", "porter-test@localhost")
-    ws = Workspace(root, key)
+    if signer is not None:
+        signing.write_workspace_key(root, signer)
+    ws = Workspace(root, key, signer)
     ws.target.ported_dir.mkdir(parents=True, exist_ok=True)
     for unit in ws.target.units:
         ws.write_unit(unit, placeholder(unit))

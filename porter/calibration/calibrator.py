@@ -26,7 +26,7 @@ from porter.gates import static
 from porter.gates.driver import Candidate, GateContext, ParityOptions, run_gates
 from porter.gates.parity.compare import CHECK_ORDER
 from porter.gates.parity.spec import load_specs
-from porter.ledger import Ledger, load_key
+from porter.ledger import Ledger
 
 
 @dataclass
@@ -157,7 +157,7 @@ def calibrate(target, libs, opts: CalibrateOptions, out=print) -> dict:
 
 def record(target, workspace: Path, records: dict, describe: str, good_lib: Path) -> None:
     """One ledger "calibration" record per spec, with the known-good run as its evidence."""
-    ledger = Ledger(Path(workspace), load_key(Path(workspace)))
+    ledger = Ledger.open(Path(workspace))  # signed by this user's key in a signed workspace
     lib_sha = sha256_file(good_lib)
     for unit, r in records.items():
         spec = r.get("spec")
