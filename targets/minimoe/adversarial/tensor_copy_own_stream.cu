@@ -2,8 +2,9 @@
 // its own, created non-blocking, so it is not ordered after the kernels
 // already queued on mini_cuda_stream() that produce its source.  In the engine
 // the KV-cache and snapshot copies then race with rope and the layer's ops.
-// Runtime units have no parity spec, and a harness that synchronises between
-// calls could not see the race anyway.
+// The e2e prefill could not see it reliably (an idle H100 passed 8 of 8
+// prefills once, 1 of 2 another time); the tensor_copy scenario holds the unit
+// stream busy while it copies, so the race is certain there.
 #include "mini_cuda.cuh"
 
 extern "C" int mini_gpu_tensor_copy(mini_gpu_tensor *dst, uint64_t dst_offset,
