@@ -36,6 +36,16 @@ def test_without_a_baseline_the_roofline_floor_decides(workspace):
     assert good.ok and not good.skipped, good.summary
 
 
+def test_weights_read_from_host_memory_get_no_hbm_floor(workspace, monkeypatch):
+    """ds4's backend reads weights over the host link in place (harness weights = "host"): an HBM roofline
+    refused upstream's own kernels on an H100, so without a calibrated known-good perf is unmeasured."""
+    monkeypatch.setattr(perf, "harness_names", lambda target: {"weights": "host"})
+    res = _perf(workspace, _timed(2.5))
+    assert res.skipped and not res.ok and "host memory" in res.summary, res.summary
+    _calibrate(workspace, 0.02)  # with a known-good baseline the gate decides again
+    assert not _perf(workspace, _timed(2.5)).skipped
+
+
 def test_the_spec_declares_its_floor(workspace):
     allowed_default = perf.floor_ms(_timed(1.0).evidence["timing"])[0]
     strict = _timed(0.0205, perf_floor=0.9)
