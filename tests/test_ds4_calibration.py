@@ -143,8 +143,12 @@ def test_ds4_specs_validate_and_build_both_seeds(target):
     from porter.gates.parity.scenario import is_scenario
 
     specs = {u: s for u, s in load_specs(target).items() if not is_scenario(s)}  # runtime: test_runtime_scenarios
-    assert REQUIRED_UNITS <= set(specs)
-    for unit, spec in specs.items():
+    assert REQUIRED_UNITS <= set(specs)  # load_specs validated every spec against ds4_gpu.h
+    # inputs of both seeds for the specs no family test builds (tests/test_ds4_{hc,matmul,attention}_specs.py
+    # build theirs; building all ~60 twice made CI minutes longer for nothing)
+    own = {"ds4_gpu_rms_norm_plain_rows_tensor", "ds4_gpu_rope_tail_tensor", "ds4_gpu_swiglu_tensor",
+           "ds4_gpu_indexer_topk_tensor"}
+    for unit, spec in ((u, s) for u, s in specs.items() if u in own):
         cases = prepare(spec, target.api_function(unit), Context(None), [12345, 67890])
         ok = [c for c in cases if c.shape.expect == "ok"]
         assert ok and all(len(c.calls) == 2 for c in ok)

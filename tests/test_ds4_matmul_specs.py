@@ -64,7 +64,11 @@ def module(unit):
 # ---------------------------------------------------------------------------
 
 @needs_checkout
-@pytest.mark.parametrize("unit", UNITS)
+# the real-size expert and vocab maps take minutes to build per seed here: in the slow set (-m slow)
+HEAVY = {"ds4_gpu_routed_moe_batch_tensor", "ds4_gpu_routed_moe_one_tensor", "ds4_gpu_matmul_q8_0_tensor"}
+
+
+@pytest.mark.parametrize("unit", [pytest.param(u, marks=pytest.mark.slow) if u in HEAVY else u for u in UNITS])
 def test_spec_validates_and_builds_two_seeds(target, unit):
     from porter.gates.parity.gate import prepare
     from porter.gates.parity.spec import Context, load_spec
