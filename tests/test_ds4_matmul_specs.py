@@ -63,11 +63,11 @@ def module(unit):
 # specs: validate and build (no GPU)
 # ---------------------------------------------------------------------------
 
-@needs_checkout
 # the real-size expert and vocab maps take minutes to build per seed here: in the slow set (-m slow)
 HEAVY = {"ds4_gpu_routed_moe_batch_tensor", "ds4_gpu_routed_moe_one_tensor", "ds4_gpu_matmul_q8_0_tensor"}
 
 
+@needs_checkout
 @pytest.mark.parametrize("unit", [pytest.param(u, marks=pytest.mark.slow) if u in HEAVY else u for u in UNITS])
 def test_spec_validates_and_builds_two_seeds(target, unit):
     from porter.gates.parity.gate import prepare
