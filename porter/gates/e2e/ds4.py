@@ -228,7 +228,7 @@ class Ds4Reduced:
         return self.model
 
     def setup(self) -> dict:
-        from porter.gates.e2e.minimoe import sha256_file
+        from porter.digest import sha256_file
 
         return {"layers": self.n_layer, "prompt_tokens": self.n_prompt, "positions": self.positions,
                 "stages": self.stage_names, "model_seed": int(self.opts.get("seed", 0)),

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from porter.digest import sha256_file
 from porter.calibration.libraries import SourceLibraries, sources_from
 from porter.calibration.mutants import adversarial
 from porter.errors import PorterError
@@ -96,14 +97,6 @@ def read_shape(model: Path) -> ModelShape:
 def prompt_tokens(n: int, n_vocab: int) -> list[int]:
     """A fixed prompt of n tokens that visits the vocabulary (a stride coprime to it)."""
     return [(1 + 37 * i) % n_vocab for i in range(n)]
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def ensure_model(target, model: Path | None) -> Path:
