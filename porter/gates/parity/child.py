@@ -79,6 +79,7 @@ class Child:
         self.results: dict = {"cases": [], "fatal": None, "complete": False, "device": None}
         self.outputs: dict[str, np.ndarray] = {}
         self._flags: list = []  # host bools handed to `bool *` parameters
+        self._live_map = None  # see _keep_map
 
     # -- bookkeeping -----------------------------------------------------
     def step(self, **fields) -> None:
@@ -177,6 +178,23 @@ class Child:
             return np.fromfile(m["file"], dtype=np.uint8)  # a fresh host buffer every call
         return np.array(arrays[m["npz"]], dtype=np.uint8, copy=True)
 
+    def _keep_map(self, host_map) -> None:
+        """Hold the host map handed to this call until the next call's forget hook has run.
+        A backend keeps the map registered (cudaHostRegister) between calls, as ds4's engine keeps
+        its mmap alive; freeing the buffer first hands the next forget a registration over freed,
+        possibly unmapped, pages, and its cudaHostUnregister leaves cudaErrorInvalidValue behind
+        for the next call to be blamed for."""
+        self._live_map = host_map
+
+    def _forget_last_map(self) -> None:
+        """After the last call: the backend drops its registration of the last map before the
+        buffer is freed.  A warm worker runs the next job in this process, and a registration left
+        over freed pages makes that job's copies from reused addresses fail (cudaErrorInvalidValue
+        blamed on an innocent unit).  A job that ends otherwise retires the worker (worker.py)."""
+        if self._live_map is not None and self.h_forget is not None:
+            self.h_forget()
+        self._live_map = None
+
     def _args(self, case, pdata, structs, host_map):
         args = []
         for p in self.plan["params"]:
@@ -212,6 +230,7 @@ class Child:
         map_bytes = host_map.tobytes() if host_map is not None else None
         if self.h_forget is not None:
             self.h_forget()
+        self._keep_map(host_map)
         dev_map = None
         if host_map is not None and self.h_model is not None:
             dev_map = self.h_model(host_map.ctypes.data, host_map.size, 0, host_map.size)
@@ -295,6 +314,7 @@ class Child:
         host_map = self._map_for(pdata, arrays)
         if self.h_forget is not None:
             self.h_forget()
+        self._keep_map(host_map)
         if host_map is not None and self.h_model is not None:
             self.h_model(host_map.ctypes.data, host_map.size, 0, host_map.size)
         args = self._args(case, pdata, structs, host_map)
@@ -352,6 +372,7 @@ class Child:
                 self.run_case(case, arrays)
                 self.save()
             self.results["complete"] = True
+            self._forget_last_map()
             return EXIT_DONE
         except Fatal as exc:
             self.results["fatal"] = {"check": exc.check, "detail": exc.detail, "at": self._last_step()}
