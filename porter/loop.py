@@ -51,6 +51,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from porter import gitops
+from porter.calibration.baseline import take_baselines
 from porter.digest import sha256_bytes
 from porter.durable import write_atomic
 from porter.errors import PorterError
@@ -661,6 +662,8 @@ def run(opts: RunOptions) -> int:
                  f"{len(todo)} unit(s) to port, {len(skipped)} already done or skipped", "bold")
         if not r.parity_ok:
             out.line(f"parity: not available here ({r.parity_reason}); passing units are committed as 'built'", "yellow")
+        elif todo:
+            take_baselines(target, ws, r.history(), todo, r.ledger, line=out.line)
         results: dict[str, str] = {}
         stop_reason = None
         out_of_time = lambda: budget_s is not None and time.monotonic() - started > budget_s  # noqa: E731

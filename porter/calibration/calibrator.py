@@ -155,9 +155,10 @@ def calibrate(target, libs, opts: CalibrateOptions, out=print) -> dict:
     return report
 
 
-def record(target, workspace: Path, records: dict, describe: str, good_lib: Path) -> None:
-    """One ledger "calibration" record per spec, with the known-good run as its evidence."""
-    ledger = Ledger.open(Path(workspace))  # signed by this user's key in a signed workspace
+def record(target, workspace: Path, records: dict, describe: str, good_lib: Path, ledger=None) -> None:
+    """One ledger "calibration" record per spec, with the known-good run as its evidence.
+    ledger: the caller's open ledger (a run's, which serialises appends); else this user's."""
+    ledger = ledger if ledger is not None else Ledger.open(Path(workspace))  # signed in a signed workspace
     lib_sha = sha256_file(good_lib)
     for unit, r in records.items():
         spec = r.get("spec")

@@ -47,7 +47,9 @@ def baseline(history, unit: str, spec_sha256: str | None) -> tuple[dict | None, 
     recs = history.calibrations(unit)
     if not recs:
         return None, "no calibration of this unit's spec (run `porter calibrate`)"
-    current = [r for r in recs if r.ok and r.spec_sha256 == spec_sha256 and r.evidence]
+    # a calibration, or a known-good baseline a run took (calibration/baseline.py): either way the
+    # known-good passed this exact spec, and its timing is evidence
+    current = [r for r in recs if (r.ok or r.known_good_ok) and r.spec_sha256 == spec_sha256 and r.evidence]
     if not current:
         return None, "the spec changed or failed since its last calibration"
     rec = current[-1]

@@ -1,0 +1,78 @@
+"""Known-good perf baselines a run takes for itself before porting (target.toml `[perf] baseline`).
+
+The perf gate decides against the calibrated known-good's timing where one
+exists, else against a roofline floor.  For a target whose backend reads its
+weights from host memory (ds4) no HBM floor is honest, so without a known-good
+timing every unit would end `verified (perf unmeasured)`.  A target that names
+`baseline = "upstream"` has its upstream backend in the user's checkout: on the
+first run with a GPU, porter builds it and runs each spec the run is about to
+need on it, once.  Each run is recorded as a "calibration" record with
+known_good_ok and ok = false: a known-good baseline is not a calibration (no
+mutant was shown to be rejected), and status keeps saying so.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from porter.calibration.calibrator import CalibrateOptions, _parity, record
+from porter.calibration.libraries import BuildError, UpstreamLibraries
+from porter.errors import PorterError
+from porter.gates.driver import ParityOptions
+from porter.gates.parity.spec import load_specs
+from porter.gates.perf import baseline as perf_baseline, perf_settings
+
+NOT_A_CALIBRATION = "known-good baseline only (taken by porter run for the perf gate; no mutants run)"
+
+
+def baseline_source(target) -> str | None:
+    perf = getattr(target.spec, "perf", None) or {}
+    return perf.get("baseline")
+
+
+def missing_baselines(target, history, units: list[str]) -> list[str]:
+    """Units of `units` whose spec times a case and has no known-good timing for that exact spec
+    (a runtime scenario times nothing: its units stay `verified (perf unmeasured)`)."""
+    specs = load_specs(target)
+    return [u for u in units if u in specs and any(getattr(s, "timed", False) for s in specs[u].shapes)
+            and perf_baseline(history, u, specs[u].sha256)[0] is None]
+
+
+def take_baselines(target, workspace: Path, history, units: list[str], ledger, line=print,
+                   parity: ParityOptions | None = None) -> dict[str, bool]:
+    """Run the upstream backend on the specs of `units` that lack a baseline; record each run.
+    Returns {unit: known-good passed}.  Nothing happens unless the target asks for it and perf is on;
+    a checkout that cannot build is one line, and the run goes on (perf then decides as before)."""
+    enabled, _ = perf_settings(target)
+    if baseline_source(target) != "upstream" or not enabled:
+        return {}
+    todo = missing_baselines(target, history, units)
+    if not todo:
+        return {}
+    t0 = time.monotonic()
+    line(f"perf baselines: building the upstream {target.name} backend to time {len(todo)} spec(s) on it")
+    libs = UpstreamLibraries(target)
+    try:
+        good = libs.known_good()
+    except (BuildError, PorterError) as exc:
+        line(f"perf baselines: none taken: {exc}")
+        return {}
+    line(f"perf baselines: built in {time.monotonic() - t0:.0f} s")
+    opts = CalibrateOptions(Path(workspace), parity=parity or ParityOptions(), ledger=False)
+    specs = load_specs(target)
+    records, passed = {}, {}
+    for i, unit in enumerate(todo, 1):
+        t1 = time.monotonic()
+        res = _parity(target, unit, good, opts)
+        passed[unit] = res.ok
+        timing = (res.evidence or {}).get("timing") or {}
+        what = (f"{timing['median_ms']:.4g} ms on {timing.get('case')!r}" if res.ok and timing.get("median_ms")
+                else res.summary[:200])
+        line(f"  [{i}/{len(todo)}] {unit}: {'ok' if res.ok else 'KNOWN-GOOD REFUSED'}: {what} "
+             f"({time.monotonic() - t1:.1f} s)")
+        records[unit] = {"ok": False, "known_good_ok": res.ok, "mutants": 0, "mutants_rejected": 0,
+                         "summary": f"{NOT_A_CALIBRATION}: {res.summary}"[:300],
+                         "evidence": res.evidence if res.ok else None, "spec": specs[unit]}
+    record(target, Path(workspace), records, libs.describe, good, ledger=ledger)
+    return passed
