@@ -569,7 +569,8 @@ DS4_FAULTS = [
     ("ds4_gpu_init", "FAULT_INIT_RETURNS_ZERO", "rc"),
     ("ds4_gpu_cleanup", "FAULT_CLEANUP_NO_DRAIN", "stream"),
     ("ds4_gpu_tensor_alloc", "FAULT_ALLOC_IGNORES_FAILURE", "error-return"),
-    ("ds4_gpu_tensor_alloc_managed", "FAULT_MANAGED_IGNORES_FAILURE", "error-return"),
+    # FAULT_MANAGED_IGNORES_FAILURE is not caught: provoking a managed allocation failure means asking for
+    # more managed memory than the card has, which can hang the GPU (ds4_gpu_tensor_alloc_managed.py)
     ("ds4_gpu_tensor_view", "FAULT_VIEW_IGNORES_OFFSET", "guard"),
     ("ds4_gpu_tensor_free", "FAULT_FREE_LEAKS", "leak"),
     ("ds4_gpu_tensor_bytes", "FAULT_BYTES_ROUNDED", "exact"),

@@ -1,6 +1,9 @@
 """Scenario spec: ds4_gpu_tensor_alloc_managed (a runtime unit, checked by behaviour across calls).
 
-Checks: managed allocations behave as tensors (size, no aliasing, round trips) and their contents are host-readable after synchronize; an impossible size is refused.
+Checks: managed allocations behave as tensors (size, no aliasing, round trips) and their contents are host-readable after synchronize.
+No impossible size is asked for here (ds4_gpu_tensor_alloc's scenario does that): asking the driver for more
+managed memory than the card has free can hang the GPU itself, not only the candidate, and a check must not
+endanger the machine the next candidate runs on.
 The contract and the plays are in _runtime.py; the scenario kind in porter/gates/parity/scenario.py."""
 from porter.gates.parity.scenario import Case, Scenario, Script
 from porter.gates.parity.spec import sibling
@@ -14,7 +17,6 @@ def build(case, ctx, rng):
     rt.play_alloc(s, case.dims['n'], managed=True, refuse_huge=False)
     rt.play_managed_host(s, case.dims['n'])
     rt.play_roundtrip(s, case.dims['n'], managed=True)
-    rt.play_refuse_huge(s, managed=True)
     s.call("ds4_gpu_cleanup", expect="ok")  # the next case starts from a fresh backend, as a new engine does
     return s
 
@@ -26,5 +28,5 @@ SCENARIO = Scenario(
         Case('65537 bytes', {'n': 65537}),
     ],
     build=build,
-    checks="managed allocations behave as tensors (size, no aliasing, round trips) and their contents are host-readable after synchronize; an impossible size is refused",
+    checks="managed allocations behave as tensors (size, no aliasing, round trips) and their contents are host-readable after synchronize",
 )
