@@ -315,9 +315,16 @@ T *ds4_gpu_tensor_alloc(uint64_t bytes) {
   return alloc_(bytes, 0);
 #endif
 }
+static void *g_managed_live; static uint64_t g_managed_live_bytes;  /* FAULT_MANAGED_SHARES_ONE_BUFFER */
 T *ds4_gpu_tensor_alloc_managed(uint64_t bytes) {
 #ifdef FAULT_MANAGED_IGNORES_FAILURE
   return alloc_(bytes, 1);
+#elif defined(FAULT_MANAGED_SHARES_ONE_BUFFER)
+  /* a managed tensor allocated while another lives gets that one's memory (its own is only freed) */
+  T *t = alloc_(bytes, 0);
+  if (t && g_managed_live && g_managed_live_bytes >= bytes) t->ptr = g_managed_live;
+  else if (t) { g_managed_live = t->ptr; g_managed_live_bytes = bytes; }
+  return t;
 #else
   return alloc_(bytes, 0);
 #endif
@@ -335,6 +342,7 @@ T *ds4_gpu_tensor_view(const T *base, uint64_t offset, uint64_t bytes) {
 void ds4_gpu_tensor_free(T *t) {
   if (!t) return;
   drain();
+  if (t->owner && t->alloc_base == g_managed_live) g_managed_live = NULL;
 #ifndef FAULT_FREE_LEAKS
   if (t->owner && t->alloc_base) free(t->alloc_base - PAD);
 #endif
@@ -571,6 +579,7 @@ DS4_FAULTS = [
     ("ds4_gpu_tensor_alloc", "FAULT_ALLOC_IGNORES_FAILURE", "error-return"),
     # FAULT_MANAGED_IGNORES_FAILURE is not caught: provoking a managed allocation failure means asking for
     # more managed memory than the card has, which can hang the GPU (ds4_gpu_tensor_alloc_managed.py)
+    ("ds4_gpu_tensor_alloc_managed", "FAULT_MANAGED_SHARES_ONE_BUFFER", "guard"),
     ("ds4_gpu_tensor_view", "FAULT_VIEW_IGNORES_OFFSET", "guard"),
     ("ds4_gpu_tensor_free", "FAULT_FREE_LEAKS", "leak"),
     ("ds4_gpu_tensor_bytes", "FAULT_BYTES_ROUNDED", "exact"),
