@@ -544,6 +544,32 @@ def _reachable(deps: dict[str, set[str]], start: str) -> set[str]:
     return seen
 
 
+def verify_deferred(r: Run, opts: RunOptions, results: dict[str, str], out_of_time) -> str | None:
+    """Parity again on the units this run committed as 'built' although parity runs here.
+
+    A runtime unit's scenario drives the other runtime units it calls; while one of them is still a
+    placeholder the scenario is skipped and the unit lands as 'built' (measured on ds4: 20 of 24
+    runtime units with --jobs 8, since their scenarios call each other).  Once the pass is over
+    they are ported, so each such unit's committed file is verified now, as a later run would."""
+    from porter.gates.parity.scenario import blocked_by
+
+    again = [u for u, how in results.items()
+             if how == "built" and r.can_verify(u) and not blocked_by(r.target, load_spec(r.target, u))]
+    if not again:
+        return None
+    r.out.line(f"{len(again)} unit(s) built while the units their checks call were placeholders: "
+               "verifying their committed files now", "bold cyan")
+    for unit in again:
+        if out_of_time():
+            return f"time budget {opts.time_budget} spent"
+        how, why = port_unit(unit, r, opts, True, out_of_time, f"{unit}: ")
+        if how:
+            results[unit] = how
+        if why:
+            return why
+    return None
+
+
 def port_concurrently(todo: list[str], r: Run, opts: RunOptions, reverify: set, out_of_time,
                       results: dict[str, str]) -> str | None:
     """--jobs N: up to N units in flight, each started once every unit it depends on has ended
@@ -669,6 +695,7 @@ def run(opts: RunOptions) -> int:
         out_of_time = lambda: budget_s is not None and time.monotonic() - started > budget_s  # noqa: E731
         if opts.jobs > 1:
             stop_reason = port_concurrently(todo, r, opts, reverify, out_of_time, results)
+            stop_reason = stop_reason or verify_deferred(r, opts, results, out_of_time)
             return finish(ws, target, r, results, stop_reason, run_dir)
         bar = out.progress(min(len(todo), opts.max_units if opts.max_units is not None else len(todo)), "porting")
         for i, unit in enumerate(todo):
@@ -684,6 +711,7 @@ def run(opts: RunOptions) -> int:
             if stop_reason:
                 break
         bar.stop()
+        stop_reason = stop_reason or verify_deferred(r, opts, results, out_of_time)
         return finish(ws, target, r, results, stop_reason, run_dir)
     finally:
         out.close()
