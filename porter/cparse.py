@@ -276,6 +276,21 @@ def function_definitions(src: str | bytes) -> list[FunctionDefinition]:
     return out
 
 
+def calls_to(src: str | bytes, names: set[str]) -> set[str]:
+    """Which of `names` the source calls (call expressions only: comments, strings and
+    declarations do not count)."""
+    found: set[str] = set()
+    stack = [parse_cuda(src).root_node]
+    while stack:
+        node = stack.pop()
+        if node.type == "call_expression":
+            fn = node.child_by_field_name("function")
+            if fn is not None and fn.type == "identifier" and _text(fn) in names:
+                found.add(_text(fn))
+        stack.extend(node.named_children)
+    return found
+
+
 def error_nodes(tree: ts.Tree) -> list[ts.Node]:
     """ERROR and MISSING nodes: what the grammar could not make sense of."""
     found = []

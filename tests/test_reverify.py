@@ -179,3 +179,28 @@ def test_runtime_units_whose_scenarios_call_each_other_are_verified_in_the_same_
 
 if __name__ == "__main__":  # pragma: no cover
     raise SystemExit(pytest.main([__file__, "-q"]))
+
+
+def test_parity_waits_for_the_api_functions_a_candidate_calls(workspace):
+    """ds4's shared gate/up slice calls ds4_gpu_swiglu_tensor: refused 3 times on an H100 while swiglu was
+    a placeholder.  Parity skips such a candidate (it lands 'built', verified once the callee is ported)."""
+    from porter.cparse import calls_to
+    from porter.gates import parity
+    from porter.gates.driver import Candidate, GateContext, ParityOptions
+
+    target = load_target(workspace, "minimoe")
+    src = ('// mini_gpu_add_tensor(x) in a comment is no call\n'
+           'extern "C" int mini_gpu_rms_norm_plain_rows_tensor(void *a) {\n'
+           '  const char *s = "mini_gpu_add_tensor(";\n'
+           '  return mini_gpu_swiglu_tensor(a, a, a, 4) && s; }\n')
+    assert calls_to(src, set(target.units)) == {"mini_gpu_swiglu_tensor"}
+    ctx = GateContext(target, workspace, library=workspace / "lib.so", parity=ParityOptions(mode="host"))
+    ctx.results["build"] = GateResult("build", True, "built")
+    res = parity.run(Candidate.of("mini_gpu_rms_norm_plain_rows_tensor", src), ctx)
+    assert res.skipped and not res.ok
+    assert res.summary == ("parity skipped: mini_gpu_rms_norm_plain_rows_tensor calls unported "
+                           "mini_gpu_swiglu_tensor")
+    # once the callee is ported, nothing holds the candidate back
+    good = (target.scripted_dir / "good" / "mini_gpu_swiglu_tensor.md").read_text()
+    target.unit_path("mini_gpu_swiglu_tensor").write_text(extract_unit_source(good, "mini_gpu_swiglu_tensor", target))
+    assert parity.waiting_on(target, None, Candidate.of("mini_gpu_rms_norm_plain_rows_tensor", src)) is None

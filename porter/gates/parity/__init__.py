@@ -34,8 +34,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from porter.cparse import calls_to
 from porter.gates.parity.gate import run_spec
-from porter.gates.parity.scenario import blocked_by
+from porter.gates.parity.scenario import blocked_by, placeholders_among
 from porter.gates.parity.spec import SpecError, load_spec
 from porter.gates.result import GateResult
 
@@ -66,6 +67,19 @@ def available() -> tuple[bool, str]:
     return True, f"{n} CUDA device(s) visible to cupy"
 
 
+def waiting_on(target, spec, candidate) -> str | None:
+    """Why parity cannot judge this candidate on a library linked from the workspace yet, or None.
+    A runtime scenario calls other units; a candidate may call other API functions (ds4's shared
+    gate/up calls matmul and swiglu): while one of them is a placeholder, a refusal would be its."""
+    waiting = blocked_by(target, spec)
+    if waiting:
+        return f"the scenario for {candidate.unit} also calls unported {', '.join(waiting)}"
+    waiting = placeholders_among(target, sorted(calls_to(candidate.source, set(target.units) - {candidate.unit})))
+    if waiting:
+        return f"{candidate.unit} calls unported {', '.join(waiting)}"
+    return None
+
+
 def run(candidate, ctx) -> GateResult:
     """Run the unit's parity spec against the library the build gate linked (ctx.library);
     skipped (not ok) when it cannot run here."""
@@ -86,10 +100,9 @@ def run(candidate, ctx) -> GateResult:
                           skipped=True)
     # a runtime scenario calls other units: on a library the build gate linked from the workspace it cannot
     # judge this one while they are placeholders (calibration libraries hold every unit)
-    waiting = blocked_by(target, spec) if "build" in ctx.results else []
-    if waiting:
-        return GateResult("parity", False, f"parity skipped: the scenario for {candidate.unit} also calls unported "
-                          f"{', '.join(waiting)}", skipped=True)
+    why = waiting_on(target, spec, candidate) if "build" in ctx.results else None
+    if why:
+        return GateResult("parity", False, f"parity skipped: {why}", skipped=True)
     sanitize = opts.sanitize
     if sanitize is None:
         sanitize = os.environ.get("PORTER_PARITY_SANITIZE", "") not in ("", "0", "off")

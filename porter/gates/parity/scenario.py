@@ -840,10 +840,13 @@ def blocked_by(target, scenario_or_spec) -> list[str]:
                 uses = sorted(script.functions())
             except Exception:  # noqa: BLE001 - a broken scenario is reported when it runs
                 return []
+    return placeholders_among(target, [u for u in uses if u != scenario_or_spec.unit])
+
+
+def placeholders_among(target, units) -> list[str]:
+    """The units of `units` whose workspace file is still porter's placeholder."""
     out = []
-    for u in uses:
-        if u == scenario_or_spec.unit:
-            continue
+    for u in units:
         try:
             p = target.unit_path(u)
         except Exception:  # noqa: BLE001
