@@ -11,6 +11,14 @@ to an online-softmax kernel above that (mask not supported there: the call
 is refused).  Shapes: a wrapped full ring, a ring still filling, masks, the
 online switch, odd sizes.
 
+Upstream's online kernel is launched for one decode token with pos0 = 0, so its
+first raw position, pos0 + 1 - n_raw, wraps around for n_raw > 1 and it attends
+to no raw row at all (measured on an H100: NMSE 2.5e-3 to 4e-3 against ds4.c's
+semantics with 128 raw rows; read in ds4_cuda.cu, attention_decode_mixed_heads8_online_kernel).
+That is an upstream defect, not ds4's contract, so the reference keeps every raw
+row and the online case holds exactly one raw row, where upstream is right: the
+kernel is reached, and a port is not asked to copy the defect.
+
 Tolerance: keys are exact in f16/TF32 (see _attn_inputs), so a correct kernel
 sits at float32 rounding (NMSE ~1e-12); the bounds NMSE 1e-6 and max
 element 1e-2 of the RMS allow a TF32 P.V product and nothing like a dropped
@@ -32,7 +40,7 @@ def dims(n_raw, raw_start, n_comp, raw_cap=128, use_mask=0, keep=0, n_head=64, h
 
 
 SMEM = "decode: full ring wrapped at 77, 1000 compressed rows, no mask"
-ONLINE = "decode: 128 raw + 8000 compressed rows, no mask (online kernel above 7936)"
+ONLINE = "decode: 1 raw row at ring row 40 + 8000 compressed rows, no mask (online kernel above 7936)"
 
 DISPATCH = {
     "attention_decode_mixed_kernel": f"n_comp <= 7936 -> reached by shape '{SMEM}'",
@@ -50,7 +58,7 @@ SPEC = UnitSpec(
                                                                                      keep=512)),
         Shape("decode: 1 raw row at ring row 127, 3 compressed rows, mask keeps 1", dims(1, 127, 3, use_mask=1,
                                                                                          keep=1)),
-        Shape(ONLINE, dims(128, 40, 8000)),
+        Shape(ONLINE, dims(1, 40, 8000)),
         Shape("odd: 3 heads x 96, 5 of 7 ring rows from 4, 9 compressed, mask keeps 4",
               dims(5, 4, 9, raw_cap=7, use_mask=1, keep=4, n_head=3, head_dim=96)),
         Shape("decode, ratio-128 layer at 64k: 128 raw + 512 compressed rows (timing)", dims(128, 64, 512),
