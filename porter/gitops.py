@@ -118,6 +118,9 @@ def step_message(target: str, unit: str, state: str, attempt: int, candidate_sha
     return "\n".join(lines) + "\n"
 
 
+TEMP_FILE_GLOB = ".*.tmp-*"  # porter.durable.write_atomic's temp-file names
+
+
 def commit_paths(workspace: Path, paths: list[str], message: str) -> str:
     """Commit exactly `paths` (files or folders, relative to the workspace) with `message`; return the sha.
 
@@ -125,7 +128,9 @@ def commit_paths(workspace: Path, paths: list[str], message: str) -> str:
     Hooks are not run: a step commit must hold what the ledger says it holds.
     """
     existing = [p for p in paths if (workspace / p).exists() or committed_blob(workspace, p) is not None]
-    git(workspace, "add", "-A", "--", *existing)
+    # durable.write_atomic's temp files (another thread of --jobs N writing evidence) are never part of
+    # a commit, and one renamed away mid-add made `git add` fail (measured on ds4 with --jobs 8)
+    git(workspace, "add", "-A", "--", *existing, f":(exclude,glob)**/{TEMP_FILE_GLOB}")
     git(workspace, *signing_args(workspace), "commit", "-q", "--no-verify", "-F", "-", "--", *existing, input=message)
     return head(workspace) or ""
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import uuid
 from pathlib import Path
 
@@ -147,3 +148,32 @@ def test_cache_dir_honours_the_environment(tmp_path, monkeypatch):
     monkeypatch.delenv("PORTER_BUILD_CACHE")
     assert build.cache_dir(Path("/ws")) == Path("/ws/runs/build-cache")
     assert os.environ.get("PORTER_BUILD_CACHE") is None
+
+
+def test_threads_building_the_same_object_compile_it_once(workspace, tmp_path, monkeypatch):
+    """--jobs N: every unit's first build needs the same placeholder objects; one compile each."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from porter.gates import build
+    from porter.target import load_target
+
+    target = load_target(workspace, "minimoe")
+    calls = []
+    real_run = subprocess.run
+
+    def fake_nvcc(cmd, **kw):
+        if "-c" not in cmd:
+            return real_run(cmd, **kw)  # nvcc --version for the object key
+        calls.append(threading.get_ident())
+        time.sleep(0.3)  # long enough for every thread to arrive while the first compiles
+        out = cmd[cmd.index("-o") + 1]
+        (Path(kw["cwd"]) / out if not Path(out).is_absolute() else Path(out)).write_bytes(b"obj")
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(build.subprocess, "run", fake_nvcc)
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda _: build.compile_object(target, "u", b"int x;", tmp_path), range(8)))
+    assert len(calls) == 1
+    assert len({p for p, _, _ in got}) == 1 and sum(not cached for _, _, cached in got) == 1

@@ -66,3 +66,18 @@ def test_answers_are_awaited_together(workspace, build_cache):
     builds = [i for i, x in enumerate(recs) if x["kind"] == "gate" and x.get("gate") == "build"]
     assert len(first_attempts) == 2 and max(first_attempts.values()) < min(builds), \
         "the second unit's answer came only after the first unit's build: units ran one at a time"
+
+
+def test_a_step_commit_leaves_out_another_threads_temp_files(workspace):
+    """With --jobs 8 on ds4 a commit's `git add` met an evidence temp file another thread had just
+    renamed away, and the run died mid-history.  Temp files are never part of a commit."""
+    from porter import gitops
+
+    ev = workspace / "ledger" / "evidence"
+    ev.mkdir(parents=True, exist_ok=True)
+    (ev / "ab.json").write_text("{}")
+    tmp = ev / ".cd.json.tmp-123-456"
+    tmp.write_text("{half")
+    sha = gitops.commit_paths(workspace, ["ledger"], "test: evidence only\n")
+    files = gitops.git(workspace, "show", "--name-only", "--format=", sha).split()
+    assert "ledger/evidence/ab.json" in files and not any(".tmp-" in f for f in files)
