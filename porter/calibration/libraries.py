@@ -169,8 +169,10 @@ def _toolkit_lib_dirs(nvcc: str) -> list[Path]:
     return [d for d in (root / "lib64", root / "targets" / "x86_64-linux" / "lib") if d.is_dir()]
 
 
-def build_upstream(target, mutant: Mutant | None = None, out_dir: Path | None = None) -> Path:
-    """Build the upstream backend (optionally mutated) with our calibration hooks; returns the .so path."""
+def build_upstream(target, mutant: Mutant | None = None, out_dir: Path | None = None,
+                   extra_flags: tuple[str, ...] = ()) -> Path:
+    """Build the upstream backend (optionally mutated) with our calibration hooks; returns the .so path.
+    extra_flags: more nvcc flags (the launch trace links the shared CUDA runtime: -cudart shared)."""
     recipe = recipe_for(target)
     checkout = Path(target.checkout)
     missing = [f for f in (*recipe.sources, *recipe.needs) if not (checkout / f).is_file()]
@@ -186,7 +188,7 @@ def build_upstream(target, mutant: Mutant | None = None, out_dir: Path | None = 
             raise PorterError(f"mutant {mutant.name}: {mutant.file} is not one of {', '.join(sources)}")
         sources[mutant.file] = mutant.apply(sources[mutant.file])
     nvcc = build_gate.nvcc_path()
-    flags = [*target.spec.cuda.nvcc_flags, "-shared"]
+    flags = [*target.spec.cuda.nvcc_flags, "-shared", *extra_flags]
     h = hashlib.sha256()
     for part in [build_gate.toolchain()["nvcc_version"], " ".join(flags), " ".join(recipe.libs)]:
         h.update(str(part).encode() + b"\0")

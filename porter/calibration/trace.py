@@ -1,0 +1,213 @@
+"""Which of the known-good's kernels a spec's cases launch: a kernel-launch trace.
+
+    python -m porter.calibration.trace --target ds4 [--unit U ...] [--json FILE]   (GPU, checkout)
+
+A spec is only as strong as the dispatch paths it reaches: upstream ds4 picks
+kernels by size thresholds and flags, and a mutant of a path no case reaches
+passes.  For every op the upstream function can launch the `__global__`
+functions of its slice (porter.scan.cuda_slice: the API function and everything
+it reaches, plus the slices of the API functions it calls); that is the
+reachable set.  The reached set is measured: the upstream backend is built
+with the shared CUDA runtime, and an interposer preloaded into the parity
+child (LD_PRELOAD) records the name of every kernel passed to
+cudaLaunchKernel (cudaFuncGetName) before handing the call on.  The table says,
+per op, reached / reachable and which kernels no case launches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from porter.errors import PorterError
+
+TRACE_ENV = "PORTER_LAUNCH_TRACE"  # the file the interposer appends kernel names to (relative: the child's cwd)
+
+INTERPOSER_C = r"""
+/* porter's kernel-launch trace: every cudaLaunchKernel of a library linked with the shared CUDA
+   runtime appends the kernel's (mangled) name to $PORTER_LAUNCH_TRACE, then launches it. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <cuda_runtime_api.h>
+
+typedef cudaError_t (*launch_fn)(const void *, dim3, dim3, void **, size_t, cudaStream_t);
+static pthread_mutex_t trace_mu = PTHREAD_MUTEX_INITIALIZER;
+static FILE *trace_out;
+
+cudaError_t cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **args, size_t shmem,
+                             cudaStream_t stream) {
+    static launch_fn real;
+    if (!real) real = (launch_fn)dlsym(RTLD_NEXT, "cudaLaunchKernel");
+    if (!real) return cudaErrorUnknown;
+    const char *name = NULL;
+    if (cudaFuncGetName(&name, func) != cudaSuccess || !name) name = "?";
+    pthread_mutex_lock(&trace_mu);
+    if (!trace_out) {
+        const char *path = getenv("PORTER_LAUNCH_TRACE");
+        if (path && path[0]) trace_out = fopen(path, "a");
+    }
+    if (trace_out) { fprintf(trace_out, "%s\n", name); fflush(trace_out); }
+    pthread_mutex_unlock(&trace_mu);
+    return real(func, grid, block, args, shmem, stream);
+}
+"""
+
+
+def kernel_name(mangled: str) -> str:
+    """The kernel's identifier from a mangled (or plain C) name: _ZL12foo_kernelPf -> foo_kernel,
+    _Z3barILj8EEvPf -> bar (template arguments dropped: the reachable set names templates once)."""
+    m = re.match(r"_Z(?:L)?(\d+)", mangled)
+    if not m:
+        return mangled
+    n = int(m.group(1))
+    return mangled[m.end():m.end() + n]
+
+
+def slice_kernels(cf, unit: str, rules) -> tuple[set[str], list[str]]:
+    """(the __global__ functions the unit's own slice holds, the API functions it calls)."""
+    from porter.scan.cuda_slice import closure
+
+    decls, api_calls, _ = closure(cf, unit, rules)
+    kernels = set()
+    for d in decls:
+        if d.kind != "function":
+            continue
+        head = cf.text(d).split("(", 1)[0]
+        if "__global__" in head:
+            kernels.update(d.names)
+    return kernels, sorted(api_calls)
+
+
+def reachable_kernels(cf, unit: str, rules) -> set[str]:
+    """Every kernel a call of `unit` can launch: its slice's, and those of the API functions it calls."""
+    seen, todo, out = set(), [unit], set()
+    while todo:
+        u = todo.pop()
+        if u in seen:
+            continue
+        seen.add(u)
+        kernels, calls = slice_kernels(cf, u, rules)
+        out |= kernels
+        todo.extend(calls)
+    return out
+
+
+def read_trace(path: Path) -> set[str]:
+    if not path.is_file():
+        return set()
+    return {kernel_name(line.strip()) for line in path.read_text(errors="replace").splitlines() if line.strip()}
+
+
+def build_interposer(out_dir: Path) -> Path:
+    """The interposer as a shared library.  Built by nvcc, which knows the toolkit's headers and links
+    the shared runtime, so its cudaFuncGetName is the same libcudart the traced library calls."""
+    from porter.calibration.libraries import _toolkit_lib_dirs
+    from porter.gates.build import nvcc_path
+
+    nvcc = nvcc_path()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    src = out_dir / "launch_trace.c"
+    src.write_text(INTERPOSER_C)
+    lib = out_dir / "liblaunch_trace.so"
+    rpath = [a for d in _toolkit_lib_dirs(nvcc) for a in ("-Xlinker", "-rpath", "-Xlinker", str(d))]
+    cmd = [nvcc, "-shared", "-Xcompiler", "-fPIC", "-cudart", "shared", "-o", str(lib), str(src), *rpath,
+           "-ldl", "-lpthread"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        raise PorterError(f"cannot build the launch-trace interposer: {(r.stderr or r.stdout).strip()[:300]}")
+    return lib
+
+
+PARALLEL_SPECS = 6
+
+
+def trace_units(target, units: list[str], workspace: Path, out=print) -> list[dict]:
+    """Run each unit's spec on the upstream backend (shared runtime) with the interposer preloaded.
+    Each child appends to a trace file in its own plan folder (its working directory), so several
+    specs run at once (their inputs and references are most of the time) and each trace is its own."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from porter.calibration.calibrator import CalibrateOptions, _parity
+    from porter.calibration.libraries import build_upstream
+    from porter.providers.reference import load_rules, reference_source
+    from porter.scan.cuda_slice import CudaFile
+
+    rules = load_rules(target)
+    cf = CudaFile.parse(reference_source(target), rules)
+    scratch = Path(tempfile.mkdtemp(prefix="porter-trace-"))
+    interposer = build_interposer(scratch)
+    lib = build_upstream(target, out_dir=Path(workspace) / "runs" / "known-good-traced" / target.name,
+                         extra_flags=("-cudart", "shared"))
+    out(f"traced upstream backend: {lib}")
+    plans = scratch / "ws"
+    # every child from here on starts with the interposer, in a fresh process, and keeps its plan folder
+    os.environ.update({"PORTER_PARITY_EXECUTOR": "spawn", "LD_PRELOAD": str(interposer),
+                       TRACE_ENV: "launch.trace", "PORTER_PARITY_KEEP": "1"})
+    opts = CalibrateOptions(plans, ledger=False)
+
+    def one(unit: str) -> dict:
+        res = _parity(target, unit, lib, opts)
+        reached: set[str] = set()
+        for d in (plans / "runs" / "parity").glob(f"{unit}-*"):
+            reached |= read_trace(d / "launch.trace")
+        reachable = reachable_kernels(cf, unit, rules)
+        return {"unit": unit, "known_good_ok": res.ok, "reachable": sorted(reachable),
+                "reached": sorted(reached & reachable), "missing": sorted(reachable - reached),
+                "outside_slice": sorted(reached - reachable), "summary": res.summary[:200]}
+
+    rows = []
+    try:
+        with ThreadPoolExecutor(max_workers=PARALLEL_SPECS) as pool:
+            for row in pool.map(one, units):
+                rows.append(row)
+                out(f"  {row['unit']}: {len(row['reached'])}/{len(row['reachable'])} kernels reached"
+                    + (f"; not reached: {', '.join(row['missing'])}" if row["missing"] else "")
+                    + ("" if row["known_good_ok"] else f"; KNOWN-GOOD REFUSED: {row['summary'][:120]}"))
+    finally:
+        os.environ.pop("LD_PRELOAD", None)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    from porter.gates import parity
+    from porter.gates.parity.spec import load_specs
+    from porter.target import load_target
+
+    ap = argparse.ArgumentParser(prog="python -m porter.calibration.trace", description=__doc__.split("\n\n")[0])
+    ap.add_argument("-C", dest="workspace", default=".")
+    ap.add_argument("--target", default="ds4")
+    ap.add_argument("--source", default=None)
+    ap.add_argument("--unit", action="append", help="only this unit (repeatable; default: every op spec)")
+    ap.add_argument("--json", metavar="FILE", help="write the table as JSON")
+    a = ap.parse_args(argv)
+    try:
+        ws = Path(a.workspace).resolve()
+        target = load_target(ws, a.target, a.source)
+        ok, why = parity.available()
+        if not ok:
+            raise PorterError(f"the launch trace runs the parity child on a GPU: {why}")
+        specs = load_specs(target)
+        units = a.unit or [u for u, s in specs.items() if any(getattr(sh, "timed", False) for sh in s.shapes)]
+        rows = trace_units(target, units, ws)
+    except PorterError as exc:
+        print(f"porter: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    full = sum(1 for r in rows if not r["missing"])
+    print(f"\n{full} of {len(rows)} ops launch every kernel their upstream function can reach; "
+          f"{sum(len(r['reached']) for r in rows)} of {sum(len(r['reachable']) for r in rows)} kernels reached")
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=1))
+    return 0 if full == len(rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,94 @@
+"""The kernel-launch trace (porter.calibration.trace): what can be shown without a GPU.
+
+The trace itself runs on a GPU (`python -m porter.calibration.trace`); here: the
+interposer builds, a library linked with the shared CUDA runtime really calls
+cudaLaunchKernel through the dynamic linker (so a preloaded definition sees every
+launch), mangled names map back to kernel identifiers, and the reachable set of
+ds4 ops holds the kernels each op's dispatch can choose.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import needs_nvcc
+from porter.calibration import trace
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _ds4_checkout() -> Path | None:
+    for c in (os.environ.get("PORTER_DS4_SOURCE"), REPO / "external" / "ds4"):
+        if c and (Path(c) / "ds4_cuda.cu").is_file():
+            return Path(c).resolve()
+    return None
+
+
+needs_ds4 = pytest.mark.skipif(_ds4_checkout() is None,
+                               reason="no ds4 checkout (PORTER_DS4_SOURCE or external/ds4)")
+
+
+@pytest.mark.parametrize("mangled,name", [
+    ("_ZL16rope_tail_kernelPfjjjjjjjiffffff", "rope_tail_kernel"),
+    ("_Z11fill_kernelPfmf", "fill_kernel"),
+    ("_ZL44attention_indexed_mixed_heads8_online_kernelILj8ELj16EEvPfPKf", "attention_indexed_mixed_heads8_online_kernel"),
+    ("plain_c_kernel", "plain_c_kernel"),
+])
+def test_mangled_names_map_to_kernel_identifiers(mangled, name):
+    assert trace.kernel_name(mangled) == name
+
+
+def test_a_trace_file_reads_as_a_set_of_kernels(tmp_path):
+    p = tmp_path / "t.trace"
+    p.write_text("_ZL3fooPf\n_ZL3fooPf\n_Z3barILj8EEvPf\n\n")
+    assert trace.read_trace(p) == {"foo", "bar"}
+    assert trace.read_trace(tmp_path / "absent") == set()
+
+
+@needs_nvcc
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc)")
+def test_the_interposer_builds_and_defines_cudaLaunchKernel(tmp_path):
+    lib = trace.build_interposer(tmp_path)
+    syms = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True).stdout
+    assert " T cudaLaunchKernel" in syms
+
+
+@needs_nvcc
+def test_a_shared_runtime_library_launches_through_the_dynamic_linker(tmp_path):
+    """The precondition of the trace: with -cudart shared, <<<>>> becomes a call to libcudart's
+    cudaLaunchKernel that LD_PRELOAD can interpose; with the default static runtime it would not."""
+    (tmp_path / "k.cu").write_text(
+        '__global__ static void k(float *x) { x[threadIdx.x] = 1.0f; }\n'
+        'extern "C" int go(float *x) { k<<<1, 32>>>(x); return cudaGetLastError() == cudaSuccess; }\n')
+
+    def undefined(*flags):
+        lib = tmp_path / f"lib{len(flags)}.so"
+        subprocess.run(["nvcc", "-shared", "-Xcompiler", "-fPIC", *flags, "-o", str(lib), str(tmp_path / "k.cu")],
+                       check=True, capture_output=True)
+        return subprocess.run(["nm", "-D", "--undefined-only", str(lib)], capture_output=True, text=True).stdout
+
+    assert "cudaLaunchKernel" in undefined("-cudart", "shared")
+    assert "cudaLaunchKernel" not in undefined()
+
+
+@needs_ds4
+def test_reachable_kernels_follow_dispatch_and_api_calls():
+    from porter.providers.reference import load_rules, reference_source
+    from porter.scan.cuda_slice import CudaFile
+    from porter.target import load_target
+
+    t = load_target(REPO, "ds4", _ds4_checkout())
+    rules = load_rules(t)
+    cf = CudaFile.parse(reference_source(t), rules)
+    attn = trace.reachable_kernels(cf, "ds4_gpu_attention_decode_heads_tensor", rules)
+    # both sides of the 7936-row switch the spec's DISPATCH table names
+    assert {"attention_decode_mixed_kernel", "attention_decode_mixed_heads8_online_kernel"} <= attn
+    # an op calling another API function can launch that function's kernels too
+    swiglu = trace.reachable_kernels(cf, "ds4_gpu_swiglu_tensor", rules)
+    assert swiglu and swiglu <= trace.reachable_kernels(cf, "ds4_gpu_shared_gate_up_swiglu_q8_0_tensor", rules)
+    assert trace.reachable_kernels(cf, "ds4_gpu_tensor_bytes", rules) == set()  # launches nothing
