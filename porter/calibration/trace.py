@@ -27,21 +27,50 @@ from pathlib import Path
 
 from porter.errors import PorterError
 
+LAUNCH_ENTRY_POINTS = ("cudaLaunchKernel", "__cudaLaunchKernel", "__cudaLaunchKernel_ptsz")  # what INTERPOSER_C hooks
 TRACE_ENV = "PORTER_LAUNCH_TRACE"  # the file the interposer appends kernel names to (relative: the child's cwd)
 
 INTERPOSER_C = r"""
-/* porter's kernel-launch trace: every cudaLaunchKernel of a library linked with the shared CUDA
-   runtime appends the kernel's (mangled) name to $PORTER_LAUNCH_TRACE, then launches it. */
+/* porter's kernel-launch trace: every launch of a library linked with the shared CUDA runtime appends
+   the kernel's (mangled) name to $PORTER_LAUNCH_TRACE, then goes on.  nvcc 13's <<<>>> stubs call
+   __cudaLaunchKernel(cudaKernel_t, ...) (measured: upstream ds4 imports it, not cudaLaunchKernel);
+   explicit launches call cudaLaunchKernel(const void *func, ...). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 typedef cudaError_t (*launch_fn)(const void *, dim3, dim3, void **, size_t, cudaStream_t);
+typedef cudaError_t (*launch_kernel_fn)(cudaKernel_t, dim3, dim3, void **, size_t, cudaStream_t);
 static pthread_mutex_t trace_mu = PTHREAD_MUTEX_INITIALIZER;
 static FILE *trace_out;
+
+static void record(const char *name) {
+    pthread_mutex_lock(&trace_mu);
+    if (!trace_out) {
+        const char *path = getenv("PORTER_LAUNCH_TRACE");
+        if (path && path[0]) trace_out = fopen(path, "a");
+    }
+    if (trace_out) { fprintf(trace_out, "%s\n", name ? name : "?"); fflush(trace_out); }
+    pthread_mutex_unlock(&trace_mu);
+}
+
+typedef CUresult (*kernel_name_fn)(const char **, CUkernel);
+
+static const char *kernel_handle_name(cudaKernel_t kernel) {
+    /* the driver's cuKernelGetName, from the libcuda the runtime has already loaded */
+    static kernel_name_fn get;
+    if (!get) {
+        void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+        if (h) get = (kernel_name_fn)dlsym(h, "cuKernelGetName");
+    }
+    const char *name = NULL;
+    if (!get || get(&name, (CUkernel)kernel) != CUDA_SUCCESS) return NULL;
+    return name;
+}
 
 cudaError_t cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **args, size_t shmem,
                              cudaStream_t stream) {
@@ -49,15 +78,27 @@ cudaError_t cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **arg
     if (!real) real = (launch_fn)dlsym(RTLD_NEXT, "cudaLaunchKernel");
     if (!real) return cudaErrorUnknown;
     const char *name = NULL;
-    if (cudaFuncGetName(&name, func) != cudaSuccess || !name) name = "?";
-    pthread_mutex_lock(&trace_mu);
-    if (!trace_out) {
-        const char *path = getenv("PORTER_LAUNCH_TRACE");
-        if (path && path[0]) trace_out = fopen(path, "a");
-    }
-    if (trace_out) { fprintf(trace_out, "%s\n", name); fflush(trace_out); }
-    pthread_mutex_unlock(&trace_mu);
+    if (cudaFuncGetName(&name, func) != cudaSuccess) name = NULL;
+    record(name);
     return real(func, grid, block, args, shmem, stream);
+}
+
+cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 grid, dim3 block, void **args, size_t shmem,
+                               cudaStream_t stream) {
+    static launch_kernel_fn real;
+    if (!real) real = (launch_kernel_fn)dlsym(RTLD_NEXT, "__cudaLaunchKernel");
+    if (!real) return cudaErrorUnknown;
+    record(kernel_handle_name(kernel));
+    return real(kernel, grid, block, args, shmem, stream);
+}
+
+cudaError_t __cudaLaunchKernel_ptsz(cudaKernel_t kernel, dim3 grid, dim3 block, void **args, size_t shmem,
+                                    cudaStream_t stream) {
+    static launch_kernel_fn real;
+    if (!real) real = (launch_kernel_fn)dlsym(RTLD_NEXT, "__cudaLaunchKernel_ptsz");
+    if (!real) return cudaErrorUnknown;
+    record(kernel_handle_name(kernel));
+    return real(kernel, grid, block, args, shmem, stream);
 }
 """
 
