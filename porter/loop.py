@@ -302,6 +302,9 @@ class Run:
         # so every record and commit is the same as some one-unit-at-a-time run would have made
         self.records = threading.RLock()
         self.ledger = SerialLedger(ledger, self.records)
+        # --jobs N: first answers asked for while the unit still waits for the units it depends on
+        # (the model thinks while the runtime units are gated); (unit, attempt) -> (request, future)
+        self.prefetched: dict[tuple[str, int], tuple] = {}
 
     def history(self) -> History:
         with self.records:
@@ -334,16 +337,47 @@ class Run:
         kill_point("after-gate")
         return sha
 
+    def prefetch(self, unit: str, pool) -> bool:
+        """Ask for `unit`'s next answer now, on `pool`, for its attempt to use (see _complete).  The usage
+        is recorded when the answer arrives: it is spent either way."""
+        uh = self.history().unit(unit)
+        attempt = uh.next_attempt
+        if (unit, attempt) in self.prefetched:
+            return False
+        req = build_prompt(self.target, unit, attempt, [f.raw for f in uh.failures_since_step])
+        req.meta.setdefault("builder", "porter.prompt")
+        req.meta["asked_early"] = True
+
+        def fetch():
+            completion = self.provider.complete(req)
+            self._usage(unit, completion)
+            return completion
+
+        failures = [f.raw for f in uh.failures_since_step]
+        self.prefetched[(unit, attempt)] = (req, pool.submit(fetch), failures)
+        return True
+
+    def _complete(self, unit: str, attempt: int, failures: list[dict], req):
+        """(the provider's answer, the request it answers, was it asked early).  An answer asked for
+        early is used when it was asked with the same failures: its prompt may lack style examples
+        of units committed since (the first units of any port have none), and the attempt records
+        the prompt that was really sent."""
+        early = self.prefetched.pop((unit, attempt), None)
+        if early is not None and early[2] == failures:
+            return early[1].result(), early[0], True  # a ProviderError is raised here, as from complete()
+        return self.provider.complete(req), req, False
+
     def attempt(self, unit: str, attempt: int, failures: list[dict]) -> AttemptOutcome:
         """Ask the provider once, extract the candidate, run the gates, and land a step if they pass."""
         target = self.target
         req = build_prompt(target, unit, attempt, failures)
         req.meta.setdefault("builder", "porter.prompt")
-        completion = self.provider.complete(req)
+        completion, req, early = self._complete(unit, attempt, failures, req)
         prompt_sha = self._save(unit, f"attempt-{attempt}.prompt.md",
                                 f"<!-- system -->\n{req.system}\n\n<!-- prompt -->\n{req.prompt}\n")
         response_sha = self._save(unit, f"attempt-{attempt}.response.md", completion.text)
-        self._usage(unit, completion)
+        if not early:
+            self._usage(unit, completion)
 
         candidate = None
         try:
@@ -585,6 +619,8 @@ def port_concurrently(todo: list[str], r: Run, opts: RunOptions, reverify: set, 
     ended: set[str] = set()
     stop_reason: str | None = None
     started = 0
+    asked_early: set[str] = set()
+    ask = ThreadPoolExecutor(max_workers=opts.jobs, thread_name_prefix="porter-ask")
     with ThreadPoolExecutor(max_workers=opts.jobs, thread_name_prefix="porter-unit") as pool:
         flying: dict = {}
         while pending or flying:
@@ -600,6 +636,22 @@ def port_concurrently(todo: list[str], r: Run, opts: RunOptions, reverify: set, 
                 kind = "runtime" if ready in r.target.runtime_units else "op"
                 r.out.line(f"[{started}/{len(todo)}] {ready} ({kind}) started", "bold cyan")
                 flying[pool.submit(port_unit, ready, r, opts, ready in reverify, out_of_time, f"{ready}: ")] = ready
+            # free slots while units wait for their dependencies: their first answers are asked for now
+            # (a model thinks for a minute; measured at --jobs 8 on minimoe, waiting for the runtime units
+            # held the run to 5.99x --jobs 1).  Never more answers in the air than --jobs, never beyond
+            # --max-units, never once stopping, never for a unit that starts by re-checking a committed file.
+            room = opts.jobs - len(flying) - sum(1 for u in asked_early if u in pending)
+            limit = None if opts.max_units is None else opts.max_units - started
+            for u in pending:
+                if room <= 0 or stop_reason or out_of_time() or (limit is not None and limit <= 0):
+                    break
+                if u in asked_early or u in reverify or deps[u] <= ended:
+                    continue
+                if r.prefetch(u, ask):
+                    asked_early.add(u)
+                    room -= 1
+                    if limit is not None:
+                        limit -= 1
             if not flying:
                 break  # stopped, or nothing left that can start
             done, _ = wait(list(flying), return_when=FIRST_COMPLETED)
@@ -611,6 +663,7 @@ def port_concurrently(todo: list[str], r: Run, opts: RunOptions, reverify: set, 
                     results[unit] = how
                 if why and not stop_reason:
                     stop_reason = why
+    ask.shutdown(wait=False, cancel_futures=True)  # answers asked for units that never started: not waited for
     return stop_reason
 
 

@@ -81,3 +81,45 @@ def test_a_step_commit_leaves_out_another_threads_temp_files(workspace):
     sha = gitops.commit_paths(workspace, ["ledger"], "test: evidence only\n")
     files = gitops.git(workspace, "show", "--name-only", "--format=", sha).split()
     assert "ledger/evidence/ab.json" in files and not any(".tmp-" in f for f in files)
+
+
+def test_first_answers_are_asked_for_while_units_wait_for_their_dependencies(workspace, build_cache, porter_cli,
+                                                                            monkeypatch):
+    """--jobs 3: the ops wait for the runtime unit before their gates, but their first answers are asked for
+    at once (measured at --jobs 8 with 60 s answers: waiting first held minimoe to 5.99x --jobs 1), and
+    the ledger still shows every op's attempt after the runtime unit's step."""
+    import threading
+
+    import porter.loop as loop
+    from porter.loop import RunOptions, run
+    from porter.providers.delayed import DelayedProvider
+
+    events, lock = [], threading.Lock()
+    real_complete, real_commit = DelayedProvider.complete, loop.commit_step
+
+    def complete(self, req):
+        with lock:
+            events.append(("ask", req.unit, req.attempt))
+        return real_complete(self, req)
+
+    def commit_step(ws, step):
+        with lock:
+            events.append(("commit", step.unit, step.attempt))
+        return real_commit(ws, step)
+
+    monkeypatch.setattr(DelayedProvider, "complete", complete)
+    monkeypatch.setattr(loop, "commit_step", commit_step)
+    rc = run(RunOptions(workspace, "minimoe", units=OPS + [RUNTIME], quiet=True, jobs=3,
+                        provider={"provider": "scripted", "answer_delay_s": 1.0}))
+    assert rc == 0
+    runtime_landed = events.index(next(e for e in events if e[:2] == ("commit", RUNTIME)))
+    for op in OPS:
+        assert events.index(("ask", op, 1)) < runtime_landed, events
+    asks = [e for e in events if e[0] == "ask"]
+    assert len(asks) == len(set(asks)), "an answer was asked for twice"
+    for u in OPS + [RUNTIME]:
+        assert_consistent(workspace, u, porter_cli)
+    recs = Ledger(workspace).records()
+    runtime_done = max(i for i, x in enumerate(recs) if x.get("unit") == RUNTIME and x["kind"] == "step")
+    first_op = min(i for i, x in enumerate(recs) if x.get("unit") in OPS and x["kind"] == "attempt")
+    assert runtime_done < first_op
