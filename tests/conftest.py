@@ -23,6 +23,14 @@ REPO = Path(__file__).resolve().parents[1]
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH: the build gate needs the CUDA toolkit")
 
 
+def ds4_checkout() -> Path | None:
+    """The user's ds4 checkout: $PORTER_DS4_SOURCE, else external/ds4 (git-ignored); None without one."""
+    for c in (os.environ.get("PORTER_DS4_SOURCE"), REPO / "external" / "ds4"):
+        if c and (Path(c) / "ds4_cuda.cu").is_file():
+            return Path(c).resolve()
+    return None
+
+
 @pytest.fixture(autouse=True)
 def _porter_home(monkeypatch, tmp_path):
     """Signing keys, trust pins and witnesses of every test live in tmp, never in ~/.config/porter."""

@@ -9,13 +9,12 @@ ds4 ops holds the kernels each op's dispatch can choose.
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from conftest import needs_nvcc
+from conftest import ds4_checkout as _ds4_checkout, needs_nvcc
 from porter.calibration import trace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -24,13 +23,6 @@ REPO = Path(__file__).resolve().parents[1]
 def _symbols(which: str, lib: Path) -> set[str]:
     out = subprocess.run(["nm", "-D", which, str(lib)], capture_output=True, text=True).stdout
     return {line.split()[-1].split("@")[0] for line in out.splitlines() if line.strip()}
-
-
-def _ds4_checkout() -> Path | None:
-    for c in (os.environ.get("PORTER_DS4_SOURCE"), REPO / "external" / "ds4"):
-        if c and (Path(c) / "ds4_cuda.cu").is_file():
-            return Path(c).resolve()
-    return None
 
 
 needs_ds4 = pytest.mark.skipif(_ds4_checkout() is None,

@@ -253,12 +253,7 @@ def test_the_static_table_rule_keeps_two_units_linkable_with_device_linking(tmp_
 # ---------------------------------------------------------------- ds4, with the user's checkout
 
 
-def _ds4_checkout() -> Path | None:
-    for c in (os.environ.get("PORTER_DS4_SOURCE"), REPO / "external" / "ds4"):
-        if c and (Path(c) / "ds4_cuda.cu").is_file():
-            return Path(c).resolve()
-    return None
-
+from conftest import ds4_checkout as _ds4_checkout  # noqa: E402
 
 needs_ds4 = pytest.mark.skipif(_ds4_checkout() is None,
                                reason="no ds4 checkout (PORTER_DS4_SOURCE or external/ds4): the ds4 slices need upstream's ds4_cuda.cu")
