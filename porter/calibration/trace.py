@@ -83,23 +83,18 @@ cudaError_t cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **arg
     return real(func, grid, block, args, shmem, stream);
 }
 
-cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 grid, dim3 block, void **args, size_t shmem,
-                               cudaStream_t stream) {
-    static launch_kernel_fn real;
-    if (!real) real = (launch_kernel_fn)dlsym(RTLD_NEXT, "__cudaLaunchKernel");
-    if (!real) return cudaErrorUnknown;
-    record(kernel_handle_name(kernel));
-    return real(kernel, grid, block, args, shmem, stream);
+#define HOOK_KERNEL_LAUNCH(entry)                                                                  \
+cudaError_t entry(cudaKernel_t kernel, dim3 grid, dim3 block, void **args, size_t shmem,           \
+                  cudaStream_t stream) {                                                           \
+    static launch_kernel_fn real;                                                                  \
+    if (!real) real = (launch_kernel_fn)dlsym(RTLD_NEXT, #entry);                                  \
+    if (!real) return cudaErrorUnknown;                                                            \
+    record(kernel_handle_name(kernel));                                                            \
+    return real(kernel, grid, block, args, shmem, stream);                                         \
 }
 
-cudaError_t __cudaLaunchKernel_ptsz(cudaKernel_t kernel, dim3 grid, dim3 block, void **args, size_t shmem,
-                                    cudaStream_t stream) {
-    static launch_kernel_fn real;
-    if (!real) real = (launch_kernel_fn)dlsym(RTLD_NEXT, "__cudaLaunchKernel_ptsz");
-    if (!real) return cudaErrorUnknown;
-    record(kernel_handle_name(kernel));
-    return real(kernel, grid, block, args, shmem, stream);
-}
+HOOK_KERNEL_LAUNCH(__cudaLaunchKernel)
+HOOK_KERNEL_LAUNCH(__cudaLaunchKernel_ptsz)
 """
 
 
