@@ -43,6 +43,7 @@ import signal
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -344,7 +345,8 @@ class Run:
         attempt = uh.next_attempt
         if (unit, attempt) in self.prefetched:
             return False
-        req = build_prompt(self.target, unit, attempt, [f.raw for f in uh.failures_since_step])
+        failures = [f.raw for f in uh.failures_since_step]
+        req = build_prompt(self.target, unit, attempt, failures)
         req.meta.setdefault("builder", "porter.prompt")
         req.meta["asked_early"] = True
 
@@ -353,7 +355,6 @@ class Run:
             self._usage(unit, completion)
             return completion
 
-        failures = [f.raw for f in uh.failures_since_step]
         self.prefetched[(unit, attempt)] = (req, pool.submit(fetch), failures)
         return True
 
@@ -610,6 +611,16 @@ def verify_deferred(r: Run, opts: RunOptions, results: dict[str, str], out_of_ti
     return None
 
 
+@contextmanager
+def _not_awaited(executor: ThreadPoolExecutor):
+    """The executor, shut down on the way out without waiting: answers asked early for units that
+    never started (a stop, an error) are not worth a minute of the run."""
+    try:
+        yield executor
+    finally:
+        executor.shutdown(wait=False, cancel_futures=True)
+
+
 def port_concurrently(todo: list[str], r: Run, opts: RunOptions, reverify: set, out_of_time,
                       results: dict[str, str]) -> str | None:
     """--jobs N: up to N units in flight, each started once every unit it depends on has ended
@@ -620,8 +631,8 @@ def port_concurrently(todo: list[str], r: Run, opts: RunOptions, reverify: set, 
     stop_reason: str | None = None
     started = 0
     asked_early: set[str] = set()
-    ask = ThreadPoolExecutor(max_workers=opts.jobs, thread_name_prefix="porter-ask")
-    with ThreadPoolExecutor(max_workers=opts.jobs, thread_name_prefix="porter-unit") as pool:
+    with _not_awaited(ThreadPoolExecutor(max_workers=opts.jobs, thread_name_prefix="porter-ask")) as ask, \
+            ThreadPoolExecutor(max_workers=opts.jobs, thread_name_prefix="porter-unit") as pool:
         flying: dict = {}
         while pending or flying:
             while not stop_reason and len(flying) < opts.jobs:
@@ -640,8 +651,9 @@ def port_concurrently(todo: list[str], r: Run, opts: RunOptions, reverify: set, 
             # (a model thinks for a minute; measured at --jobs 8 on minimoe, waiting for the runtime units
             # held the run to 5.99x --jobs 1).  Never more answers in the air than --jobs, never beyond
             # --max-units, never once stopping, never for a unit that starts by re-checking a committed file.
-            room = opts.jobs - len(flying) - sum(1 for u in asked_early if u in pending)
-            limit = None if opts.max_units is None else opts.max_units - started
+            waiting_asked = sum(1 for u in asked_early if u in pending)  # asked, not started yet
+            room = opts.jobs - len(flying) - waiting_asked
+            limit = None if opts.max_units is None else opts.max_units - started - waiting_asked
             for u in pending:
                 if room <= 0 or stop_reason or out_of_time() or (limit is not None and limit <= 0):
                     break
@@ -663,7 +675,6 @@ def port_concurrently(todo: list[str], r: Run, opts: RunOptions, reverify: set, 
                     results[unit] = how
                 if why and not stop_reason:
                     stop_reason = why
-    ask.shutdown(wait=False, cancel_futures=True)  # answers asked for units that never started: not waited for
     return stop_reason
 
 

@@ -132,7 +132,7 @@ def test_a_run_takes_each_missing_baseline_once_and_records_it_as_no_calibration
         return GateResult("parity", True, "parity ok", evidence={
             "target": "minimoe", "gate": "parity", "ok": True, "unit": unit, "spec": {"sha256": sha},
             "timing": {"case": "timed", "median_ms": 0.5}})
-    monkeypatch.setattr(baseline, "_parity", fake_parity)
+    monkeypatch.setattr(baseline, "parity_on_library", fake_parity)
     ledger = Ledger(workspace)
     lines = []
     got = baseline.take_baselines(target, workspace, History.read(workspace, "minimoe"), list(specs), ledger,

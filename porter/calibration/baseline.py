@@ -17,7 +17,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from porter.calibration.calibrator import CalibrateOptions, _parity, record
+from porter.calibration.calibrator import CalibrateOptions, parity_on_library, record
 from porter.calibration.libraries import BuildError, UpstreamLibraries
 from porter.errors import PorterError
 from porter.gates.driver import ParityOptions
@@ -33,11 +33,15 @@ def baseline_source(target) -> str | None:
     return perf.get("baseline")
 
 
-def missing_baselines(target, history, units: list[str]) -> list[str]:
-    """Units of `units` whose spec times a case and has no known-good timing for that exact spec
-    (a runtime scenario times nothing: its units stay `verified (perf unmeasured)`)."""
-    specs = load_specs(target)
-    return [u for u in units if u in specs and any(getattr(s, "timed", False) for s in specs[u].shapes)
+def times_a_case(spec) -> bool:
+    """Does the spec time one of its cases?  A runtime scenario times nothing: its units stay
+    `verified (perf unmeasured)`, and neither a baseline nor a launch trace has anything to measure."""
+    return any(getattr(s, "timed", False) for s in spec.shapes)
+
+
+def missing_baselines(specs: dict, history, units: list[str]) -> list[str]:
+    """Units of `units` whose spec times a case and has no known-good timing for that exact spec."""
+    return [u for u in units if u in specs and times_a_case(specs[u])
             and perf_baseline(history, u, specs[u].sha256)[0] is None]
 
 
@@ -49,7 +53,8 @@ def take_baselines(target, workspace: Path, history, units: list[str], ledger, l
     enabled, _ = perf_settings(target)
     if baseline_source(target) != "upstream" or not enabled:
         return {}
-    todo = missing_baselines(target, history, units)
+    specs = load_specs(target)
+    todo = missing_baselines(specs, history, units)
     if not todo:
         return {}
     t0 = time.monotonic()
@@ -62,13 +67,12 @@ def take_baselines(target, workspace: Path, history, units: list[str], ledger, l
         return {}
     line(f"perf baselines: built in {time.monotonic() - t0:.0f} s")
     opts = CalibrateOptions(Path(workspace), parity=parity or ParityOptions(), ledger=False)
-    specs = load_specs(target)
     records, passed = {}, {}
     done = 0
 
     def one(unit: str):
         t1 = time.monotonic()
-        return unit, _parity(target, unit, good, opts), time.monotonic() - t1
+        return unit, parity_on_library(target, unit, good, opts), time.monotonic() - t1
 
     # several specs at once: each one's inputs and numpy reference (most of a ds4 spec's time: 109 s of
     # routed_moe_batch's, measured on an H100) are built in parallel, while the children that run and time

@@ -66,7 +66,7 @@ def _probe_counts(res) -> dict:
     return out
 
 
-def _parity(target, unit: str, lib: Path, opts: CalibrateOptions, timeout: float | None = None):
+def parity_on_library(target, unit: str, lib: Path, opts: CalibrateOptions, timeout: float | None = None):
     """The parity gate, through the one driver, on a library that holds the unit under test."""
     parity = ParityOptions(**{**asdict(opts.parity), "timeout": timeout or opts.parity.timeout})
     ctx = GateContext(target, opts.workspace, parity=parity, library=Path(lib))
@@ -123,7 +123,7 @@ def calibrate(target, libs, opts: CalibrateOptions, out=print) -> dict:
             records[unit] = {"ok": False, "summary": "no known-good implementation", "known_good_ok": None}
             continue
         t1 = time.monotonic()
-        res = _parity(target, unit, good, opts)
+        res = parity_on_library(target, unit, good, opts)
         rows.append(_row(unit, "known-good", libs.describe, "pass", res, res.ok, time.monotonic() - t1))
         out(f"  {'ok ' if res.ok else 'BAD'} {unit}: {res.summary}")
         if not res.ok:
@@ -138,7 +138,7 @@ def calibrate(target, libs, opts: CalibrateOptions, out=print) -> dict:
                 rows.append(Row(unit, m.origin, m.name, m.must_fail_check, "build-error", False, str(exc)))
                 out(f"      BUILD-ERROR {m.name}: {exc}")
                 continue
-            r = _parity(target, unit, lib, opts, timeout=m.timeout)
+            r = parity_on_library(target, unit, lib, opts, timeout=m.timeout)
             ok = m.rejected_by(r.word)
             rejected += ok
             rows.append(_row(unit, m.origin, m.name, m.must_fail_check, r, ok, time.monotonic() - t2,

@@ -9,8 +9,9 @@ functions of its slice (porter.scan.cuda_slice: the API function and everything
 it reaches, plus the slices of the API functions it calls); that is the
 reachable set.  The reached set is measured: the upstream backend is built
 with the shared CUDA runtime, and an interposer preloaded into the parity
-child (LD_PRELOAD) records the name of every kernel passed to
-cudaLaunchKernel (cudaFuncGetName) before handing the call on.  The table says,
+child (LD_PRELOAD) records the name of every kernel launched (nvcc 13's
+__cudaLaunchKernel(_ptsz) from <<<>>>, and cudaLaunchKernel) before handing the
+call on.  The table says,
 per op, reached / reachable and which kernels no case launches.
 """
 
@@ -172,7 +173,7 @@ def trace_units(target, units: list[str], workspace: Path, out=print) -> list[di
     specs run at once (their inputs and references are most of the time) and each trace is its own."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from porter.calibration.calibrator import CalibrateOptions, _parity
+    from porter.calibration.calibrator import CalibrateOptions, parity_on_library
     from porter.calibration.libraries import build_upstream
     from porter.providers.reference import load_rules, reference_source
     from porter.scan.cuda_slice import CudaFile
@@ -191,7 +192,7 @@ def trace_units(target, units: list[str], workspace: Path, out=print) -> list[di
     opts = CalibrateOptions(plans, ledger=False)
 
     def one(unit: str) -> dict:
-        res = _parity(target, unit, lib, opts)
+        res = parity_on_library(target, unit, lib, opts)
         reached: set[str] = set()
         for d in (plans / "runs" / "parity").glob(f"{unit}-*"):
             reached |= read_trace(d / "launch.trace")
@@ -214,6 +215,7 @@ def trace_units(target, units: list[str], workspace: Path, out=print) -> list[di
 
 
 def main(argv: list[str] | None = None) -> int:
+    from porter.calibration.baseline import times_a_case
     from porter.gates import parity
     from porter.gates.parity.spec import load_specs
     from porter.target import load_target
@@ -232,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         if not ok:
             raise PorterError(f"the launch trace runs the parity child on a GPU: {why}")
         specs = load_specs(target)
-        units = a.unit or [u for u, s in specs.items() if any(getattr(sh, "timed", False) for sh in s.shapes)]
+        units = a.unit or [u for u, s in specs.items() if times_a_case(s)]
         rows = trace_units(target, units, ws)
     except PorterError as exc:
         print(f"porter: error: {exc}", file=sys.stderr)
