@@ -173,6 +173,7 @@ def test_threads_building_the_same_object_compile_it_once(workspace, tmp_path, m
         return subprocess.CompletedProcess(cmd, 0, "", "")
 
     monkeypatch.setattr(build.subprocess, "run", fake_nvcc)
+    monkeypatch.setattr(build, "SPLIT_COMPILE", False)  # one faked nvcc call per compile
     with ThreadPoolExecutor(8) as pool:
         got = list(pool.map(lambda _: build.compile_object(target, "u", b"int x;", tmp_path), range(8)))
     assert len(calls) == 1

@@ -33,11 +33,14 @@ from pathlib import Path
 
 from porter.digest import sha256_bytes, sha256_file
 from porter.errors import PorterError
+from porter.gates import nvcc_split
 from porter.gates.result import GateResult
 from porter.placeholder import is_placeholder, placeholder_source
 
 GATE = "build"
 NVCC_TIMEOUT_S = float(os.environ.get("PORTER_NVCC_TIMEOUT", "300"))
+# nvcc's host and device front ends side by side (porter/gates/nvcc_split.py); 0 runs plain nvcc
+SPLIT_COMPILE = os.environ.get("PORTER_NVCC_SPLIT", "1") != "0"
 LINK_TIMEOUT_S = 120.0
 MAX_ERRORS = 12  # error messages kept for the next prompt
 MAX_DIAG_CHARS = 6000
@@ -150,7 +153,14 @@ def _compile_uncached(target, name: str, source: bytes, cache: Path, key: str, o
     # Compiled from its own folder by file name, so diagnostics say `unit.cu(12): error: ...`.
     cmd = [nvcc_path(), "-c", *compile_flags(target), "-o", str(tmp), tu.name]
     t0 = time.monotonic()
-    try:
+    split = nvcc_split.compile_split(cmd, tu_dir, key, name, NVCC_TIMEOUT_S) if SPLIT_COMPILE else "unsplit"
+    if split == "ok" and tmp.is_file():
+        os.replace(tmp, obj)
+        return obj, time.monotonic() - t0, False
+    if split == "timeout":
+        tmp.unlink(missing_ok=True)
+        raise CompileFailure(name, "", timed_out=True)
+    try:  # plain nvcc: the compile we do not split, and nvcc's own diagnostics for one that failed split
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=NVCC_TIMEOUT_S, cwd=tu_dir)
     except subprocess.TimeoutExpired as exc:
         tmp.unlink(missing_ok=True)
