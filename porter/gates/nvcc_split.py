@@ -134,3 +134,4 @@ def compile_split(nvcc_cmd: list[str], cwd: Path, key: str, stem: str, timeout: 
         return "unsplit"
     Path(p.module_id_file).write_text(module_id(key, stem))
     return run_split(p, cwd, timeout)
+

@@ -78,7 +78,8 @@ def attempt(target, unit: str, text: str, cache: Path, workspace: Path, timeout:
     t.update(total=time.monotonic() - t0, ok=p.ok, parity_summary=p.summary, check=p.check,
              compile_s=b.evidence.get("compile_seconds"), others_s=b.evidence.get("others_compile_seconds"),
              link_s=b.evidence.get("link_seconds"), parity_child_s=p.evidence.get("child", {}).get("elapsed_s"),
-             parity_prepare_s=(p.evidence.get("harness_s") or {}).get("prepare_s"))
+             parity_prepare_s=(p.evidence.get("harness_s") or {}).get("prepare_s"),
+             child_phase_s=p.evidence.get("child", {}).get("phase_s") or {})
     return t
 
 
@@ -119,12 +120,16 @@ def main(argv=None) -> int:
                                     for k in ("extract", "static", "build", "parity")},
                 "split_median_s": {k: statistics.median((r[k] or 0.0) for r in rows)
                                    for k in ("compile_s", "link_s", "parity_prepare_s", "parity_child_s")},
+                "child_phase_median_s": {k: round(statistics.median(r["child_phase_s"].get(k, 0.0) for r in rows), 4)
+                                         for k in sorted({k for r in rows for k in r["child_phase_s"]})},
                 "all_ok": all(r["ok"] for r in rows)}
 
     def show(name, x):
         print(f"  {name}: median {x['median_s']:.2f} s, p90 {x['p90_s']:.2f} s over {x['n']} (stages: " +
               ", ".join(f"{k} {v:.2f}" for k, v in x["stages_median_s"].items()) + "; split: " +
               ", ".join(f"{k} {v:.2f}" for k, v in x["split_median_s"].items()) + f"), all ok={x['all_ok']}")
+        if x["child_phase_median_s"]:
+            print("    parity child: " + ", ".join(f"{k} {v:.3f}" for k, v in x["child_phase_median_s"].items()))
 
     warm = tmp / "cache-warm"
     t0 = time.monotonic()

@@ -36,6 +36,7 @@ different inputs):
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -82,6 +83,16 @@ class Child:
         self._live_map = None  # see _keep_map
 
     # -- bookkeeping -----------------------------------------------------
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        """Seconds per phase of this child (results["phase_s"]): where a verdict's time goes."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            acc = self.results.setdefault("phase_s", {})
+            acc[name] = round(acc.get(name, 0.0) + time.perf_counter() - t0, 4)
+
     def step(self, **fields) -> None:
         self.progress.write(json.dumps(fields) + "\n")
         self.progress.flush()
@@ -158,10 +169,13 @@ class Child:
         structs = {name: Tensor(buf.ptr, buf.nbytes, 0) for name, buf in bufs.items()}
         try:
             for p, pdata in enumerate(case["passes"]):
-                crec["passes"].append(self.run_pass(case, p, pdata, arrays, bufs, structs))
-                self.save()
+                with self.phase("passes"):
+                    crec["passes"].append(self.run_pass(case, p, pdata, arrays, bufs, structs))
+                with self.phase("save"):
+                    self.save()
             if case.get("timed") and int(plan.get("timing_reps", 0)) > 0 and case["expect"] == "ok":
-                crec["timing"] = self.time_case(case, case["passes"][-1], arrays, bufs, structs)
+                with self.phase("timing"):
+                    crec["timing"] = self.time_case(case, case["passes"][-1], arrays, bufs, structs)
         finally:
             for b in bufs.values():
                 try:
@@ -358,8 +372,10 @@ class Child:
         plan = self.plan
         try:
             self.dev = dev if dev is not None else devmod.make_device(plan["mode"])
-            self.results["device"] = self.dev.facts()
-            self.load_library()
+            with self.phase("device"):
+                self.results["device"] = self.dev.facts()
+            with self.phase("load"):
+                self.load_library()
             self.stream = None  # None: no stream probe (e.g. the host stand-in)
             if (plan.get("harness") or {}).get("stream") == "legacy":
                 self.stream = 0  # the backend launches on the legacy default stream
@@ -367,7 +383,8 @@ class Child:
                 self.stream = self.h_stream() or 0
             if self.stream is not None:
                 self.results["unit_stream"] = hex(self.stream)
-            arrays = np.load(self.dir / "inputs.npz")
+            with self.phase("inputs"):
+                arrays = np.load(self.dir / "inputs.npz")
             for case in plan["cases"]:
                 self.run_case(case, arrays)
                 self.save()
@@ -381,11 +398,12 @@ class Child:
             self.results["fatal"] = {"check": "cuda-error", "detail": str(exc), "at": self._last_step()}
             return EXIT_CUDA
         finally:
-            self.save()
             try:
-                self.save_outputs()
+                with self.phase("outputs"):
+                    self.save_outputs()
             except Exception:  # noqa: BLE001 - outputs are best effort after a fatal error
                 pass
+            self.save()  # after the outputs, so that their time is in phase_s
             self.progress.close()
 
     def _last_step(self):
@@ -425,6 +443,9 @@ def run_plan(plan_dir: Path, dev=None, library: str | None = None) -> int:
         return EXIT_BAD_PLAN
     if library:
         plan["library"] = library
+    # a known-good variant's knobs, read by the library (often once, into a static) when it runs:
+    # set before it loads; a warm worker puts its own environment back after the job
+    os.environ.update(plan.get("env") or {})
     if plan.get("mode") == "call":
         return call_only(plan_dir, plan)
     if plan.get("kind") == "scenario":  # a runtime unit's sequence of calls (scenario_child.py, by path)

@@ -118,7 +118,7 @@ def harness_names(target) -> dict:
 
 
 def write_plan(plan_dir: Path, spec: UnitSpec, api_fn, cases: list[PreparedCase], library: Path, *,
-               mode: str, harness: dict, probe: dict | None, timing_reps: int) -> None:
+               mode: str, harness: dict, probe: dict | None, timing_reps: int, env: dict | None = None) -> None:
     params = [{"name": p["name"], "kind": p["kind"]} for p in header_params(api_fn)]
     arrays: dict[str, np.ndarray] = {}
     plan_cases = []
@@ -153,6 +153,7 @@ def write_plan(plan_dir: Path, spec: UnitSpec, api_fn, cases: list[PreparedCase]
         "restype": "int" if api_fn.return_type.strip() == "int" else "void",
         "params": params, "harness": harness, "guard_bytes": 16384,
         "probe": probe or {"enabled": False}, "timing_reps": timing_reps, "cases": plan_cases,
+        "env": {str(k): str(v) for k, v in (env or {}).items()},
     }
     plan_dir.mkdir(parents=True, exist_ok=True)
     (plan_dir / "plan.json").write_text(json.dumps(plan, indent=1))
@@ -429,7 +430,7 @@ def run_spec(target, spec: UnitSpec, library: Path, **kw) -> GateResult:
 def _run_spec(target, spec: UnitSpec, library: Path, *, workspace: Path | None = None, seeds: list[int] | None = None,
               sanitize: bool = False, timeout: float | None = None, mode: str = "cuda", timing_reps: int = 10,
               candidate_sha256: str | None = None, probe: dict | None = None, keep: bool | None = None,
-              calibration: dict | None = None, ctx: Context | None = None) -> GateResult:
+              calibration: dict | None = None, ctx: Context | None = None, env: dict | None = None) -> GateResult:
     t_start = time.monotonic()
     library = Path(library)
     api_fn = target.api_function(spec.unit)
@@ -449,7 +450,8 @@ def _run_spec(target, spec: UnitSpec, library: Path, *, workspace: Path | None =
     harness = harness_names(target)
     try:
         write_plan(plan_dir, spec, api_fn, cases, library, mode=mode, harness=harness,
-                   probe=(probe if probe is not None else PROBE) if mode == "cuda" else None, timing_reps=timing_reps)
+                   probe=(probe if probe is not None else PROBE) if mode == "cuda" else None, timing_reps=timing_reps,
+                   env=env)
         limit = timeout or float(os.environ.get("PORTER_PARITY_TIMEOUT", DEFAULT_TIMEOUT_S))
         outcome = pool.executor(mode).run(plan_dir, limit)
         outputs = _load_outputs(plan_dir)
@@ -458,7 +460,7 @@ def _run_spec(target, spec: UnitSpec, library: Path, *, workspace: Path | None =
         failures = _outcome_failures(outcome, labels) + failures
         san = None
         if sanitize and mode == "cuda" and outcome.status == "done":
-            san = _sanitize(plan_dir, spec, api_fn, cases, library, target, limit)
+            san = _sanitize(plan_dir, spec, api_fn, cases, library, target, limit, env)
             if san["status"] != "done":
                 failures.append(Failure("sanitize", "all cases", None, san["detail"]))
     finally:
@@ -466,7 +468,7 @@ def _run_spec(target, spec: UnitSpec, library: Path, *, workspace: Path | None =
             shutil.rmtree(plan_dir, ignore_errors=True)
     t_done = time.monotonic()
     res = _result(target, spec, library, cases, seeds, outcome, failures, reports, mode=mode, sanitize=san,
-                  candidate_sha256=candidate_sha256, calibration=calibration,
+                  candidate_sha256=candidate_sha256, calibration=calibration, env=env,
                   timings={"prepare_s": t_prepared - t_start, "child_s": outcome.elapsed_s,
                            "total_s": t_done - t_start},
                   plan_dir=plan_dir if keep else None)
@@ -476,10 +478,10 @@ def _run_spec(target, spec: UnitSpec, library: Path, *, workspace: Path | None =
     return res
 
 
-def _sanitize(plan_dir, spec, api_fn, cases, library, target, limit) -> dict:
+def _sanitize(plan_dir, spec, api_fn, cases, library, target, limit, env=None) -> dict:
     sdir = plan_dir / "sanitize"
     write_plan(sdir, spec, api_fn, cases, library, mode="cuda", harness=harness_names(target), probe=None,
-               timing_reps=0)
+               timing_reps=0, env=env)
     o = runner.run_child(sdir, limit * 10, argv=runner.child_argv(sdir, sanitize=True))
     return {"status": o.status, "detail": o.detail, "elapsed_s": round(o.elapsed_s, 2)}
 
@@ -512,7 +514,7 @@ def _outcome_failures(o: runner.ChildOutcome, labels: dict | None = None) -> lis
 
 
 def _result(target, spec, library, cases, seeds, outcome, failures, reports, *, mode, sanitize, candidate_sha256,
-            calibration, timings, plan_dir) -> GateResult:
+            calibration, timings, plan_dir, env=None) -> GateResult:
     dev = (outcome.results or {}).get("device") or {}
     drv = driver_facts() if mode == "cuda" else {}
     timing = _timing(spec, cases, reports, dev)
@@ -536,12 +538,14 @@ def _result(target, spec, library, cases, seeds, outcome, failures, reports, *, 
                  "reference_sha256": _reference_sha(spec),
                  "outputs": {k: v.describe() for k, v in spec.outputs.items()}},
         "calibration": calibration,
+        "env": dict(env or {}),
         "seeds": [f"{s & (2**64 - 1):016x}" for s in seeds],
         "cases": reports,
         "checks": {"run": checks_run, "failed": failed_checks},
         "failures": [f.line() for f in failures[:50]],
         "timing": timing,
-        "child": {"status": outcome.status, "elapsed_s": round(outcome.elapsed_s, 3), "detail": outcome.detail},
+        "child": {"status": outcome.status, "elapsed_s": round(outcome.elapsed_s, 3), "detail": outcome.detail,
+                  "phase_s": (outcome.results or {}).get("phase_s")},
         "sanitize": sanitize,
         "harness_s": {k: round(v, 3) for k, v in timings.items()},
     }
