@@ -192,13 +192,19 @@ STAND_IN_C = r"""
 #include <stdint.h>
 #include <stdbool.h>
 #include <math.h>
+#include <stdlib.h>
 typedef struct { void *ptr; uint64_t bytes; int owner; } T;
 int ds4_gpu_init(void) { return 1; }
 int ds4_gpu_swiglu_tensor(T *out, const T *gate, const T *up, uint32_t n, float clamp, float weight) {
   float *o = out->ptr; const float *g = gate->ptr, *u = up->ptr;
+#ifdef FAULT_WEIGHT_IGNORED
+  weight = 1.0f;
+#endif
   for (uint32_t i = 0; i < n; i++) { float a = g[i], b = u[i];
     if (clamp > 1e-6f) { a = fminf(a, clamp); b = fminf(fmaxf(b, -clamp), clamp); }
-    o[i] = a / (1.0f + expf(-a)) * b * weight; }
+    o[i] = a / (1.0f + expf(-a)) * b * weight;
+    /* an env-knob "path" that is wrong: the calibrator's variant runs must see it */
+    if (getenv("PORTER_TEST_SWIGLU_ALT_PATH")) o[i] = a * b * weight; }
   return 1;
 }
 int ds4_gpu_rope_tail_tensor(T *x, uint32_t n_tok, uint32_t n_head, uint32_t head_dim, uint32_t n_rot,
@@ -368,3 +374,40 @@ def test_every_mutant_is_rejected_by_its_check(report):
     assert any(r["name"] == "iq2_xxs-as-q8_0" for r in muts)
     wrong = {r["name"]: f"want {r['expect']}, got {r['got']}: {r['summary']}" for r in muts if not r["ok"]}
     assert not wrong, wrong
+
+
+@needs_checkout
+def test_a_spec_refusing_an_env_knob_variant_of_the_known_good_is_not_calibrated(target, tmp_path, monkeypatch):
+    """Each known-good variant (upstream with env knobs) runs in the parity child with its env: one the
+    spec accepts is a passing row; one it refuses (here a stand-in whose knob path is wrong) makes the
+    spec uncalibrated, since such a spec would refuse a correct port that took upstream's other path."""
+    import porter.calibration.calibrator as cal
+    from porter.calibration.variants import Variant
+    from porter.gates.parity.spec import load_spec
+    from porter.history import History
+
+    swiglu = "ds4_gpu_swiglu_tensor"
+    no_weight = Mutant(swiglu, "no-weight", "values", "weight ignored", "rules", file="FAULT_WEIGHT_IGNORED")
+    monkeypatch.setattr(cal, "load_mutants", lambda t: [no_weight])
+
+    class Plan:
+        def __init__(self, target):
+            pass
+
+        def for_unit(self, unit):
+            return [Variant("harmless", "a knob this path ignores", {"PORTER_TEST_UNREAD_KNOB": "1"}),
+                    Variant("alt-path", "the stand-in's wrong knob path", {"PORTER_TEST_SWIGLU_ALT_PATH": "1"})]
+
+    monkeypatch.setattr(cal, "VariantPlan", Plan)
+    monkeypatch.setattr(cal, "UpstreamLibraries", _StandIns)  # variants run for upstream builders only
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    opts = CalibrateOptions(ws, units=[swiglu], parity=ParityOptions(mode="host", timing_reps=0))
+    rep = calibrate(target, _StandIns(tmp_path), opts, out=lambda *a: None)
+    rows = [(r["kind"], r["name"], r["got"], r["ok"]) for r in rep["rows"]]
+    assert rows == [("known-good", "host stand-in", "pass", True), ("variant", "harmless", "pass", True),
+                    ("variant", "alt-path", "values", False), ("rules", "no-weight", "values", True)], rows
+    assert "PORTER_TEST_SWIGLU_ALT_PATH" not in __import__("os").environ, "a variant's env leaked into porter"
+    st = History.read(ws, "ds4").calibration_status(swiglu, load_spec(target, swiglu).sha256)
+    assert not st["calibrated"] and "refuses 1 of upstream's 2 env-knob variants" in st["reason"], st
+    assert cal.matrix(rep).splitlines()[1].split()[1] == "X"

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from porter.calibration.libraries import BuildError, UpstreamLibraries
 from porter.calibration.mutants import Mutant, load_mutants
+from porter.calibration.variants import VariantPlan
 from porter.digest import sha256_file
 from porter.errors import PorterError
 from porter.evidence import store_evidence
@@ -38,12 +39,13 @@ class CalibrateOptions:
     parity: ParityOptions = field(default_factory=ParityOptions)
     show_static: bool = True  # the static gate's verdict on each whole-file mutant (an informative column)
     ledger: bool = True
+    variants: bool = True  # also run the known-good with each of its env-knob variants (variants.py)
 
 
 @dataclass
 class Row:
     unit: str
-    kind: str  # "known-good" | "adversarial" | "scripted" | "rules"
+    kind: str  # "known-good" | "variant" (known-good with env knobs) | "adversarial" | "scripted" | "rules"
     name: str
     expect: str  # "pass" | check name | "any"
     got: str  # "pass" | the check that refused it | "skipped" | "build-error" | "uncalibrated"
@@ -66,9 +68,12 @@ def _probe_counts(res) -> dict:
     return out
 
 
-def parity_on_library(target, unit: str, lib: Path, opts: CalibrateOptions, timeout: float | None = None):
-    """The parity gate, through the one driver, on a library that holds the unit under test."""
-    parity = ParityOptions(**{**asdict(opts.parity), "timeout": timeout or opts.parity.timeout})
+def parity_on_library(target, unit: str, lib: Path, opts: CalibrateOptions, timeout: float | None = None,
+                      env: dict | None = None):
+    """The parity gate, through the one driver, on a library that holds the unit under test
+    (env: a known-good variant's knobs, set in the parity child)."""
+    parity = ParityOptions(**{**asdict(opts.parity), "timeout": timeout or opts.parity.timeout,
+                              **({"env": env} if env else {})})
     ctx = GateContext(target, opts.workspace, parity=parity, library=Path(lib))
     return run_gates(Candidate(unit, "", sha256_file(lib)), ctx, gates=("parity",))[0]
 
@@ -114,6 +119,7 @@ def calibrate(target, libs, opts: CalibrateOptions, out=print) -> dict:
     good = libs.known_good()
     out(f"known-good: {libs.describe} -> {good}  ({time.monotonic() - t0:.1f} s to build, {len(mutants)} mutant(s))")
 
+    plan = VariantPlan(target) if opts.variants and isinstance(libs, UpstreamLibraries) else None
     rows: list[Row] = []
     records: dict[str, dict] = {}
     for unit in units:
@@ -128,6 +134,14 @@ def calibrate(target, libs, opts: CalibrateOptions, out=print) -> dict:
         out(f"  {'ok ' if res.ok else 'BAD'} {unit}: {res.summary}")
         if not res.ok:
             out("\n".join("      " + ln for ln in (res.diagnostics or "").splitlines()[:40]))
+        variants_ok = 0
+        variants = plan.for_unit(unit) if plan is not None else []
+        for v in variants:
+            t2 = time.monotonic()
+            r = parity_on_library(target, unit, good, opts, env=v.env)
+            variants_ok += r.ok
+            rows.append(_row(unit, "variant", v.name, "pass", r, r.ok, time.monotonic() - t2))
+            out(f"      {'ok ' if r.ok else 'BAD'} variant {v.name}: {r.summary[:200]}")
         mine = [m for m in mutants if m.unit == unit]
         rejected = 0
         for m in mine:
@@ -145,8 +159,12 @@ def calibrate(target, libs, opts: CalibrateOptions, out=print) -> dict:
                              _static_verdict(target, m) if opts.show_static else None))
             out(f"      {'ok ' if ok else 'BAD'} {m.name}: want {m.must_fail_check}, got {r.word}: {r.summary[:200]}")
         summary = res.summary[:300] if mine else f"no mutant: nothing shows this spec rejects anything; {res.summary}"[:300]
-        records[unit] = {"ok": res.ok and bool(mine) and rejected == len(mine), "summary": summary,
-                         "known_good_ok": res.ok, "mutants": len(mine), "mutants_rejected": rejected,
+        if variants_ok < len(variants):
+            summary = f"refuses {len(variants) - variants_ok} of upstream's {len(variants)} env-knob variants; {summary}"[:300]
+        records[unit] = {"ok": res.ok and variants_ok == len(variants) and bool(mine) and rejected == len(mine),
+                         "summary": summary, "known_good_ok": res.ok and variants_ok == len(variants),
+                         "variants": len(variants), "variants_ok": variants_ok,
+                         "mutants": len(mine), "mutants_rejected": rejected,
                          "evidence": res.evidence, "spec": specs[unit]}
     report = {"target": target.name, "known_good": libs.describe, "library": str(good),
               "rows": [asdict(r) for r in rows], "seconds": round(time.monotonic() - t0, 1)}
@@ -199,14 +217,15 @@ def matrix(report: dict, prefix: str = "") -> str:
     w = max(short.values(), key=len, default="unit").__len__()
     lines = [f"{'unit':<{w}} good " + " ".join(f"{c:>{max(len(c), 3)}}" for c in used)]
     for u in units:
-        good = next((r for r in rows if r["unit"] == u and r["kind"] == "known-good"), None)
-        g = "P" if good and good["ok"] else ("-" if good is None else "X")
+        good = [r for r in rows if r["unit"] == u and r["kind"] in ("known-good", "variant")]
+        g = "P" if good and all(r["ok"] for r in good) else ("-" if not good else "X")
         cells = []
         for c in used:
-            hits = [r for r in rows if r["unit"] == u and r["kind"] != "known-good" and r["got"] == c]
+            hits = [r for r in rows if r["unit"] == u and r["kind"] not in ("known-good", "variant") and r["got"] == c]
             cell = (f"{len(hits)}" + ("!" if any(not r["ok"] for r in hits) else "")) if hits else "."
             cells.append(f"{cell:>{max(len(c), 3)}}")
         lines.append(f"{short[u]:<{w}} {g:>4} " + " ".join(cells))
     lines.append("cells: mutants rejected by that check (the first check that failed); '!' = not the check the "
-                 "mutant names; good: P = known-good passed, X = rejected (broken spec)")
+                 "mutant names; good: P = known-good (and each env-knob variant) passed, X = one was rejected "
+                 "(broken spec)")
     return "\n".join(lines)

@@ -36,6 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mutant", action="append", metavar="NAME", help="only this mutant (repeatable)")
     p.add_argument("--no-mutants", action="store_true",
                    help="known-good only: nothing is recorded (a spec is calibrated only with its mutants)")
+    p.add_argument("--no-variants", dest="variants", action="store_false",
+                   help="skip the known-good's env-knob variants (targets/<t>/known_good_variants.toml)")
     p.add_argument("--sanitize", action="store_true", help="also run each case under compute-sanitizer memcheck")
     p.add_argument("--timeout", type=float, default=120.0, metavar="S", help="time limit per parity child (default 120)")
     p.add_argument("--timing-reps", type=int, default=10, metavar="N", help="CUDA-event timing repetitions")
@@ -65,7 +67,8 @@ def run(args) -> int:
     opts = CalibrateOptions(ws, args.unit, args.mutant, not args.no_mutants,
                             ParityOptions(mode=args.mode, sanitize=args.sanitize, timeout=args.timeout,
                                           timing_reps=args.timing_reps),
-                            show_static=args.static, ledger=not args.no_ledger and not args.no_mutants)
+                            show_static=args.static, ledger=not args.no_ledger and not args.no_mutants,
+                            variants=getattr(args, "variants", True))
     log = (lambda *a, **k: print(*a, file=sys.stderr, **k)) if args.json else print
     report = calibrate(target, libs, opts, out=log)
     if args.report:

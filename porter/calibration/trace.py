@@ -175,6 +175,7 @@ def trace_units(target, units: list[str], workspace: Path, out=print) -> list[di
 
     from porter.calibration.calibrator import CalibrateOptions, parity_on_library
     from porter.calibration.libraries import build_upstream
+    from porter.calibration.variants import VariantPlan
     from porter.providers.reference import load_rules, reference_source
     from porter.scan.cuda_slice import CudaFile
 
@@ -190,23 +191,40 @@ def trace_units(target, units: list[str], workspace: Path, out=print) -> list[di
     os.environ.update({"PORTER_PARITY_EXECUTOR": "spawn", "LD_PRELOAD": str(interposer),
                        TRACE_ENV: "launch.trace", "PORTER_PARITY_KEEP": "1"})
     opts = CalibrateOptions(plans, ledger=False)
+    variant_plan = VariantPlan(target)
+
+    def traced(unit: str, env: dict | None) -> tuple[bool, str, set[str]]:
+        before = set((plans / "runs" / "parity").glob(f"{unit}-*"))
+        res = parity_on_library(target, unit, lib, opts, env=env)
+        reached: set[str] = set()
+        for d in set((plans / "runs" / "parity").glob(f"{unit}-*")) - before:
+            reached |= read_trace(d / "launch.trace")
+        return res.ok, res.summary, reached
 
     def one(unit: str) -> dict:
-        res = parity_on_library(target, unit, lib, opts)
-        reached: set[str] = set()
-        for d in (plans / "runs" / "parity").glob(f"{unit}-*"):
-            reached |= read_trace(d / "launch.trace")
+        ok, summary, reached = traced(unit, None)
         reachable = reachable_kernels(cf, unit, rules)
-        return {"unit": unit, "known_good_ok": res.ok, "reachable": sorted(reachable),
-                "reached": sorted(reached & reachable), "missing": sorted(reachable - reached),
-                "outside_slice": sorted(reached - reachable), "summary": res.summary[:200]}
+        variants = {}
+        for v in variant_plan.for_unit(unit):  # one after another: each reads its own new plan folders
+            v_ok, v_summary, v_reached = traced(unit, v.env)
+            variants[v.name] = {"known_good_ok": v_ok, "adds": sorted((v_reached - reached) & reachable),
+                                "summary": v_summary[:200]}
+            reached |= v_reached
+        return {"unit": unit, "known_good_ok": ok and all(v["known_good_ok"] for v in variants.values()),
+                "reachable": sorted(reachable), "reached": sorted(reached & reachable),
+                "missing": sorted(reachable - reached), "outside_slice": sorted(reached - reachable),
+                "variants": variants, "summary": summary[:200]}
 
     rows = []
     try:
         with ThreadPoolExecutor(max_workers=PARALLEL_SPECS) as pool:
             for row in pool.map(one, units):
                 rows.append(row)
+                via = [f"{n} +{len(v['adds'])}" for n, v in row["variants"].items()]
+                bad = [n for n, v in row["variants"].items() if not v["known_good_ok"]]
                 out(f"  {row['unit']}: {len(row['reached'])}/{len(row['reachable'])} kernels reached"
+                    + (f" (variants: {', '.join(via)})" if via else "")
+                    + (f"; VARIANT REFUSED: {', '.join(bad)}" if bad else "")
                     + (f"; not reached: {', '.join(row['missing'])}" if row["missing"] else "")
                     + ("" if row["known_good_ok"] else f"; KNOWN-GOOD REFUSED: {row['summary'][:120]}"))
     finally:

@@ -47,6 +47,9 @@ class ParityOptions:
     timeout: float | None = None  # None: $PORTER_PARITY_TIMEOUT or the gate's default
     timing_reps: int = 10
     seeds: list[int] | None = None  # None: fresh os.urandom seeds (never the prompt's)
+    # environment the library under test runs with (a known-good variant's knobs that choose other
+    # kernels); set in the parity child before the library loads, recorded in the evidence
+    env: dict[str, str] | None = None
 
 
 @dataclass

@@ -107,6 +107,6 @@ def run(candidate, ctx) -> GateResult:
     if sanitize is None:
         sanitize = os.environ.get("PORTER_PARITY_SANITIZE", "") not in ("", "0", "off")
     return run_spec(target, spec, Path(ctx.library), workspace=ctx.workspace, seeds=opts.seeds, sanitize=sanitize,
-                    timeout=opts.timeout, mode=opts.mode, timing_reps=opts.timing_reps,
+                    timeout=opts.timeout, mode=opts.mode, timing_reps=opts.timing_reps, env=opts.env,
                     candidate_sha256=candidate.sha256,
                     calibration=ctx.history.calibration_status(candidate.unit, spec.sha256))

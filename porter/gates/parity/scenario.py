@@ -466,7 +466,7 @@ def prepare(target, scenario: Scenario, ctx, seeds: list[int]) -> list[PreparedR
 
 
 def write_plan(plan_dir: Path, scenario: Scenario, runs: list[PreparedRun], library: Path, *, mode: str,
-               harness: dict) -> None:
+               harness: dict, env: dict | None = None) -> None:
     arrays: dict[str, np.ndarray] = {}
     functions: dict[str, dict] = {}
     cases = []
@@ -476,7 +476,8 @@ def write_plan(plan_dir: Path, scenario: Scenario, runs: list[PreparedRun], libr
             arrays[f"{r.id}.{k}"] = v
         cases.append({"id": r.id, "label": r.case.label, "pass": r.pass_index, "steps": r.script.steps})
     plan = {"version": 1, "kind": KIND, "mode": mode, "library": str(Path(library).resolve()),
-            "unit": scenario.unit, "harness": harness, "functions": functions, "cases": cases}
+            "unit": scenario.unit, "harness": harness, "functions": functions, "cases": cases,
+            "env": {str(k): str(v) for k, v in (env or {}).items()}}
     plan_dir.mkdir(parents=True, exist_ok=True)
     (plan_dir / "plan.json").write_text(json.dumps(plan, indent=1))
     np.savez(plan_dir / "inputs.npz", **arrays)
@@ -486,7 +487,7 @@ def run_scenario(target, scenario: Scenario, library: Path, *, workspace: Path |
                  seeds: list[int] | None = None, sanitize: bool = False, timeout: float | None = None,
                  mode: str = "cuda", timing_reps: int = 0, candidate_sha256: str | None = None,
                  probe: dict | None = None, keep: bool | None = None, calibration: dict | None = None,
-                 ctx=None):
+                 ctx=None, env: dict | None = None):
     """The parity gate for a scenario: same child, same limits, same evidence shape as gate.run_spec.
     `sanitize`, `timing_reps` and `probe` are run_spec's options: a scenario is not timed (the perf
     gate skips it), makes its own ordering probes (hold/peek), and is not run under compute-sanitizer yet."""
@@ -511,7 +512,7 @@ def run_scenario(target, scenario: Scenario, library: Path, *, workspace: Path |
             return GateResult("parity", False, f"parity skipped: spec error: {exc}", skipped=True)
         t_prepared = time.monotonic()
         harness = gate.harness_names(target)
-        write_plan(plan_dir, scenario, runs, library, mode=mode, harness=harness)
+        write_plan(plan_dir, scenario, runs, library, mode=mode, harness=harness, env=env)
         limit = timeout or float(os.environ.get("PORTER_PARITY_TIMEOUT", gate.DEFAULT_TIMEOUT_S))
         outcome = runner.run_child(plan_dir, limit)
         outputs = gate._load_outputs(plan_dir)

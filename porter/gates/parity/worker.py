@@ -121,10 +121,13 @@ def main(argv: list[str]) -> int:
         state["deadline"] = time.monotonic() + float(job.get("deadline_s", 600)) + 30
         t0 = time.monotonic()
         saved = _redirect(plan_dir)
+        environ = dict(os.environ)
         try:
             rc = childmod.run_plan(plan_dir, dev=dev, library=str(private))
         finally:
             _restore(saved)
+            os.environ.clear()
+            os.environ.update(environ)  # a plan's env (known-good variant knobs) is its own
         state["deadline"] = None
         retire = rc != 0 or n + 1 >= MAX_JOBS
         why = "exit status" if rc != 0 else "job limit" if retire else None
