@@ -14,7 +14,12 @@ set -uo pipefail
 OUT=${OUT:-/tmp/e2e-out}
 mkdir -p "$OUT"
 if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  # once per machine: a second session started beside a running one (ds4prep in the background)
+  # must not reinstall into the folder the first one imports from
+  if [ ! -f /tmp/site/.porter-wheels ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+    touch /tmp/site/.porter-wheels
+  fi
   export PYTHONPATH=/tmp/site:$PWD
 else
   export PYTHONPATH=$PWD
