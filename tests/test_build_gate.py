@@ -178,3 +178,16 @@ def test_threads_building_the_same_object_compile_it_once(workspace, tmp_path, m
         got = list(pool.map(lambda _: build.compile_object(target, "u", b"int x;", tmp_path), range(8)))
     assert len(calls) == 1
     assert len({p for p, _, _ in got}) == 1 and sum(not cached for _, _, cached in got) == 1
+
+
+def test_the_toolkit_is_found_through_an_nvcc_wrapper_script(tmp_path):
+    """/usr/local/bin/nvcc is often `exec /usr/local/cuda-X/bin/nvcc "$@"` (and module systems do the
+    same): the toolkit's lib64 (rpath, CUDA_HOME for ds4's Makefile) must come from nvcc, not its path."""
+    real = Path(build.nvcc_path()).resolve()
+    wrapper = tmp_path / "bin" / "nvcc"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f'#!/bin/sh\nexec {real} "$@"\n')
+    wrapper.chmod(0o755)
+    root = build.toolkit_root(str(wrapper))
+    assert root != tmp_path and (root / "bin" / "nvcc").is_file()
+    assert any(d.parent == root or root in d.parents for d in build.toolkit_lib_dirs(str(wrapper)))

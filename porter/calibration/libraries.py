@@ -164,11 +164,6 @@ def recipe_for(target) -> Recipe:
         raise PorterError(f"no upstream build recipe for target {target.name} (known: {', '.join(RECIPES)})") from None
 
 
-def _toolkit_lib_dirs(nvcc: str) -> list[Path]:
-    root = Path(nvcc).resolve().parent.parent
-    return [d for d in (root / "lib64", root / "targets" / "x86_64-linux" / "lib") if d.is_dir()]
-
-
 def build_upstream(target, mutant: Mutant | None = None, out_dir: Path | None = None,
                    extra_flags: tuple[str, ...] = ()) -> Path:
     """Build the upstream backend (optionally mutated) with our calibration hooks; returns the .so path.
@@ -214,7 +209,7 @@ def build_upstream(target, mutant: Mutant | None = None, out_dir: Path | None = 
     tmp = lib_dir / f".{os.getpid()}.{time.monotonic_ns()}.so"
     # the toolkit's library folder as rpath: the parity child dlopens the library, and
     # libcublas must resolve there even when the loader's path does not name the toolkit
-    rpath = [a for d in _toolkit_lib_dirs(nvcc) for a in ("-Xlinker", "-rpath", "-Xlinker", str(d))]
+    rpath = build_gate.toolkit_rpath(nvcc)
     cmd = [nvcc, *flags, "-I", str(checkout), "-o", str(tmp), *map(str, src_paths), *map(str, harness), *rpath,
            *recipe.libs]
     try:

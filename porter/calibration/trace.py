@@ -147,15 +147,14 @@ def read_trace(path: Path) -> set[str]:
 def build_interposer(out_dir: Path) -> Path:
     """The interposer as a shared library.  Built by nvcc, which knows the toolkit's headers and links
     the shared runtime, so its cudaFuncGetName is the same libcudart the traced library calls."""
-    from porter.calibration.libraries import _toolkit_lib_dirs
-    from porter.gates.build import nvcc_path
+    from porter.gates.build import nvcc_path, toolkit_rpath
 
     nvcc = nvcc_path()
     out_dir.mkdir(parents=True, exist_ok=True)
     src = out_dir / "launch_trace.c"
     src.write_text(INTERPOSER_C)
     lib = out_dir / "liblaunch_trace.so"
-    rpath = [a for d in _toolkit_lib_dirs(nvcc) for a in ("-Xlinker", "-rpath", "-Xlinker", str(d))]
+    rpath = toolkit_rpath(nvcc)
     cmd = [nvcc, "-shared", "-Xcompiler", "-fPIC", "-cudart", "shared", "-o", str(lib), str(src), *rpath,
            "-ldl", "-lpthread"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)

@@ -69,12 +69,31 @@ def _nvcc_version(path: str) -> str:
     return release
 
 
+@lru_cache(maxsize=None)
+def toolkit_root(nvcc: str) -> Path:
+    """The CUDA toolkit's folder, as nvcc itself reports it (`TOP=` in its dryrun): the nvcc on
+    PATH is often a wrapper script (/usr/local/bin/nvcc -> exec /usr/local/cuda-13.0/bin/nvcc,
+    module systems), whose own path says nothing about where lib64/ is."""
+    try:
+        r = subprocess.run([nvcc, "--dryrun", "-E", "-x", "cu", os.devnull], capture_output=True, text=True,
+                           timeout=60)
+        m = re.search(r"^#\$ TOP=(.+)$", r.stderr, re.M)
+        if m and Path(m.group(1).strip()).is_dir():
+            return Path(m.group(1).strip()).resolve()
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return Path(nvcc).resolve().parent.parent
+
+
+def toolkit_lib_dirs(nvcc: str) -> list[Path]:
+    root = toolkit_root(nvcc)
+    return [d for d in (root / "lib64", root / "targets" / "x86_64-linux" / "lib") if d.is_dir()]
+
+
 def toolkit_rpath(nvcc: str) -> list[str]:
     """-rpath to the toolkit's library folders: the parity child dlopens the backend, and a
     library it links (-lcublas) must resolve there even when the loader's path lacks the toolkit."""
-    root = Path(nvcc).resolve().parent.parent
-    dirs = [d for d in (root / "lib64", root / "targets" / "x86_64-linux" / "lib") if d.is_dir()]
-    return [a for d in dirs for a in ("-Xlinker", "-rpath", "-Xlinker", str(d))]
+    return [a for d in toolkit_lib_dirs(nvcc) for a in ("-Xlinker", "-rpath", "-Xlinker", str(d))]
 
 
 def toolchain() -> dict:

@@ -59,7 +59,9 @@ def cuda_runtime_env() -> dict:
     env = dict(os.environ)
     nvcc = shutil.which("nvcc")
     if nvcc:
-        root = Path(nvcc).resolve().parent.parent
+        from porter.gates.build import toolkit_root
+
+        root = toolkit_root(nvcc)
         dirs = [str(d) for d in (root / "lib64", root / "lib") if d.is_dir()]
         env["LD_LIBRARY_PATH"] = ":".join(dirs + [p for p in [env.get("LD_LIBRARY_PATH", "")] if p])
     return env

@@ -123,7 +123,9 @@ def make_command(build_dir: Path, backend: str, *, library: Path | None = None, 
     cmd = base + ["ds4", f"CUDA_ARCH={cuda_arch}", f"CORE_OBJS={core}", nvccflags]
     nvcc = shutil.which("nvcc")
     if nvcc:  # ds4's Makefile assumes /usr/local/cuda; use the toolkit on PATH
-        cmd += [f"NVCC={nvcc}", f"CUDA_HOME={Path(nvcc).resolve().parent.parent}"]
+        from porter.gates.build import toolkit_root
+
+        cmd += [f"NVCC={nvcc}", f"CUDA_HOME={toolkit_root(nvcc)}"]
     if library:
         lib_dir = Path(library).resolve().parent
         cmd.append("CUDA_LDLIBS=-lm -Xcompiler -pthread -L$(CUDA_HOME)/lib64 -lcudart -lcublas "
