@@ -161,7 +161,13 @@ def calibrate(target, libs, opts: CalibrateOptions, out=print) -> dict:
         summary = res.summary[:300] if mine else f"no mutant: nothing shows this spec rejects anything; {res.summary}"[:300]
         if variants_ok < len(variants):
             summary = f"refuses {len(variants) - variants_ok} of upstream's {len(variants)} env-knob variants; {summary}"[:300]
-        records[unit] = {"ok": res.ok and variants_ok == len(variants) and bool(mine) and rejected == len(mine),
+        blind = (res.evidence or {}).get("zero_answer_passes") or []
+        if blind:
+            summary = (f"an all-zero answer passes {len(blind)} case(s) (reference too small for the tolerance): "
+                       f"{blind[0]}; {summary}")[:300]
+            out(f"      BAD zero answer passes: {'; '.join(blind)[:300]}")
+        records[unit] = {"ok": (res.ok and variants_ok == len(variants) and bool(mine) and rejected == len(mine)
+                                and not blind),
                          "summary": summary, "known_good_ok": res.ok and variants_ok == len(variants),
                          "variants": len(variants), "variants_ok": variants_ok,
                          "mutants": len(mine), "mutants_rejected": rejected,

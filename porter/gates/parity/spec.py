@@ -188,6 +188,9 @@ class Shape:
     expect: str = "ok"  # or "error": the call must return non-zero
     timed: bool = False  # time this case (real sizes) for the GB/s evidence
     why: str = ""
+    # why an all-zero answer is the right one for this case (n = 0, everything masked): calibration
+    # refuses a spec with any OTHER ok case an all-zero answer passes (gate.zero_answer_passes)
+    zero_answer: str = ""
 
     def __post_init__(self):
         if self.expect not in ("ok", "error"):

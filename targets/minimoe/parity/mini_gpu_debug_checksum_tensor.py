@@ -21,7 +21,7 @@ SPEC = UnitSpec(
     reference="reference.minimoe_ops.debug_checksum",
     outputs={"checksum": Tol(nmse=1e-8, max_err_rms=1e-4)},
     shapes=[
-        Shape("n=0 (zeros)", {"n": 0}),
+        Shape("n=0 (zeros)", {"n": 0}, zero_answer="the checksum of no elements is (0, 0)"),
         Shape("n=1", {"n": 1}),
         Shape("n=7", {"n": 7}),
         Shape("n=1000", {"n": 1000}),
