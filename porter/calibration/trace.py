@@ -109,33 +109,16 @@ def kernel_name(mangled: str) -> str:
     return mangled[m.end():m.end() + n]
 
 
-def slice_kernels(cf, unit: str, rules) -> tuple[set[str], list[str]]:
-    """(the __global__ functions the unit's own slice holds, the API functions it calls)."""
-    from porter.scan.cuda_slice import closure
-
-    decls, api_calls, _ = closure(cf, unit, rules)
-    kernels = set()
-    for d in decls:
-        if d.kind != "function":
-            continue
-        head = cf.text(d).split("(", 1)[0]
-        if "__global__" in head:
-            kernels.update(d.names)
-    return kernels, sorted(api_calls)
-
-
 def reachable_kernels(cf, unit: str, rules) -> set[str]:
-    """Every kernel a call of `unit` can launch: its slice's, and those of the API functions it calls."""
-    seen, todo, out = set(), [unit], set()
-    while todo:
-        u = todo.pop()
-        if u in seen:
-            continue
-        seen.add(u)
-        kernels, calls = slice_kernels(cf, u, rules)
-        out |= kernels
-        todo.extend(calls)
-    return out
+    """Every kernel a call of `unit` can launch: the __global__ functions of its slice and of the
+    slices of the API functions it calls."""
+    from porter.scan.cuda_slice import path_decls
+
+    kernels = set()
+    for d in path_decls(cf, unit, rules):
+        if d.kind == "function" and "__global__" in cf.text(d).split("(", 1)[0]:
+            kernels.update(d.names)
+    return kernels
 
 
 def read_trace(path: Path) -> set[str]:

@@ -65,22 +65,9 @@ def load_variants(target) -> list[Variant]:
 
 def knobs_read(cf, unit: str, rules) -> set[str]:
     """The getenv names on `unit`'s path: its slice and those of the API functions it calls."""
-    from porter.scan.cuda_slice import closure
+    from porter.scan.cuda_slice import path_decls
 
-    seen, todo, out = set(), [unit], set()
-    while todo:
-        u = todo.pop()
-        if u in seen:
-            continue
-        seen.add(u)
-        try:
-            decls, calls, _ = closure(cf, u, rules)
-        except (KeyError, PorterError):
-            continue
-        for d in decls:
-            out.update(_GETENV.findall(cf.text(d)))
-        todo.extend(calls)
-    return out
+    return {name for d in path_decls(cf, unit, rules) for name in _GETENV.findall(cf.text(d))}
 
 
 class VariantPlan:
@@ -96,7 +83,14 @@ class VariantPlan:
 
     @lru_cache(maxsize=None)
     def knobs(self, unit: str) -> frozenset[str]:
-        return frozenset(knobs_read(self._cf, unit, self._rules)) if self._cf is not None else frozenset()
+        from porter.scan.cuda_slice import SliceError
+
+        if self._cf is None:
+            return frozenset()
+        try:
+            return frozenset(knobs_read(self._cf, unit, self._rules))
+        except SliceError:  # the checkout's backend does not define it: no knob of its path to vary
+            return frozenset()
 
     def for_unit(self, unit: str) -> list[Variant]:
         k = self.knobs(unit)

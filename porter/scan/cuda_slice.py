@@ -300,6 +300,26 @@ def closure(cf: CudaFile, unit: str, rules: SliceRules) -> tuple[list[Decl], set
     return sorted(chosen.values(), key=lambda d: d.start), api_calls, provided
 
 
+def path_decls(cf: CudaFile, unit: str, rules: SliceRules) -> list[Decl]:
+    """What a call of `unit` can run: its slice and, transitively, the slices of the API functions
+    it calls (an API function this file does not define contributes nothing)."""
+    seen, todo, out = set(), [unit], []
+    while todo:
+        u = todo.pop()
+        if u in seen:
+            continue
+        seen.add(u)
+        try:
+            decls, calls, _ = closure(cf, u, rules)
+        except SliceError:
+            if u == unit:
+                raise
+            continue
+        out.extend(decls)
+        todo.extend(calls)
+    return out
+
+
 def _apply_renames(text: str, rename: dict) -> str:
     if not rename:
         return text
