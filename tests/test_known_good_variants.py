@@ -49,8 +49,9 @@ def ds4():
 def test_a_variant_runs_only_for_ops_whose_path_reads_one_of_its_knobs(ds4):
     plan = VariantPlan(ds4, [Variant("router", "", {"DS4_CUDA_NO_WARP_ROUTER_SELECT": "1"}),
                              Variant("moe", "", {"DS4_CUDA_MOE_NO_EXPERT_TILES": "1"})])
-    assert [v.name for v in plan.for_unit("ds4_gpu_router_select_tensor")] == ["router"]
-    assert [v.name for v in plan.for_unit("ds4_gpu_routed_moe_batch_tensor")] == ["moe"]
+    file_variants = lambda unit: [v.name for v in plan.for_unit(unit) if not v.name.startswith("spec-env")]  # noqa: E731
+    assert file_variants("ds4_gpu_router_select_tensor") == ["router"]
+    assert file_variants("ds4_gpu_routed_moe_batch_tensor") == ["moe"]
     assert plan.for_unit("ds4_gpu_rms_norm_plain_tensor") == []
     # knobs read by an API function the op calls count too (shared_gate_up calls the swiglu op)
     assert plan.knobs("ds4_gpu_swiglu_tensor") <= plan.knobs("ds4_gpu_shared_gate_up_swiglu_q8_0_tensor")
@@ -68,7 +69,26 @@ def test_every_declared_variant_names_knobs_upstream_reads_and_applies_somewhere
     read = set(re.findall(r'getenv\s*\(\s*"([A-Z0-9_]+)"', source))
     for v in variants:
         assert set(v.env) <= read, f"{v.name}: {sorted(set(v.env) - read)} never read by ds4_cuda.cu"
+    from porter.gates.parity.spec import spec_known_good_env
+
+    for u in load_specs(ds4):
+        for env in spec_known_good_env(ds4, u):
+            assert set(env) <= read, f"{u} KNOWN_GOOD_ENV: {sorted(set(env) - read)} never read by ds4_cuda.cu"
     plan = VariantPlan(ds4, variants)
     specs = load_specs(ds4)
-    used = {v.name for u in specs for v in plan.for_unit(u)}
+    used = {v.name for u in specs for v in plan.for_unit(u) if not v.name.startswith("spec-env")}
     assert used == {v.name for v in variants}, f"variants no spec's op reads: {sorted({v.name for v in variants} - used)}"
+
+
+@needs_ds4
+def test_a_spec_files_own_knob_settings_run_too_once_each(ds4):
+    """KNOWN_GOOD_ENV beside a spec's DISPATCH table is executed, not documentation: each setting
+    no target variant already makes exactly is one more variant of that op."""
+    from porter.gates.parity.spec import spec_known_good_env
+
+    mine = spec_known_good_env(ds4, "ds4_gpu_router_select_tensor")
+    assert {"DS4_CUDA_NO_WARP_ROUTER_SELECT": "1"} in mine and len(mine) == 2
+    plan = VariantPlan(ds4, [Variant("router", "", {"DS4_CUDA_NO_WARP_ROUTER_SELECT": "1"})])
+    got = plan.for_unit("ds4_gpu_router_select_tensor")
+    assert [v.name for v in got] == ["router", "spec-env-1"]
+    assert got[1].env == mine[1] and got[1].env != got[0].env

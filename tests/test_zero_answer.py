@@ -79,7 +79,7 @@ def test_calibration_refuses_a_spec_an_all_zero_answer_passes(target, tmp_path, 
     mutant = Mutant(UNIT, "m", "values", "wrong", "rules", file="x")
     monkeypatch.setattr(cal, "load_mutants", lambda t: [mutant])
 
-    def fake_parity(target, unit, lib, opts, timeout=None, env=None):
+    def fake_parity(target, unit, lib, opts, timeout=None, env=None, seeds=None):
         if lib.name == "mutant.so":
             return GateResult("parity", False, "parity failed [values]", check="values", evidence={})
         return GateResult("parity", True, "parity ok", evidence={
@@ -111,3 +111,21 @@ def test_calibration_refuses_a_spec_an_all_zero_answer_passes(target, tmp_path, 
     st = History.read(ws, "minimoe").calibration_status(UNIT, load_spec(target, UNIT).sha256)
     assert not st["calibrated"] and "all-zero answer passes 1 case" in st["reason"], st
     assert any("zero answer passes: n=7 / out" in ln for ln in lines)
+
+
+def test_caller_given_seeds_prepare_a_spec_once_fresh_seeds_every_time(target, monkeypatch):
+    """Calibration runs one unit on the known-good, each variant and each mutant with the same
+    seeds: the inputs and references are prepared once.  A candidate's fresh seeds keep nothing."""
+    from porter.gates.parity import gate
+
+    calls = []
+    real = gate.prepare
+    monkeypatch.setattr(gate, "prepare", lambda *a: calls.append(a[-1]) or real(*a))
+    spec, fn, ctx = load_spec(target, UNIT), target.api_function(UNIT), Context.for_target(target)
+    first = gate._prepared(spec, fn, ctx, [11, 12], remember=True)
+    assert gate._prepared(spec, fn, ctx, [11, 12], remember=True) is first and calls == [[11, 12]]
+    gate._prepared(spec, fn, ctx, [13, 14], remember=False)
+    gate._prepared(spec, fn, ctx, [13, 14], remember=False)
+    assert calls == [[11, 12], [13, 14], [13, 14]]
+    other = _spec(target, 1.0, Tol(nmse=1e-6, max_err_rms=None))  # same file, another build: not the same cases
+    assert gate._prepared(other, fn, ctx, [11, 12], remember=True) is not first

@@ -26,6 +26,7 @@ from porter.evidence import store_evidence
 from porter.gates import static
 from porter.gates.driver import Candidate, GateContext, ParityOptions, run_gates
 from porter.gates.parity.compare import CHECK_ORDER
+from porter.gates.parity.gate import fresh_seeds
 from porter.gates.parity.spec import load_specs
 from porter.ledger import Ledger
 
@@ -69,11 +70,12 @@ def _probe_counts(res) -> dict:
 
 
 def parity_on_library(target, unit: str, lib: Path, opts: CalibrateOptions, timeout: float | None = None,
-                      env: dict | None = None):
+                      env: dict | None = None, seeds: list[int] | None = None):
     """The parity gate, through the one driver, on a library that holds the unit under test
-    (env: a known-good variant's knobs, set in the parity child)."""
+    (env: a known-good variant's knobs, set in the parity child; seeds: the same for every library
+    of one unit, so its inputs and references are prepared once)."""
     parity = ParityOptions(**{**asdict(opts.parity), "timeout": timeout or opts.parity.timeout,
-                              **({"env": env} if env else {})})
+                              **({"env": env} if env else {}), **({"seeds": seeds} if seeds else {})})
     ctx = GateContext(target, opts.workspace, parity=parity, library=Path(lib))
     return run_gates(Candidate(unit, "", sha256_file(lib)), ctx, gates=("parity",))[0]
 
@@ -129,7 +131,8 @@ def calibrate(target, libs, opts: CalibrateOptions, out=print) -> dict:
             records[unit] = {"ok": False, "summary": "no known-good implementation", "known_good_ok": None}
             continue
         t1 = time.monotonic()
-        res = parity_on_library(target, unit, good, opts)
+        seeds = opts.parity.seeds or fresh_seeds(2)
+        res = parity_on_library(target, unit, good, opts, seeds=seeds)
         rows.append(_row(unit, "known-good", libs.describe, "pass", res, res.ok, time.monotonic() - t1))
         out(f"  {'ok ' if res.ok else 'BAD'} {unit}: {res.summary}")
         if not res.ok:
@@ -138,7 +141,7 @@ def calibrate(target, libs, opts: CalibrateOptions, out=print) -> dict:
         variants = plan.for_unit(unit) if plan is not None else []
         for v in variants:
             t2 = time.monotonic()
-            r = parity_on_library(target, unit, good, opts, env=v.env)
+            r = parity_on_library(target, unit, good, opts, env=v.env, seeds=seeds)
             variants_ok += r.ok
             rows.append(_row(unit, "variant", v.name, "pass", r, r.ok, time.monotonic() - t2))
             out(f"      {'ok ' if r.ok else 'BAD'} variant {v.name}: {r.summary[:200]}")
@@ -152,7 +155,7 @@ def calibrate(target, libs, opts: CalibrateOptions, out=print) -> dict:
                 rows.append(Row(unit, m.origin, m.name, m.must_fail_check, "build-error", False, str(exc)))
                 out(f"      BUILD-ERROR {m.name}: {exc}")
                 continue
-            r = parity_on_library(target, unit, lib, opts, timeout=m.timeout)
+            r = parity_on_library(target, unit, lib, opts, timeout=m.timeout, seeds=seeds)
             ok = m.rejected_by(r.word)
             rejected += ok
             rows.append(_row(unit, m.origin, m.name, m.must_fail_check, r, ok, time.monotonic() - t2,

@@ -158,6 +158,7 @@ def trace_units(target, units: list[str], workspace: Path, out=print) -> list[di
     from porter.calibration.calibrator import CalibrateOptions, parity_on_library
     from porter.calibration.libraries import build_upstream
     from porter.calibration.variants import VariantPlan
+    from porter.gates.parity.gate import fresh_seeds
     from porter.providers.reference import load_rules, reference_source
     from porter.scan.cuda_slice import CudaFile
 
@@ -175,20 +176,21 @@ def trace_units(target, units: list[str], workspace: Path, out=print) -> list[di
     opts = CalibrateOptions(plans, ledger=False)
     variant_plan = VariantPlan(target)
 
-    def traced(unit: str, env: dict | None) -> tuple[bool, str, set[str]]:
+    def traced(unit: str, env: dict | None, seeds: list[int]) -> tuple[bool, str, set[str]]:
         before = set((plans / "runs" / "parity").glob(f"{unit}-*"))
-        res = parity_on_library(target, unit, lib, opts, env=env)
+        res = parity_on_library(target, unit, lib, opts, env=env, seeds=seeds)
         reached: set[str] = set()
         for d in set((plans / "runs" / "parity").glob(f"{unit}-*")) - before:
             reached |= read_trace(d / "launch.trace")
         return res.ok, res.summary, reached
 
     def one(unit: str) -> dict:
-        ok, summary, reached = traced(unit, None)
+        seeds = fresh_seeds(2)  # one set per op: its default run and every variant share the prepared cases
+        ok, summary, reached = traced(unit, None, seeds)
         reachable = reachable_kernels(cf, unit, rules)
         variants = {}
         for v in variant_plan.for_unit(unit):  # one after another: each reads its own new plan folders
-            v_ok, v_summary, v_reached = traced(unit, v.env)
+            v_ok, v_summary, v_reached = traced(unit, v.env, seeds)
             variants[v.name] = {"known_good_ok": v_ok, "adds": sorted((v_reached - reached) & reachable),
                                 "summary": v_summary[:200]}
             reached |= v_reached

@@ -17,6 +17,8 @@ kernels.  Two uses:
 A variant runs for an op only where the op's path reads one of its knobs: the
 `getenv("...")` names in the op's slice and the slices of the API functions it
 calls (porter.scan.cuda_slice), so a MoE knob does not rerun the norm specs.
+An op's spec file may name its own settings (KNOWN_GOOD_ENV, beside its
+DISPATCH table): they run too, as variants "spec-env-<i>".
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ class VariantPlan:
         from porter.scan.cuda_slice import CudaFile
 
         self.variants = load_variants(target) if variants is None else variants
+        self._target = target if target.checkout else None  # spec settings are upstream's knobs too
         self._rules = load_rules(target) if self.variants else None
         self._cf = CudaFile.parse(reference_source(target), self._rules) if self.variants else None
 
@@ -93,5 +96,14 @@ class VariantPlan:
             return frozenset()
 
     def for_unit(self, unit: str) -> list[Variant]:
+        """The target's variants whose knobs this op's path reads, then each setting of the op's
+        own spec (KNOWN_GOOD_ENV) that no variant already makes exactly."""
         k = self.knobs(unit)
-        return [v for v in self.variants if k & set(v.env)]
+        out = [v for v in self.variants if k & set(v.env)]
+        if self._target is not None:
+            from porter.gates.parity.spec import spec_known_good_env
+
+            for i, env in enumerate(spec_known_good_env(self._target, unit)):
+                if all(v.env != env for v in out):
+                    out.append(Variant(f"spec-env-{i}", f"{unit}'s KNOWN_GOOD_ENV[{i}]", env))
+        return out

@@ -107,6 +107,32 @@ def prepare(spec: UnitSpec, api_fn, ctx: Context, seeds: list[int]) -> list[Prep
     return cases
 
 
+_PREPARED: dict = {}  # (unit, spec, seeds) -> cases, the last PREPARED_KEEP (the trace runs 6 ops at once)
+PREPARED_KEEP = 8
+_PREPARED_LOCK = __import__("threading").Lock()
+
+
+def _prepared(spec: UnitSpec, api_fn, ctx: Context, seeds: list[int], remember: bool) -> list[PreparedCase]:
+    """prepare(), remembered for the same spec and caller-given seeds: calibration runs one unit's
+    spec on the known-good, each env-knob variant and each mutant with the same seeds, and the
+    references of the large specs (the prefill MoE) take minutes.  Fresh seeds never repeat, so
+    a candidate's parity prepares its own and nothing of it is kept."""
+    if not remember:
+        return prepare(spec, api_fn, ctx, seeds)
+    # the file's bytes, and what a caller may have replaced in the loaded spec (tests do)
+    key = (spec.unit, spec.sha256, getattr(spec.build, "__qualname__", repr(spec.build)), repr(spec.shapes),
+           tuple(int(s) for s in seeds))
+    with _PREPARED_LOCK:
+        if key in _PREPARED:
+            return _PREPARED[key]
+    cases = prepare(spec, api_fn, ctx, seeds)
+    with _PREPARED_LOCK:
+        _PREPARED[key] = cases
+        while len(_PREPARED) > PREPARED_KEEP:
+            _PREPARED.pop(next(iter(_PREPARED)))
+    return cases
+
+
 def harness_names(target) -> dict:
     """Target-owned helper symbols the child calls (targets/<t>/parity/harness.toml)."""
     path = target.dir / "parity" / "harness.toml"
@@ -461,12 +487,13 @@ def _run_spec(target, spec: UnitSpec, library: Path, *, workspace: Path | None =
     t_start = time.monotonic()
     library = Path(library)
     api_fn = target.api_function(spec.unit)
+    remember = bool(seeds)
     seeds = list(seeds) if seeds else fresh_seeds(2)
     if len(seeds) < 2:
         raise ValueError("parity needs at least two seeds")
     try:
         ctx = ctx or Context.for_target(target)
-        cases = prepare(spec, api_fn, ctx, seeds)
+        cases = _prepared(spec, api_fn, ctx, seeds, remember)
     except SpecError as exc:
         return GateResult("parity", False, f"parity skipped: spec error: {exc}", skipped=True)
     t_prepared = time.monotonic()

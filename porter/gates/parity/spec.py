@@ -398,6 +398,20 @@ def _load_module(path: Path, target_name: str):
     return mod
 
 
+def spec_known_good_env(target, unit: str) -> list[dict[str, str]]:
+    """The spec file's KNOWN_GOOD_ENV: settings of the known-good's env knobs that choose another
+    kernel for this op (its DISPATCH table names them); calibration runs each (variants.py)."""
+    path = spec_dir(target) / f"{unit}.py"
+    if not path.is_file():
+        return []
+    env = getattr(sys.modules.get(f"porter_parity_spec_{target.name}_{path.stem}") or _load_module(path, target.name),
+                  "KNOWN_GOOD_ENV", [])
+    if not isinstance(env, list) or not all(isinstance(e, dict) and e and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in e.items()) for e in env):
+        raise SpecError(f"parity spec {path.name}: KNOWN_GOOD_ENV is a list of non-empty {{knob: value}} string tables")
+    return [dict(e) for e in env]
+
+
 def sibling(spec_file: str, name: str):
     """Import a helper module kept beside the specs (a file starting with '_', never a spec itself)."""
     path = Path(spec_file).resolve().parent / f"{name}.py"

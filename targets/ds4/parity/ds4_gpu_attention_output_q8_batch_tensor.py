@@ -34,10 +34,13 @@ DISPATCH = {
     "matmul_q8_0_preq_batch_warp8_kernel / matmul_q8_0_preq_kernel (B, n_tokens > 1)":
         "DS4_CUDA_NO_ATTENTION_OUTPUT_F16_CACHE or DS4_CUDA_NO_Q8_F16_CACHE; batch warp when n_groups*rank <= 1024 "
         "(shape 'odd 3 groups of 100 -> 37 -> 53, 3 tokens'), preq kernel above (ds4's sizes) -> knob",
+    "dequant_q8_0_to_f32_kernel + cublasSgemm on the F32-expanded attn_output_b (B)":
+        "n_tokens >= 2 with DS4_CUDA_Q8_F32_ALL (tried before the F16 cache, so it masks the F16 and native B "
+        "paths; A is unchanged) -> knob",
 }
 KNOWN_GOOD_ENV = [{"DS4_CUDA_NO_CUBLAS_ATTENTION_OUTPUT_A": "1"}, {"DS4_CUDA_NO_ATTENTION_OUTPUT_F16_CACHE": "1"},
                   {"DS4_CUDA_NO_Q8_F16_CACHE": "1"}, {"DS4_CUDA_ATTENTION_OUTPUT_A_CUBLAS_MIN": "130"},
-                  {"DS4_CUDA_NO_Q8_DP4A": "1"}]
+                  {"DS4_CUDA_NO_Q8_DP4A": "1"}, {"DS4_CUDA_Q8_F32_ALL": "1"}]
 
 
 def build(shape, ctx, rng):

@@ -18,9 +18,11 @@ W = sibling(__file__, "_ds4_weights")
 DISPATCH = {
     "matmul_f16_pair_ordered_chunks_kernel": "n_tok == 1, no knob -> reached by shape 'compressor kv+gate (ratio 4) 4096->1024, decode'",
     "2 x ds4_gpu_matmul_f16_tensor -> cublasGemmEx": "n_tok > 1 -> reached by shape 'compressor kv+gate (ratio 4) 4096->1024, 129 tokens'",
-    "2 x ds4_gpu_matmul_f16_tensor -> matmul_f16_kernel / serial kernel":
-        "n_tok == 1 with DS4_CUDA_NO_F16_PAIR_MATMUL, DS4_CUDA_SERIAL_F16_MATMUL, DS4_CUDA_SERIAL_ROUTER or "
-        "DS4_CUDA_NO_ORDERED_F16_MATMUL -> knob",
+    "2 x ds4_gpu_matmul_f16_tensor -> matmul_f16_ordered_chunks_kernel":
+        "n_tok == 1 with DS4_CUDA_NO_F16_PAIR_MATMUL (or DS4_CUDA_SERIAL_ROUTER: no pair shape is the router's) "
+        "-> knob",
+    "2 x ds4_gpu_matmul_f16_tensor -> matmul_f16_kernel": "n_tok == 1 with DS4_CUDA_NO_ORDERED_F16_MATMUL -> knob",
+    "2 x ds4_gpu_matmul_f16_tensor -> matmul_f16_serial_kernel": "DS4_CUDA_SERIAL_F16_MATMUL (any n_tok) -> knob",
 }
 KNOWN_GOOD_ENV = [{"DS4_CUDA_NO_F16_PAIR_MATMUL": "1"}, {"DS4_CUDA_NO_ORDERED_F16_MATMUL": "1"},
                   {"DS4_CUDA_SERIAL_F16_MATMUL": "1"}]

@@ -29,6 +29,10 @@ DISPATCH = {
     "non-dp4a block dot": "DS4_CUDA_NO_Q8_DP4A, or a partial last block (in_dim % 32 != 0) -> reached by shape "
                           "'odd 100->37 (partial last block), n_hc 4'",
     "ds4_gpu_matmul_q8_0_tensor + hc_expand_kernel": "DS4_CUDA_DISABLE_Q8_HC_EXPAND_FUSED -> knob",
+    "multi-token paths of ds4_gpu_matmul_q8_0_tensor (dequant_q8_0_to_f16/_f32_kernel, f32_to_f16_kernel + cuBLAS, "
+    "matmul_q8_0_preq_batch_warp8_kernel, matmul_q8_0_preq_kernel)":
+        "need n_tok > 1, and the unfused path passes n_tok = 1 (one matmul_q8_0_preq_warp8_kernel) -> no case: "
+        "unreachable from this op",
 }
 KNOWN_GOOD_ENV = [{"DS4_CUDA_NO_Q8_DP4A": "1"}, {"DS4_CUDA_DISABLE_Q8_HC_EXPAND_FUSED": "1"}]
 

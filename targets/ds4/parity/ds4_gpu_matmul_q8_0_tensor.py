@@ -45,8 +45,8 @@ DISPATCH = {
         "'1056->300 (33 blocks), 3 tokens'",
     "non-dp4a block dot": "DS4_CUDA_NO_Q8_DP4A, or a partial last block -> reached by shape "
         "'odd 100->37 (partial last block), 3 tokens'",
-    "cublasSgemm on the Q8->F32 expansion": "n_tok > 1 with DS4_CUDA_Q8_F32_ALL, or DS4_CUDA_Q8_F32_LARGE on "
-        "1024->32768 -> knob",
+    "cublasSgemm on the Q8->F32 expansion (dequant_q8_0_to_f32_kernel)": "n_tok > 1 with DS4_CUDA_Q8_F32_ALL, or "
+        "DS4_CUDA_Q8_F32_LARGE on 1024->32768 (shape 'attn_q_b 1024->32768, 2 tokens') -> knob",
 }
 KNOWN_GOOD_ENV = [{"DS4_CUDA_NO_Q8_DP4A": "1"}, {"DS4_CUDA_NO_Q8_F16_CACHE": "1"},
                   {"DS4_CUDA_NO_Q8_BATCH_WARP": "1"}, {"DS4_CUDA_Q8_F32_ALL": "1"},

@@ -21,6 +21,10 @@ DISPATCH = {
         "no knob -> reached by shape 'ffn_down_shexp 2048->4096, n_hc 4 (decode)'",
     "non-dp4a block dot": "DS4_CUDA_NO_Q8_DP4A, or in_dim % 32 != 0 -> reached by shape 'odd 100->37, n_hc 4'",
     "ds4_gpu_matmul_q8_0_tensor + hc_expand_kernel (has_add)": "DS4_CUDA_DISABLE_Q8_HC_EXPAND_FUSED -> knob",
+    "multi-token paths of ds4_gpu_matmul_q8_0_tensor (dequant_q8_0_to_f16/_f32_kernel, f32_to_f16_kernel + cuBLAS, "
+    "matmul_q8_0_preq_batch_warp8_kernel, matmul_q8_0_preq_kernel)":
+        "need n_tok > 1, and the unfused path passes n_tok = 1 (one matmul_q8_0_preq_warp8_kernel) -> no case: "
+        "unreachable from this op",
 }
 KNOWN_GOOD_ENV = [{"DS4_CUDA_NO_Q8_DP4A": "1"}, {"DS4_CUDA_DISABLE_Q8_HC_EXPAND_FUSED": "1"}]
 

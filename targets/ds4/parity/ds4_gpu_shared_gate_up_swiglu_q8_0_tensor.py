@@ -22,6 +22,9 @@ DISPATCH = {
     "matmul_q8_0_pair_preq_warp8_kernel + swiglu_kernel": "no knob -> reached by shape 'shexp 4096->2048, clamp 10'",
     "non-dp4a block dot": "DS4_CUDA_NO_Q8_DP4A, or in_dim % 32 != 0 -> reached by shape 'odd 100->37 (partial last block), clamp 10'",
     "2 x matmul_q8_0_preq_warp8_kernel + swiglu_kernel": "DS4_CUDA_DISABLE_SHARED_GATE_UP_PAIR -> knob",
+    "multi-token paths of ds4_gpu_matmul_q8_0_tensor (dequant_q8_0_to_f16/_f32_kernel, f32_to_f16_kernel + cuBLAS, "
+    "matmul_q8_0_preq_batch_warp8_kernel, matmul_q8_0_preq_kernel)":
+        "need n_tok > 1, and both paths of this op pass n_tok = 1 -> no case: unreachable from this op",
 }
 KNOWN_GOOD_ENV = [{"DS4_CUDA_NO_Q8_DP4A": "1"}, {"DS4_CUDA_DISABLE_SHARED_GATE_UP_PAIR": "1"}]
 
