@@ -250,6 +250,8 @@ def test_calibration_variants_apply_to_the_checkout(target):
     goods = [v for v in variants if v.kind == "good"]
     broken = [v for v in variants if v.kind == "broken"]
     assert len(goods) >= 3 and any(v.env for v in goods) and any(v.source == "porter-library" for v in goods)
+    # the gate's own library shape, as --provider reference ports it, is one of the known-good backends
+    assert any(v.source == "reference-slices" for v in goods)
     assert len([v for v in broken if not v.name.startswith("integration-")]) >= 5
     assert len([v for v in broken if v.name.startswith("integration-")]) >= 2
     cu = (_checkout() / "ds4_cuda.cu").read_text()
@@ -333,12 +335,14 @@ def test_calibrate_ds4_builds_once_per_source_and_tabulates(target, tmp_path, mo
     monkeypatch.setattr(d4.Ds4Reduced, "setup", lambda self: {"layers": self.n_layer})
     import porter.calibration.libraries as libs
     monkeypatch.setattr(libs, "build_upstream", lambda target, mutant=None, out_dir=None: tmp_path / "libds4_cuda.so")
+    monkeypatch.setattr(d4, "reference_slices_library", lambda target, cache: tmp_path / "slices" / "libds4_cuda.so")
 
     cal = d4.calibrate_ds4(target, tmp_path, log=lambda *_: None)
     variants = d4.load_variants(target)
-    # env-only variants share the upstream build: builds = reference + upstream + porter-library + one per mutant
+    # env-only variants share the upstream build: builds = reference + upstream + porter-library
+    # + reference-slices + one per mutant
     n_mutated = len([v for v in variants if v.rules])
-    assert len(set(built)) == 3 + n_mutated
+    assert len(set(built)) == 4 + n_mutated
     assert ran[0] == "reference-cpu" and len(ran) == 1 + len(variants)
     assert cal.calibrated, cal.table()
     tol = cal.rule.stage_tol

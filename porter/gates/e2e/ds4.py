@@ -328,8 +328,9 @@ def _build_all(red: Ds4Reduced, variants: list[Ds4Variant], log) -> dict[str, Pa
     def one(key: str):
         members = groups[key]
         try:
-            if members[0].source == "porter-library" and members[0].library is None:
-                lib = libraries.build_upstream(red.target)
+            if members[0].library is None and members[0].source in ("porter-library", "reference-slices"):
+                lib = (libraries.build_upstream(red.target) if members[0].source == "porter-library"
+                       else reference_slices_library(red.target, red.scratch / "build-cache"))
                 for m in members:
                     m.library = lib
             return key, red.build(members[0])
@@ -341,6 +342,23 @@ def _build_all(red: Ds4Reduced, variants: list[Ds4Variant], log) -> dict[str, Pa
     log(f"built {len(groups)} ds4 builds for {len(variants)} variants in {time.monotonic() - t0:.0f}s"
         + (f"; {len(failed)} failed: {'; '.join(failed)[:500]}" if failed else ""))
     return {v.name: by_key[key] for key, members in groups.items() for v in members}
+
+
+def reference_slices_library(target, cache: Path) -> Path:
+    """porter's own backend library as `porter run --provider reference` ports it: every unit's
+    slice of the checkout's ds4_cuda.cu (adapted by the declared rules), each compiled alone with
+    the conventions header, linked with porter's glue.  The e2e gate links a workspace's library
+    the same way, so this known-good is the gate's normal path with correct units."""
+    from porter.extract import extract_unit_source
+    from porter.providers.reference import ReferenceProvider
+
+    prov = ReferenceProvider(target)
+    sources = {u: extract_unit_source(prov.answer(u, 1)[0], u, target) for u in target.units}
+    libs = libraries.SourceLibraries(target, cache, sources, "reference-provider slices")
+    try:
+        return libs.known_good()
+    except libraries.BuildError as exc:
+        raise PorterError(f"porter's library of the reference slices: {exc}") from None
 
 
 def prepare_ds4(target, scratch: Path, model: Path | None = None, log=print) -> None:
