@@ -71,6 +71,9 @@ def test_spec_validates_and_builds_two_seeds(target, unit):
     assert any(c.shape.timed for c in ok), "a real prefill or decode shape is timed"
     assert any(c.shape.expect == "error" for c in cases), "an input upstream refuses"
     assert spec.bytes_moved and all(spec.bytes_moved(c.shape) > 0 for c in ok)
+    from porter.gates.parity.gate import zero_answer_passes
+
+    assert zero_answer_passes(spec, cases) == [], "an all-zero answer passes these cases: calibration refuses the spec"
     for c in ok:  # the second seed's inputs differ, so its answer cannot come from the first call
         a, b = (c.calls[p].expect for p in (0, 1))
         assert any(not (a[k] == b[k]).all() for k in a), c.shape.label

@@ -138,7 +138,7 @@ def test_porter_calibrate_known_good_upstream_builds_from_the_checkout_and_runs_
 
 @needs_checkout
 def test_ds4_specs_validate_and_build_both_seeds(target):
-    from porter.gates.parity.gate import prepare
+    from porter.gates.parity.gate import prepare, zero_answer_passes
     from porter.gates.parity.spec import Context, load_specs
     from porter.gates.parity.scenario import is_scenario
 
@@ -156,6 +156,7 @@ def test_ds4_specs_validate_and_build_both_seeds(target):
         for c in ok:  # two seeds, two different inputs (the second call must not be answerable from the first)
             a, b = (c.calls[p].expect for p in (0, 1))
             assert any(not (a[k] == b[k]).all() for k in a), (unit, c.shape.label)
+        assert zero_answer_passes(spec, cases) == [], unit  # calibration would refuse the spec
 
 
 @needs_checkout

@@ -135,6 +135,9 @@ def test_spec_validates_and_builds_two_seeds(target, unit):
     timed = [c for c in cases if c.shape.timed]
     assert len(timed) == 1 and timed[0].shape.expect == "ok"
     assert spec.bytes_moved(timed[0].shape) > 0
+    from porter.gates.parity.gate import zero_answer_passes
+
+    assert zero_answer_passes(spec, cases) == [], "an all-zero answer passes these cases: calibration refuses the spec"
     for c in ok:
         a, b = (c.calls[p].expect for p in (0, 1))
         assert any(not np.array_equal(a[k], b[k]) for k in a), (unit, c.shape.label)  # seeds give other answers

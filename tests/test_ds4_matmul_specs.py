@@ -86,6 +86,9 @@ def test_spec_validates_and_builds_two_seeds(target, unit):
             assert np.abs(v).max() > 0, (c.shape.label, k)  # a reference of zeros checks nothing
     timed = [c.shape for c in cases if c.shape.timed]
     assert timed and spec.bytes_moved is not None
+    from porter.gates.parity.gate import zero_answer_passes
+
+    assert zero_answer_passes(spec, cases) == [], "an all-zero answer passes these cases: calibration refuses the spec"
     for s in timed:
         assert spec.bytes_moved(s) > 0
     # ds4's real sizes are present: 4096 embedding somewhere in the timed or real-tensor cases
