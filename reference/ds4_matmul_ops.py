@@ -23,6 +23,9 @@ Activation quantization follows ds4.c where ds4.c has it:
 """
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
 from . import quant
@@ -31,6 +34,9 @@ from .ds4_ops import (GGML_TYPE, N_EXPERT, QK_K, _dequant_activation, _f32, _map
 from .quant import QT
 
 #: routed-expert type pairs (gate/up type, down type) the call accepts
+# threads for routed_moe's experts (each holds its three dequantised matrices, ~200 MB at ds4's sizes)
+MOE_REFERENCE_THREADS = int(os.environ.get("PORTER_MOE_REFERENCE_THREADS", min(8, os.cpu_count() or 1)))
+
 MOE_TYPE_PAIRS = {(GGML_TYPE["IQ2_XXS"], GGML_TYPE["Q2_K"]): (QT.IQ2_XXS, QT.Q2_K),
                   (GGML_TYPE["Q4_K"], GGML_TYPE["Q4_K"]): (QT.Q4_K, QT.Q4_K)}
 
@@ -230,20 +236,12 @@ def routed_moe(model_map, gate_offset: int, up_offset: int, down_offset: int, ga
     xv = _dequant_activation(xq, xd, QK_K)
     c = _f32(clamp)
     g_rb, d_rb = quant.row_bytes(gqt, in_dim), quant.row_bytes(dqt, mid_dim)
-    cache: dict[int, tuple] = {}
 
     def expert(e: int):
-        if e not in cache:
-            cache[e] = (
-                expert_matrix(m, int(gate_offset) + e * int(gate_expert_bytes), int(gate_row_bytes), g_rb, mid_dim, gqt, in_dim),
-                expert_matrix(m, int(up_offset) + e * int(gate_expert_bytes), int(gate_row_bytes), g_rb, mid_dim, gqt, in_dim),
-                expert_matrix(m, int(down_offset) + e * int(down_expert_bytes), int(down_row_bytes), d_rb, out_dim, dqt, mid_dim))
-        return cache[e]
-
-    mid = np.zeros((n_tokens, n_expert, mid_dim), dtype=np.float32)
-    out = np.zeros((n_tokens, out_dim), dtype=np.float64)
-    for e in sorted({max(int(v), 0) for v in ids.reshape(-1)}):
-        gw, uw, dw = expert(e)
+        """Expert e's share: its (token, slot) pairs, their mid rows and down-projected rows."""
+        gw = expert_matrix(m, int(gate_offset) + e * int(gate_expert_bytes), int(gate_row_bytes), g_rb, mid_dim, gqt, in_dim)
+        uw = expert_matrix(m, int(up_offset) + e * int(gate_expert_bytes), int(gate_row_bytes), g_rb, mid_dim, gqt, in_dim)
+        dw = expert_matrix(m, int(down_offset) + e * int(down_expert_bytes), int(down_row_bytes), d_rb, out_dim, dqt, mid_dim)
         tk = np.argwhere(np.maximum(ids, 0) == e)          # (pairs, 2): token, slot
         g = xv[tk[:, 0]] @ gw.T
         u = xv[tk[:, 0]] @ uw.T
@@ -252,10 +250,20 @@ def routed_moe(model_map, gate_offset: int, up_offset: int, down_offset: int, ga
             u = np.clip(u, -c, c)
         with np.errstate(over="ignore"):
             mm = (g / (1.0 + np.exp(-g)) * u * wts[tk[:, 0], tk[:, 1]][:, None].astype(np.float64)).astype(np.float32)
-        mid[tk[:, 0], tk[:, 1]] = mm
         mq, md = quantize_q8_K(mm)
-        np.add.at(out, tk[:, 0], _dequant_activation(mq, md, QK_K) @ dw.T)
-        del cache[e]
+        return tk, mm, _dequant_activation(mq, md, QK_K) @ dw.T
+
+    mid = np.zeros((n_tokens, n_expert, mid_dim), dtype=np.float32)
+    out = np.zeros((n_tokens, out_dim), dtype=np.float64)
+    experts = sorted({max(int(v), 0) for v in ids.reshape(-1)})
+    # Experts are independent: their dequantisation (most of a prefill reference's minutes) runs in
+    # threads (numpy leaves the GIL for the array work), and their rows are summed into `out` in
+    # expert order afterwards, so the result is the same to the bit for any thread count.
+    workers = max(1, min(MOE_REFERENCE_THREADS, len(experts)))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for tk, mm, rows in pool.map(expert, experts):
+            mid[tk[:, 0], tk[:, 1]] = mm
+            np.add.at(out, tk[:, 0], rows)
     return out.astype(np.float32), mid
 
 

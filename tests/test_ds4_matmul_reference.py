@@ -405,3 +405,30 @@ def test_routed_moe_refuses_what_the_call_refuses():
     with pytest.raises(ValueError):  # 256 down experts past the map end
         mo.routed_moe(c["m"], c["offs"][0], c["offs"][1], c["m"].size - 10, *c["types"], *c["strides"], *c["dims"],
                       c["sel"], c["w"], 2, 10.0, c["x"], 1)
+
+
+def test_routed_moe_reference_is_the_same_to_the_bit_for_any_thread_count(monkeypatch):
+    """The experts run in threads (their dequantisation is most of a prefill reference's time); their
+    rows are summed in expert order, so the reference does not depend on the thread count."""
+    from porter.gates.parity.spec import Context, load_spec
+    from porter.gates.parity.gate import prepare
+    from porter.target import load_target
+    from reference import ds4_matmul_ops as M
+
+    from conftest import ds4_checkout
+
+    if ds4_checkout() is None:
+        pytest.skip("no ds4 checkout (external/ds4 or $PORTER_DS4_SOURCE): the spec's inputs need ds4_gpu.h")
+    t = load_target(Path(__file__).resolve().parents[1], "ds4", ds4_checkout())
+    spec = load_spec(t, "ds4_gpu_routed_moe_batch_tensor")
+    shapes = [s for s in spec.shapes if s.expect == "ok" and s.dims.get("n_tokens", 1) > 1][:2]
+    assert shapes
+    small = __import__("dataclasses").replace(spec, shapes=shapes)
+    got = {}
+    for threads in (1, 4):
+        monkeypatch.setattr(M, "MOE_REFERENCE_THREADS", threads)
+        cases = prepare(small, t.api_function(spec.unit), Context.for_target(t), [7, 8])
+        got[threads] = [c.calls[0].expect for c in cases]
+    for a, b in zip(got[1], got[4]):
+        for k in a:
+            assert np.array_equal(a[k], b[k]), k
