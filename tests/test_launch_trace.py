@@ -89,3 +89,34 @@ def test_reachable_kernels_follow_dispatch_and_api_calls():
     swiglu = trace.reachable_kernels(cf, "ds4_gpu_swiglu_tensor", rules)
     assert swiglu and swiglu <= trace.reachable_kernels(cf, "ds4_gpu_shared_gate_up_swiglu_q8_0_tensor", rules)
     assert trace.reachable_kernels(cf, "ds4_gpu_tensor_bytes", rules) == set()  # launches nothing
+
+
+@needs_ds4
+def test_every_kernel_a_spec_declares_unreachable_is_one_its_op_can_name():
+    """UNREACHABLE tables move kernels out of the trace's 'missing' column; a misspelt or foreign
+    name would hide nothing real, and a claim about a kernel outside the op's slice is meaningless."""
+    from porter.gates.parity.spec import load_specs, spec_unreachable
+    from porter.providers.reference import load_rules, reference_source
+    from porter.scan.cuda_slice import CudaFile
+    from porter.target import load_target
+
+    t = load_target(REPO, "ds4", _ds4_checkout())
+    rules = load_rules(t)
+    cf = CudaFile.parse(reference_source(t), rules)
+    declared = {u: spec_unreachable(t, u) for u in load_specs(t)}
+    assert sum(map(len, declared.values())) >= 30  # the one-token ops' batch-only kernels, at least
+    for unit, table in declared.items():
+        if table:
+            reachable = trace.reachable_kernels(cf, unit, rules)
+            assert set(table) <= reachable, f"{unit}: {sorted(set(table) - reachable)} not in its slice"
+
+
+def test_a_trace_row_keeps_declared_unreachable_apart_and_flags_a_wrong_claim():
+    row = trace.trace_row("op", {"a", "b", "c", "d"}, {"a", "d", "x"}, {"b": "batch only", "d": "never"},
+                          {"v1": {"known_good_ok": True, "adds": []}}, True, "ok")
+    assert row["reached"] == ["a", "d"] and row["missing"] == ["c"]
+    assert row["declared_unreachable"] == {"b": "batch only"}
+    assert row["contradicted"] == ["d"]  # declared unreachable, yet a case launched it
+    assert row["outside_slice"] == ["x"] and row["known_good_ok"]
+    bad = trace.trace_row("op", {"a"}, {"a"}, {}, {"v1": {"known_good_ok": False, "adds": []}}, True, "ok")
+    assert not bad["known_good_ok"]  # a refused variant is a refused known-good

@@ -121,6 +121,19 @@ def reachable_kernels(cf, unit: str, rules) -> set[str]:
     return kernels
 
 
+def trace_row(unit: str, reachable: set[str], reached: set[str], declared: dict[str, str], variants: dict,
+              ok: bool, summary: str) -> dict:
+    """One op's line of the table: what its cases (and variants) launched against what it can name,
+    the spec's declared-unreachable kernels apart from the real gaps."""
+    return {"unit": unit, "known_good_ok": ok and all(v["known_good_ok"] for v in variants.values()),
+            "reachable": sorted(reachable), "reached": sorted(reached & reachable),
+            "missing": sorted(reachable - reached - set(declared)),
+            "declared_unreachable": {k: w for k, w in sorted(declared.items()) if k in reachable - reached},
+            # a kernel the spec calls unreachable that a case launched: the spec's claim is wrong
+            "contradicted": sorted(set(declared) & reached),
+            "outside_slice": sorted(reached - reachable), "variants": variants, "summary": summary[:200]}
+
+
 def read_trace(path: Path) -> set[str]:
     if not path.is_file():
         return set()
@@ -159,6 +172,7 @@ def trace_units(target, units: list[str], workspace: Path, out=print) -> list[di
     from porter.calibration.libraries import build_upstream
     from porter.calibration.variants import VariantPlan
     from porter.gates.parity.gate import fresh_seeds
+    from porter.gates.parity.spec import spec_unreachable
     from porter.providers.reference import load_rules, reference_source
     from porter.scan.cuda_slice import CudaFile
 
@@ -194,10 +208,7 @@ def trace_units(target, units: list[str], workspace: Path, out=print) -> list[di
             variants[v.name] = {"known_good_ok": v_ok, "adds": sorted((v_reached - reached) & reachable),
                                 "summary": v_summary[:200]}
             reached |= v_reached
-        return {"unit": unit, "known_good_ok": ok and all(v["known_good_ok"] for v in variants.values()),
-                "reachable": sorted(reachable), "reached": sorted(reached & reachable),
-                "missing": sorted(reachable - reached), "outside_slice": sorted(reached - reachable),
-                "variants": variants, "summary": summary[:200]}
+        return trace_row(unit, reachable, reached, spec_unreachable(target, unit), variants, ok, summary)
 
     rows = []
     try:
@@ -210,6 +221,9 @@ def trace_units(target, units: list[str], workspace: Path, out=print) -> list[di
                     + (f" (variants: {', '.join(via)})" if via else "")
                     + (f"; VARIANT REFUSED: {', '.join(bad)}" if bad else "")
                     + (f"; not reached: {', '.join(row['missing'])}" if row["missing"] else "")
+                    + (f"; {len(row['declared_unreachable'])} declared unreachable" if row["declared_unreachable"] else "")
+                    + (f"; DECLARED UNREACHABLE BUT LAUNCHED: {', '.join(row['contradicted'])}"
+                       if row["contradicted"] else "")
                     + ("" if row["known_good_ok"] else f"; KNOWN-GOOD REFUSED: {row['summary'][:120]}"))
     finally:
         os.environ.pop("LD_PRELOAD", None)
@@ -241,9 +255,13 @@ def main(argv: list[str] | None = None) -> int:
     except PorterError as exc:
         print(f"porter: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    full = sum(1 for r in rows if not r["missing"])
-    print(f"\n{full} of {len(rows)} ops launch every kernel their upstream function can reach; "
-          f"{sum(len(r['reached']) for r in rows)} of {sum(len(r['reachable']) for r in rows)} kernels reached")
+    full = sum(1 for r in rows if not r["missing"] and not r["contradicted"])
+    n_declared = sum(len(r["declared_unreachable"]) for r in rows)
+    print(f"\n{full} of {len(rows)} ops launch every kernel their upstream function can reach "
+          f"(less those their spec declares unreachable, with why); "
+          f"{sum(len(r['reached']) for r in rows)} of {sum(len(r['reachable']) for r in rows)} statically "
+          f"reachable kernels reached, {n_declared} declared unreachable, "
+          f"{sum(len(r['missing']) for r in rows)} missing")
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
     return 0 if full == len(rows) else 1

@@ -398,18 +398,32 @@ def _load_module(path: Path, target_name: str):
     return mod
 
 
+def _spec_module_attr(target, unit: str, name: str, default):
+    path = spec_dir(target) / f"{unit}.py"
+    if not path.is_file():
+        return default
+    mod = sys.modules.get(f"porter_parity_spec_{target.name}_{path.stem}") or _load_module(path, target.name)
+    return getattr(mod, name, default)
+
+
 def spec_known_good_env(target, unit: str) -> list[dict[str, str]]:
     """The spec file's KNOWN_GOOD_ENV: settings of the known-good's env knobs that choose another
     kernel for this op (its DISPATCH table names them); calibration runs each (variants.py)."""
-    path = spec_dir(target) / f"{unit}.py"
-    if not path.is_file():
-        return []
-    env = getattr(sys.modules.get(f"porter_parity_spec_{target.name}_{path.stem}") or _load_module(path, target.name),
-                  "KNOWN_GOOD_ENV", [])
+    env = _spec_module_attr(target, unit, "KNOWN_GOOD_ENV", [])
     if not isinstance(env, list) or not all(isinstance(e, dict) and e and all(
             isinstance(k, str) and isinstance(v, str) for k, v in e.items()) for e in env):
-        raise SpecError(f"parity spec {path.name}: KNOWN_GOOD_ENV is a list of non-empty {{knob: value}} string tables")
+        raise SpecError(f"parity spec {unit}.py: KNOWN_GOOD_ENV is a list of non-empty {{knob: value}} string tables")
     return [dict(e) for e in env]
+
+
+def spec_unreachable(target, unit: str) -> dict[str, str]:
+    """The spec file's UNREACHABLE: {kernel: why} for kernels the op's upstream function can name
+    (its slice holds them) but no input of this op launches.  The launch trace reports them apart
+    from the kernels no case reached, and flags one that a case did launch."""
+    out = _spec_module_attr(target, unit, "UNREACHABLE", {})
+    if not isinstance(out, dict) or not all(isinstance(k, str) and isinstance(v, str) and v for k, v in out.items()):
+        raise SpecError(f"parity spec {unit}.py: UNREACHABLE is a {{kernel name: why}} table of strings")
+    return dict(out)
 
 
 def sibling(spec_file: str, name: str):

@@ -38,6 +38,9 @@ DISPATCH = {
 }
 KNOWN_GOOD_ENV = [{"DS4_CUDA_NO_CUBLAS_ATTENTION": "1"}]
 
+UNREACHABLE = {"attention_static_mixed_heads8_online_kernel":
+               "the static (unmasked) online path: this op always passes use_comp_mask = 1"}
+
 SPEC = UnitSpec(
     unit="ds4_gpu_attention_prefill_masked_mixed_heads_tensor",
     reference="reference.ds4_attention_ops.attention_prefill_masked_mixed_heads",

@@ -58,6 +58,9 @@ DISPATCH = {
 # one-thread insertion kernel (seconds per 262144-row token); DS4_CUDA_NO_TOPK1024 / DS4_CUDA_NO_TOPK8192 only
 # move sizes onto kernels the shapes above already reach.
 
+UNREACHABLE = {"indexer_topk_pow2_u16_kernel": "4096 < n_comp <= 8192 only on a device that refuses the cub "
+                                                  "sort its opt-in shared memory (not an H100 / H200): no input reaches it"}
+
 SPEC = UnitSpec(
     unit="ds4_gpu_indexer_topk_tensor",
     reference="reference.ds4_ops.indexer_topk",

@@ -50,6 +50,11 @@ C = ops.SWIGLU_CLAMP
 SHEXP = "model:blk.3.ffn_gate_shexp.weight,blk.3.ffn_up_shexp.weight"
 TOL = Tol(nmse=1e-4, max_err_rms=6e-2)
 
+# launched by ds4_gpu_matmul_q8_0_tensor only for n_tok > 1, and this op always passes n_tok = 1
+_MULTI_TOKEN = "multi-token Q8_0 path of ds4_gpu_matmul_q8_0_tensor; this op passes n_tok = 1"
+UNREACHABLE = {k: _MULTI_TOKEN for k in ("dequant_q8_0_to_f16_kernel", "dequant_q8_0_to_f32_kernel", "f32_to_f16_kernel",
+                                         "matmul_q8_0_preq_batch_warp8_kernel", "matmul_q8_0_preq_kernel")}
+
 SPEC = UnitSpec(
     unit="ds4_gpu_shared_gate_up_swiglu_q8_0_tensor",
     reference="reference.ds4_matmul_ops.shared_gate_up_swiglu_q8_0",
