@@ -412,3 +412,31 @@ def test_a_spec_refusing_an_env_knob_variant_of_the_known_good_is_not_calibrated
     st = History.read(ws, "ds4").calibration_status(swiglu, load_spec(target, swiglu).sha256)
     assert not st["calibrated"] and "refuses 1 of upstream's 2 env-knob variants" in st["reason"], st
     assert cal.matrix(rep).splitlines()[1].split()[1] == "X"
+
+
+@needs_checkout
+def test_units_calibrated_side_by_side_give_the_rows_of_one_at_a_time(target, tmp_path, monkeypatch):
+    """--jobs N: units run in threads (their GPU runs still take turns in the worker pool); rows keep
+    the units' order and each unit's printed lines stay together."""
+    import porter.calibration.calibrator as cal
+
+    topk, rope, swiglu = "ds4_gpu_indexer_topk_tensor", "ds4_gpu_rope_tail_tensor", "ds4_gpu_swiglu_tensor"
+    mutants = [Mutant(topk, "ties-high", "tie-rule", "ties", "rules", file="FAULT_TIES_HIGHER_FIRST"),
+               Mutant(rope, "inverse", "values", "inverse ignored", "rules", file="FAULT_INVERSE_IGNORED")]
+    monkeypatch.setattr(cal, "load_mutants", lambda t: mutants)
+    got = {}
+    for jobs in (1, 3):
+        ws = tmp_path / f"ws{jobs}"
+        ws.mkdir()
+        lines = []
+        opts = CalibrateOptions(ws, units=[topk, rope, swiglu], parity=ParityOptions(mode="host", timing_reps=0),
+                                ledger=False, jobs=jobs)
+        rep = calibrate(target, _StandIns(tmp_path), opts, out=lines.append)
+        got[jobs] = [(r["unit"], r["kind"], r["name"], r["got"], r["ok"]) for r in rep["rows"]]
+        units_in_print = [next(u for u in (topk, rope, swiglu) if u in ln) for ln in lines if ln.startswith("  ")
+                          and not ln.startswith("      ")]
+        assert sorted(units_in_print) == sorted([topk, rope, swiglu])
+        for u in (topk, rope):  # the mutant line follows its own unit's line
+            i = next(k for k, ln in enumerate(lines) if ln.startswith("  ") and u in ln)
+            assert lines[i + 1].startswith("      ok "), lines
+    assert got[1] == got[3] and [g[0] for g in got[3]] == [topk, topk, rope, rope, swiglu]

@@ -13,7 +13,10 @@ is uncalibrated again (porter.history.calibration_status).
 
 from __future__ import annotations
 
+import os
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -41,6 +44,7 @@ class CalibrateOptions:
     show_static: bool = True  # the static gate's verdict on each whole-file mutant (an informative column)
     ledger: bool = True
     variants: bool = True  # also run the known-good with each of its env-knob variants (variants.py)
+    jobs: int = field(default_factory=lambda: min(4, os.cpu_count() or 1))  # units calibrated side by side
 
 
 @dataclass
@@ -122,64 +126,87 @@ def calibrate(target, libs, opts: CalibrateOptions, out=print) -> dict:
     out(f"known-good: {libs.describe} -> {good}  ({time.monotonic() - t0:.1f} s to build, {len(mutants)} mutant(s))")
 
     plan = VariantPlan(target) if opts.variants and isinstance(libs, UpstreamLibraries) else None
-    rows: list[Row] = []
-    records: dict[str, dict] = {}
-    for unit in units:
-        if not libs.has(unit):
-            rows.append(Row(unit, "known-good", "-", "pass", "uncalibrated", False,
-                            "no known-good implementation of this unit"))
-            records[unit] = {"ok": False, "summary": "no known-good implementation", "known_good_ok": None}
-            continue
-        t1 = time.monotonic()
-        seeds = opts.parity.seeds or fresh_seeds(2)
-        res = parity_on_library(target, unit, good, opts, seeds=seeds)
-        rows.append(_row(unit, "known-good", libs.describe, "pass", res, res.ok, time.monotonic() - t1))
-        out(f"  {'ok ' if res.ok else 'BAD'} {unit}: {res.summary}")
-        if not res.ok:
-            out("\n".join("      " + ln for ln in (res.diagnostics or "").splitlines()[:40]))
-        variants_ok = 0
-        variants = plan.for_unit(unit) if plan is not None else []
-        for v in variants:
-            t2 = time.monotonic()
-            r = parity_on_library(target, unit, good, opts, env=v.env, seeds=seeds)
-            variants_ok += r.ok
-            rows.append(_row(unit, "variant", v.name, "pass", r, r.ok, time.monotonic() - t2))
-            out(f"      {'ok ' if r.ok else 'BAD'} variant {v.name}: {r.summary[:200]}")
-        mine = [m for m in mutants if m.unit == unit]
-        rejected = 0
-        for m in mine:
-            t2 = time.monotonic()
-            try:
-                lib = libs.mutant(m)
-            except (BuildError, PorterError) as exc:
-                rows.append(Row(unit, m.origin, m.name, m.must_fail_check, "build-error", False, str(exc)))
-                out(f"      BUILD-ERROR {m.name}: {exc}")
-                continue
-            r = parity_on_library(target, unit, lib, opts, timeout=m.timeout, seeds=seeds)
-            ok = m.rejected_by(r.word)
-            rejected += ok
-            rows.append(_row(unit, m.origin, m.name, m.must_fail_check, r, ok, time.monotonic() - t2,
-                             _static_verdict(target, m) if opts.show_static else None))
-            out(f"      {'ok ' if ok else 'BAD'} {m.name}: want {m.must_fail_check}, got {r.word}: {r.summary[:200]}")
-        summary = res.summary[:300] if mine else f"no mutant: nothing shows this spec rejects anything; {res.summary}"[:300]
-        if variants_ok < len(variants):
-            summary = f"refuses {len(variants) - variants_ok} of upstream's {len(variants)} env-knob variants; {summary}"[:300]
-        blind = (res.evidence or {}).get("zero_answer_passes") or []
-        if blind:
-            summary = (f"an all-zero answer passes {len(blind)} case(s) (reference too small for the tolerance): "
-                       f"{blind[0]}; {summary}")[:300]
-            out(f"      BAD zero answer passes: {'; '.join(blind)[:300]}")
-        records[unit] = {"ok": (res.ok and variants_ok == len(variants) and bool(mine) and rejected == len(mine)
-                                and not blind),
-                         "summary": summary, "known_good_ok": res.ok and variants_ok == len(variants),
-                         "variants": len(variants), "variants_ok": variants_ok,
-                         "mutants": len(mine), "mutants_rejected": rejected,
-                         "evidence": res.evidence, "spec": specs[unit]}
+    # Units side by side: each one's inputs and references are host work (minutes for the prefill
+    # MoE) while its parity children take the GPU one at a time through the worker pool.  Each
+    # unit's lines are printed together when it ends; rows and records keep the units' order.
+    with ThreadPoolExecutor(max_workers=max(1, min(opts.jobs, len(units) or 1))) as pool:
+        done = list(pool.map(lambda u: _calibrate_unit(target, libs, opts, good, plan, mutants, specs, u, out),
+                             units))
+    rows: list[Row] = [r for unit_rows, _ in done for r in unit_rows]
+    records: dict[str, dict] = {u: rec for u, (_, rec) in zip(units, done)}
     report = {"target": target.name, "known_good": libs.describe, "library": str(good),
               "rows": [asdict(r) for r in rows], "seconds": round(time.monotonic() - t0, 1)}
     if opts.ledger:
         record(target, opts.workspace, records, libs.describe, good)
     return report
+
+
+
+_OUT_LOCK = threading.Lock()
+
+
+def _calibrate_unit(target, libs, opts: CalibrateOptions, good: Path, plan, mutants: list[Mutant], specs: dict,
+                    unit: str, emit) -> tuple[list[Row], dict]:
+    """One spec on the known-good, its variants and its mutants: (rows, the unit's record).
+    Its lines go to `emit` together when it ends (units run side by side)."""
+    lines: list[str] = []
+    try:
+        return _unit_runs(target, libs, opts, good, plan, mutants, specs, unit, lines.append)
+    finally:
+        with _OUT_LOCK:
+            for ln in lines:
+                emit(ln)
+
+
+def _unit_runs(target, libs, opts, good, plan, mutants, specs, unit, out) -> tuple[list[Row], dict]:
+    rows: list[Row] = []
+    if not libs.has(unit):
+        return ([Row(unit, "known-good", "-", "pass", "uncalibrated", False, "no known-good implementation of this unit")],
+                {"ok": False, "summary": "no known-good implementation", "known_good_ok": None})
+    t1 = time.monotonic()
+    seeds = opts.parity.seeds or fresh_seeds(2)
+    res = parity_on_library(target, unit, good, opts, seeds=seeds)
+    rows.append(_row(unit, "known-good", libs.describe, "pass", res, res.ok, time.monotonic() - t1))
+    out(f"  {'ok ' if res.ok else 'BAD'} {unit}: {res.summary}")
+    if not res.ok:
+        out("\n".join("      " + ln for ln in (res.diagnostics or "").splitlines()[:40]))
+    variants_ok = 0
+    variants = plan.for_unit(unit) if plan is not None else []
+    for v in variants:
+        t2 = time.monotonic()
+        r = parity_on_library(target, unit, good, opts, env=v.env, seeds=seeds)
+        variants_ok += r.ok
+        rows.append(_row(unit, "variant", v.name, "pass", r, r.ok, time.monotonic() - t2))
+        out(f"      {'ok ' if r.ok else 'BAD'} variant {v.name}: {r.summary[:200]}")
+    mine = [m for m in mutants if m.unit == unit]
+    rejected = 0
+    for m in mine:
+        t2 = time.monotonic()
+        try:
+            lib = libs.mutant(m)
+        except (BuildError, PorterError) as exc:
+            rows.append(Row(unit, m.origin, m.name, m.must_fail_check, "build-error", False, str(exc)))
+            out(f"      BUILD-ERROR {m.name}: {exc}")
+            continue
+        r = parity_on_library(target, unit, lib, opts, timeout=m.timeout, seeds=seeds)
+        ok = m.rejected_by(r.word)
+        rejected += ok
+        rows.append(_row(unit, m.origin, m.name, m.must_fail_check, r, ok, time.monotonic() - t2,
+                         _static_verdict(target, m) if opts.show_static else None))
+        out(f"      {'ok ' if ok else 'BAD'} {m.name}: want {m.must_fail_check}, got {r.word}: {r.summary[:200]}")
+    summary = res.summary[:300] if mine else f"no mutant: nothing shows this spec rejects anything; {res.summary}"[:300]
+    if variants_ok < len(variants):
+        summary = f"refuses {len(variants) - variants_ok} of upstream's {len(variants)} env-knob variants; {summary}"[:300]
+    blind = (res.evidence or {}).get("zero_answer_passes") or []
+    if blind:
+        summary = (f"an all-zero answer passes {len(blind)} case(s) (reference too small for the tolerance): "
+                   f"{blind[0]}; {summary}")[:300]
+        out(f"      BAD zero answer passes: {'; '.join(blind)[:300]}")
+    rec = {"ok": res.ok and variants_ok == len(variants) and bool(mine) and rejected == len(mine) and not blind,
+           "summary": summary, "known_good_ok": res.ok and variants_ok == len(variants),
+           "variants": len(variants), "variants_ok": variants_ok, "mutants": len(mine), "mutants_rejected": rejected,
+           "evidence": res.evidence, "spec": specs[unit]}
+    return rows, rec
 
 
 def record(target, workspace: Path, records: dict, describe: str, good_lib: Path, ledger=None) -> None:

@@ -39,6 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-variants", dest="variants", action="store_false",
                    help="skip the known-good's env-knob variants (targets/<t>/known_good_variants.toml)")
     p.add_argument("--sanitize", action="store_true", help="also run each case under compute-sanitizer memcheck")
+    p.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="units calibrated side by side (default: min(4, CPUs)); their GPU runs still take turns")
     p.add_argument("--timeout", type=float, default=120.0, metavar="S", help="time limit per parity child (default 120)")
     p.add_argument("--timing-reps", type=int, default=10, metavar="N", help="CUDA-event timing repetitions")
     p.add_argument("--build-dir", metavar="DIR", help="object/library cache (default runs/build-cache)")
@@ -69,6 +71,10 @@ def run(args) -> int:
                                           timing_reps=args.timing_reps),
                             show_static=args.static, ledger=not args.no_ledger and not args.no_mutants,
                             variants=getattr(args, "variants", True))
+    if getattr(args, "jobs", None):
+        if args.jobs < 1:
+            raise PorterError(f"--jobs must be at least 1, not {args.jobs}")
+        opts.jobs = args.jobs
     log = (lambda *a, **k: print(*a, file=sys.stderr, **k)) if args.json else print
     report = calibrate(target, libs, opts, out=log)
     if args.report:
