@@ -141,7 +141,6 @@ def calibrate(target, libs, opts: CalibrateOptions, out=print) -> dict:
     return report
 
 
-
 _OUT_LOCK = threading.Lock()
 
 

@@ -188,7 +188,7 @@ def trace_units(target, units: list[str], workspace: Path, out=print) -> list[di
     os.environ.update({"PORTER_PARITY_EXECUTOR": "spawn", "LD_PRELOAD": str(interposer),
                        TRACE_ENV: "launch.trace", "PORTER_PARITY_KEEP": "1"})
     opts = CalibrateOptions(plans, ledger=False)
-    variant_plan = VariantPlan(target)
+    variant_plan = VariantPlan(target, cf=cf, rules=rules)  # the backend is parsed once, above
 
     def traced(unit: str, env: dict | None, seeds: list[int]) -> tuple[bool, str, set[str]]:
         before = set((plans / "runs" / "parity").glob(f"{unit}-*"))

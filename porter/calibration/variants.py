@@ -75,14 +75,16 @@ def knobs_read(cf, unit: str, rules) -> set[str]:
 class VariantPlan:
     """Which variants apply to which unit, from the checkout's backend source."""
 
-    def __init__(self, target, variants: list[Variant] | None = None):
+    def __init__(self, target, variants: list[Variant] | None = None, cf=None, rules=None):
+        """cf, rules: the checkout's parsed backend and slice rules, where the caller has them already."""
         from porter.providers.reference import load_rules, reference_source
         from porter.scan.cuda_slice import CudaFile
 
         self.variants = load_variants(target) if variants is None else variants
         self._target = target if target.checkout else None  # spec settings are upstream's knobs too
-        self._rules = load_rules(target) if self.variants else None
-        self._cf = CudaFile.parse(reference_source(target), self._rules) if self.variants else None
+        self._rules = rules if rules is not None else load_rules(target) if self.variants else None
+        self._cf = cf if cf is not None else (CudaFile.parse(reference_source(target), self._rules)
+                                              if self.variants else None)
 
     @lru_cache(maxsize=None)
     def knobs(self, unit: str) -> frozenset[str]:

@@ -19,6 +19,7 @@ import shutil
 import statistics
 import subprocess
 import tempfile
+import threading
 import time
 import tomllib
 from dataclasses import dataclass, field
@@ -109,7 +110,7 @@ def prepare(spec: UnitSpec, api_fn, ctx: Context, seeds: list[int]) -> list[Prep
 
 _PREPARED: dict = {}  # (unit, spec, seeds) -> cases, the last PREPARED_KEEP (the trace runs 6 ops at once)
 PREPARED_KEEP = 8
-_PREPARED_LOCK = __import__("threading").Lock()
+_PREPARED_LOCK = threading.Lock()
 
 
 def _prepared(spec: UnitSpec, api_fn, ctx: Context, seeds: list[int], remember: bool) -> list[PreparedCase]:

@@ -382,8 +382,12 @@ def spec_dir(target) -> Path:
     return target.dir / SPEC_DIR
 
 
+def _module_name(path: Path, target_name: str) -> str:
+    return f"porter_parity_spec_{target_name}_{path.stem}"
+
+
 def _load_module(path: Path, target_name: str):
-    name = f"porter_parity_spec_{target_name}_{path.stem}"
+    name = _module_name(path, target_name)
     mod_spec = importlib.util.spec_from_file_location(name, path)
     if mod_spec is None or mod_spec.loader is None:
         raise SpecError(f"cannot import parity spec {path}")
@@ -402,7 +406,7 @@ def _spec_module_attr(target, unit: str, name: str, default):
     path = spec_dir(target) / f"{unit}.py"
     if not path.is_file():
         return default
-    mod = sys.modules.get(f"porter_parity_spec_{target.name}_{path.stem}") or _load_module(path, target.name)
+    mod = sys.modules.get(_module_name(path, target.name)) or _load_module(path, target.name)
     return getattr(mod, name, default)
 
 
