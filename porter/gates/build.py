@@ -41,6 +41,9 @@ GATE = "build"
 NVCC_TIMEOUT_S = float(os.environ.get("PORTER_NVCC_TIMEOUT", "300"))
 # nvcc's host and device front ends side by side (porter/gates/nvcc_split.py); 0 runs plain nvcc
 SPLIT_COMPILE = os.environ.get("PORTER_NVCC_SPLIT", "1") != "0"
+# the split compile's host step reads the headers every unit shares from a precompiled header
+# (porter/gates/host_pch.py); 0 parses them every time
+HOST_PCH = os.environ.get("PORTER_HOST_PCH", "1") != "0"
 LINK_TIMEOUT_S = 120.0
 MAX_ERRORS = 12  # error messages kept for the next prompt
 MAX_DIAG_CHARS = 6000
@@ -172,7 +175,8 @@ def _compile_uncached(target, name: str, source: bytes, cache: Path, key: str, o
     # Compiled from its own folder by file name, so diagnostics say `unit.cu(12): error: ...`.
     cmd = [nvcc_path(), "-c", *compile_flags(target), "-o", str(tmp), tu.name]
     t0 = time.monotonic()
-    split = nvcc_split.compile_split(cmd, tu_dir, key, name, NVCC_TIMEOUT_S) if SPLIT_COMPILE else "unsplit"
+    pch_dir = cache / "host-pch" if HOST_PCH else None
+    split = nvcc_split.compile_split(cmd, tu_dir, key, name, NVCC_TIMEOUT_S, pch_dir) if SPLIT_COMPILE else "unsplit"
     if split == "ok" and tmp.is_file():
         os.replace(tmp, obj)
         return obj, time.monotonic() - t0, False

@@ -32,6 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from porter.gates import host_pch
+
 _ENV_LINE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 _MODULE_ID = re.compile(r'--module_id_file_name "([^"]+)"')
 
@@ -97,9 +99,10 @@ def module_id(key: str, stem: str) -> str:
     return f"_{key[:8]}_{len(safe) + 3}_{safe}_cu_{key[8:16]}"
 
 
-def run_split(p: SplitPlan, cwd: Path, timeout: float) -> str:
+def run_split(p: SplitPlan, cwd: Path, timeout: float, pch_dir: Path | None = None) -> str:
     """The plan's steps, the two chains side by side, then the host compile: "ok", "failed"
-    (a step exited non-zero) or "timeout"."""
+    (a step exited non-zero) or "timeout".  With `pch_dir`, the host compile reads the
+    prefix every unit shares from a precompiled header cached there (host_pch.py)."""
     deadline = time.monotonic() + timeout
 
     def chain(cmds: list[str]) -> str:
@@ -121,17 +124,26 @@ def run_split(p: SplitPlan, cwd: Path, timeout: float) -> str:
         for bad in ("timeout", "failed"):
             if bad in results:
                 return bad
-        return chain([p.final])
+        pch = (host_pch.precompiled_final(p.final, cwd, p.env, pch_dir, deadline,
+                                          Path(p.module_id_file).read_text().strip()) if pch_dir else None)
+        if pch is not None and chain([pch.command]) == "ok":
+            return "ok"
+        # no precompiled prefix, or its compile failed: nvcc's own host compile decides
+        plain = chain([p.final])
+        if pch is not None and plain == "ok":
+            host_pch.condemn(pch.header_dir, "the host compile failed with it and passed without")
+        return plain
     finally:
         shutil.rmtree(p.tmpdir, ignore_errors=True)
 
 
-def compile_split(nvcc_cmd: list[str], cwd: Path, key: str, stem: str, timeout: float) -> str:
+def compile_split(nvcc_cmd: list[str], cwd: Path, key: str, stem: str, timeout: float,
+                  pch_dir: Path | None = None) -> str:
     """"ok" when the split steps made the object, "unsplit" when this compile is not of the
     shape we split, "failed" (the caller runs plain nvcc, for nvcc's own diagnostics) or "timeout"."""
     p = plan(nvcc_cmd, cwd)
     if p is None:
         return "unsplit"
     Path(p.module_id_file).write_text(module_id(key, stem))
-    return run_split(p, cwd, timeout)
+    return run_split(p, cwd, timeout, pch_dir)
 

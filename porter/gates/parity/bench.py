@@ -1,7 +1,7 @@
 """Benchmark: time from a candidate's answer text to its parity verdict (GPU machine).
 
     python -m porter.gates.parity.bench [--unit U] [--reps N] [--scratch-reps M] [--json FILE]
-                                        [--paths spawn,warm] [--isolation] [--workers N]
+                                        [--paths spawn,warm] [--isolation] [--workers N] [--build-only]
 
 A throw-away workspace holds minimoe with every unit ported (the scripted good
 answers).  Each measured attempt takes the unit's answer text with a fresh
@@ -17,6 +17,8 @@ illegal-address candidate (the adversarial corpus) between good ones through
 the warm pool: each must be refused by its check, and the good ones stay fast.
 --workers N: the throughput of N warm workers (one per GPU) on one queue of
 candidates, against one worker (prebuilt libraries, parity only).
+--build-only (no GPU): candidate text -> build verdict alone, with the host
+compile's precompiled prefix (porter/gates/host_pch.py) on and off in turn.
 """
 
 from __future__ import annotations
@@ -59,14 +61,14 @@ def _pct(xs, q):
 
 
 def attempt(target, unit: str, text: str, cache: Path, workspace: Path, timeout: float | None = None,
-            source: str | None = None) -> dict:
+            source: str | None = None, gates: tuple[str, ...] = ("static", "build", "parity")) -> dict:
     """Candidate text -> verdict through the one gate driver, with each stage's time."""
     t0 = time.monotonic()
     cand = Candidate.of(unit, source if source is not None else extract_unit_source(text, unit, target))
     t = {"extract": time.monotonic() - t0}
     stamps = [time.monotonic()]
     ctx = GateContext(target, workspace, build_cache=cache, parity=ParityOptions(timeout=timeout))
-    results = run_gates(cand, ctx, gates=("static", "build", "parity"),
+    results = run_gates(cand, ctx, gates=gates,
                         on_result=lambda r: stamps.append(time.monotonic()))
     by = {r.gate: r for r in results}
     for k, r in enumerate(results):
@@ -74,7 +76,7 @@ def attempt(target, unit: str, text: str, cache: Path, workspace: Path, timeout:
     refused = refusal(results)
     if refused is not None and refused.gate != "parity":
         raise SystemExit(f"{refused.gate} gate refused the benchmark candidate: {refused.summary}\n{refused.diagnostics}")
-    b, p = by["build"], by["parity"]
+    b, p = by["build"], by.get("parity", by["build"])
     t.update(total=time.monotonic() - t0, ok=p.ok, parity_summary=p.summary, check=p.check,
              compile_s=b.evidence.get("compile_seconds"), others_s=b.evidence.get("others_compile_seconds"),
              link_s=b.evidence.get("link_seconds"), parity_child_s=p.evidence.get("child", {}).get("elapsed_s"),
@@ -94,10 +96,12 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=0, metavar="N", help="also: N workers vs 1 on one queue")
     ap.add_argument("--nvcc-phases", action="store_true", help="also: nvcc's phase times for the unit, with and "
                     "without the conventions header, and with host -O0")
+    ap.add_argument("--build-only", action="store_true", help="no GPU needed: candidate text -> build verdict, "
+                    "with the host compile's precompiled prefix on and off, alternating")
     a = ap.parse_args(argv)
 
     ok, why = parity.available()
-    if not ok:
+    if not ok and not a.build_only:
         print(f"bench: parity unavailable: {why}", file=sys.stderr)
         return 2
     tmp = Path(tempfile.mkdtemp(prefix="porter-bench-"))
@@ -131,6 +135,12 @@ def main(argv=None) -> int:
         if x["child_phase_median_s"]:
             print("    parity child: " + ", ".join(f"{k} {v:.3f}" for k, v in x["child_phase_median_s"].items()))
 
+    if a.build_only:
+        res = build_only(target, a.unit, with_nonce, tmp, ws, a.reps)
+        if a.json:
+            Path(a.json).write_text(json.dumps(res, indent=1, default=str))
+        shutil.rmtree(tmp, ignore_errors=True)
+        return 0
     warm = tmp / "cache-warm"
     t0 = time.monotonic()
     first = attempt(target, a.unit, with_nonce(-1), warm, ws)  # fills the object cache (and cupy's kernel cache)
@@ -163,6 +173,34 @@ def main(argv=None) -> int:
         Path(a.json).write_text(json.dumps(res, indent=1, default=str))
     shutil.rmtree(tmp, ignore_errors=True)
     return 0
+
+
+def build_only(target, unit, with_nonce, tmp: Path, ws: Path, reps: int) -> dict:
+    """Candidate text -> build verdict (extract, static, build; no GPU), with the host compile's
+    precompiled prefix (build.HOST_PCH) on and off in turn, from one warm object cache."""
+    from porter.gates import build
+
+    cache = tmp / "cache-build"
+    t0 = time.monotonic()
+    attempt(target, unit, with_nonce(-1), cache, ws, gates=("static", "build"))  # whole backend + the header
+    print(f"warm-up (cold cache, whole backend compiled): {time.monotonic() - t0:.1f} s")
+    rows: dict[str, list[dict]] = {"host-pch": [], "no-host-pch": []}
+    for i in range(reps):
+        for mode in rows:
+            build.HOST_PCH = mode == "host-pch"
+            rows[mode].append(attempt(target, unit, with_nonce(7000 + 2 * i + (mode == "host-pch")), cache, ws,
+                                      gates=("static", "build")))
+    build.HOST_PCH = True
+    out = {"unit": unit, "reps": reps, "modes": {}}
+    print(f"unit {unit}: candidate text -> build verdict (unit compiled alone + link from cached objects)")
+    for mode, rs in rows.items():
+        tot, comp = [r["total"] for r in rs], [r["compile_s"] for r in rs]
+        out["modes"][mode] = {"median_s": statistics.median(tot), "p90_s": _pct(tot, 0.9),
+                              "compile_median_s": statistics.median(comp), "all_ok": all(r["ok"] for r in rs),
+                              "rows": rs}
+        print(f"  {mode:<12} median {statistics.median(tot):.2f} s, p90 {_pct(tot, 0.9):.2f} s over {len(rs)} "
+              f"(compile median {statistics.median(comp):.2f} s), all ok={all(r['ok'] for r in rs)}")
+    return out
 
 
 def nvcc_phases(target, source: str, tmp: Path) -> dict:
