@@ -201,3 +201,16 @@ def test_the_build_gate_uses_it_and_the_switch_turns_it_off(target, tmp_path, mo
     off = tmp_path / "off"
     build.compile_object(target, UNIT, SOURCE.encode(), off)
     assert not (off / "host-pch").exists()
+
+
+@needs_nvcc
+def test_a_compile_does_not_wait_for_a_header_another_thread_is_building(target, tmp_path, monkeypatch):
+    class Busy:
+        def acquire(self, blocking=True):
+            assert blocking is False, "a compile must not block on another's header build"
+            return False
+
+    monkeypatch.setattr(host_pch, "_lock", lambda key: Busy())
+    pch = tmp_path / "pch"
+    obj = _compile(target, tmp_path / "one", SOURCE, "9" * 64, pch)
+    assert obj.is_file() and not _headers(pch) and not list(pch.glob("*.failed"))

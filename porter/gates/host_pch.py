@@ -198,7 +198,12 @@ def _ensure(header_dir: Path, prefix: str, flags: list[str], env: dict[str, str]
         return True
     if _failed_marker(header_dir).exists():
         return False
-    with _lock(str(header_dir)):
+    lock = _lock(str(header_dir))
+    # another thread building it: this compile goes plain rather than wait (the first build of a
+    # backend compiles every unit at once, and waiting costs as much as the parse it would save)
+    if not lock.acquire(blocking=False):
+        return False
+    try:
         if gch.is_file():
             return True
         header_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -224,3 +229,5 @@ def _ensure(header_dir: Path, prefix: str, flags: list[str], env: dict[str, str]
             return True
         finally:
             shutil.rmtree(work, ignore_errors=True)
+    finally:
+        lock.release()
