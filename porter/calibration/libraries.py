@@ -260,6 +260,10 @@ class UpstreamLibraries:
             raise got
         return got
 
+    def failed(self) -> dict[str, Exception]:
+        """The builds so far that failed: name ("upstream" or the mutant's) -> why."""
+        return {k: v for k, v in self._built.items() if isinstance(v, Exception)}
+
     def prepare(self, mutants: list[Mutant]) -> None:
         """Build the known-good and every rule mutant in parallel (each is a whole-backend compile)."""
         todo = ([] if self.prebuilt else [None]) + [m for m in mutants if m.source is None]

@@ -8,6 +8,14 @@
 #   ds4prep   ds4 reduced: the synthetic 5-layer GGUF and every build
 #             (CPU reference, upstream CUDA, mutants, porter's library) in $DS4_SCRATCH
 #   ds4cal    ds4 reduced: run them all, print the calibration table
+#   bench     the parity bench before (plain nvcc: PORTER_NVCC_SPLIT=0 PORTER_HOST_PCH=0) and
+#             after, on this machine in this call, with the isolation run (issue 15)
+#   gputests  the GPU and nvcc tests of the gates (parity on the GPU, split compile, host PCH)
+#   prebuild  ds4: the upstream backend and every mutants.toml rule mutant, built in parallel
+#             into runs/known-good/ds4 (where `porter calibrate --known-good upstream` finds them)
+#   trace     ds4: the kernel-launch trace over every op spec and its env-knob variants
+#   cal       ds4: `porter calibrate --known-good upstream` over chunk $CAL_CHUNK (i/n, default
+#             1/1) of the op specs, report in $OUT/calibration_<i>of<n>.json
 # ds4 needs the checkout at $PORTER_DS4_SOURCE (default external/ds4) and ~25 GB
 # free under $DS4_SCRATCH.  Results go to $OUT.
 set -uo pipefail
@@ -46,6 +54,36 @@ for step in ${E2E_STEPS:-minimoe}; do
       timeout 590 python3 -m porter.gates.e2e calibrate --target ds4 --scratch "$DS4_SCRATCH" \
           --out "$OUT/ds4_calibration.json" 2>&1 | tee "$OUT/ds4_calibration.log"
       for d in "$DS4_SCRATCH"/out/*/; do tail -3 "$d/stderr.txt" > "$OUT/ds4_stderr_$(basename "$d").txt" 2>/dev/null; done ;;
+    bench)
+      PORTER_NVCC_SPLIT=0 PORTER_HOST_PCH=0 timeout 300 python3 -m porter.gates.parity.bench --paths warm \
+          --scratch-reps 0 --json "$OUT/bench_before.json" 2>&1 | tee "$OUT/bench_before.log"
+      timeout 420 python3 -m porter.gates.parity.bench --reps 9 --scratch-reps 1 --isolation \
+          --json "$OUT/bench_after.json" 2>&1 | tee "$OUT/bench_after.log" ;;
+    gputests)
+      timeout 590 python3 -m pytest -q -rs tests/test_parity_gpu.py tests/test_host_pch.py tests/test_nvcc_split.py \
+          2>&1 | tail -40 | tee "$OUT/gputests.log" ;;
+    prebuild)
+      timeout 590 python3 - <<'PY' 2>&1 | tee "$OUT/prebuild.log"
+import time
+from porter.calibration.libraries import UpstreamLibraries
+from porter.calibration.mutants import rule_mutants
+from porter.target import load_target
+t = load_target(".", "ds4")
+libs, ms, t0 = UpstreamLibraries(t), rule_mutants(t), time.monotonic()
+libs.prepare(ms)
+bad = libs.failed()
+print(f"{len(ms) + 1} upstream builds in {time.monotonic() - t0:.0f} s, {len(bad)} failed")
+for k, v in bad.items():
+    print(f"FAILED {k}: {str(v)[:300]}")
+PY
+      ;;
+    trace)
+      timeout 590 python3 -m porter.calibration.trace --target ds4 --json "$OUT/trace.json" 2>&1 | tee "$OUT/trace.log" ;;
+    cal)
+      chunk=${CAL_CHUNK:-1/1}
+      units=$(python3 -m porter.calibration.chunks --target ds4 "$chunk") || exit 1
+      timeout 590 python3 -m porter calibrate --target ds4 --known-good upstream --jobs 6 $units \
+          --report "$OUT/calibration_${chunk/\//of}.json" 2>&1 | tee "$OUT/calibration_${chunk/\//of}.log" ;;
     *) echo "unknown step $step" ;;
   esac
   echo "step $step: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/steps.txt"

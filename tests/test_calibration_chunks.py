@@ -1,0 +1,52 @@
+"""Calibration chunks (porter/calibration/chunks.py): every spec once, work balanced, bad chunks refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from porter.calibration.chunks import main, parse_chunk, split
+from porter.errors import PorterError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_every_unit_lands_in_exactly_one_chunk_and_the_work_is_balanced():
+    weights = {f"u{i}": w for i, w in enumerate([40, 9, 9, 8, 7, 5, 3, 3, 2, 1, 1, 1, 1])}
+    chunks = split(weights, 3)
+    flat = [u for c in chunks for u in c]
+    assert sorted(flat) == sorted(weights) and len(flat) == len(set(flat))
+    loads = [sum(weights[u] for u in c) for c in chunks]
+    assert max(loads) == 40  # the one heavy spec alone bounds the schedule; the others share the rest
+    assert sorted(loads)[:2] == [25, 25]
+
+
+def test_one_chunk_is_everything_and_more_chunks_than_units_leave_some_empty():
+    weights = {"a": 1, "b": 2}
+    assert split(weights, 1) == [["a", "b"]]
+    assert sorted(map(len, split(weights, 4))) == [0, 0, 1, 1]
+
+
+@pytest.mark.parametrize("bad", ["0/3", "4/3", "3", "a/b", "1/0"])
+def test_a_malformed_chunk_is_refused(bad):
+    with pytest.raises(PorterError, match="expected i/n"):
+        parse_chunk(bad)
+
+
+def test_the_command_gives_one_line_and_exit_2_on_a_bad_chunk(capsys):
+    assert main(["-C", str(REPO), "--target", "minimoe", "5/2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "expected i/n" in err
+
+
+def test_the_command_prints_unit_flags_for_minimoe(capsys):
+    from porter.gates.parity.spec import load_specs
+    from porter.target import load_target
+
+    outs = []
+    for i in (1, 2):
+        assert main(["-C", str(REPO), "--target", "minimoe", f"{i}/2"]) == 0
+        outs += capsys.readouterr().out.split()
+    units = [x for x in outs if x != "--unit"]
+    assert sorted(units) == sorted(load_specs(load_target(REPO, "minimoe")))
