@@ -1,6 +1,8 @@
 """A target's specs in n chunks of about equal calibration work, for runs under a time limit.
 
-    python -m porter.calibration.chunks --target ds4 2/3      (prints: --unit A --unit B ...)
+    porter calibrate --target ds4 --known-good upstream --chunk 2/3
+    python -m porter.calibration.trace --target ds4 --chunk 2/3
+    python -m porter.calibration.chunks --target ds4 --weights 1/3   (each chunk's specs and work)
 
 A device call ends after ten minutes, and `porter calibrate --known-good upstream`
 over all of ds4 (57 specs, their env-knob variants, 134 mutants) is more than
@@ -51,9 +53,13 @@ def split(weights: dict[str, int], n: int) -> list[list[str]]:
     return [sorted(c) for c in chunks]
 
 
-def chunk_units(target, chunk: str) -> list[str]:
+def chunk_units(target, chunk: str, units: list[str] | None = None) -> list[str]:
+    """The chunk `i/n` of `units` (default: every spec), balanced by calibration work."""
     i, n = parse_chunk(chunk)
-    return split(unit_weights(target), n)[i - 1]
+    weights = unit_weights(target)
+    if units is not None:
+        weights = {u: weights.get(u, 1) for u in units}
+    return split(weights, n)[i - 1]
 
 
 def main(argv=None) -> int:

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from porter.calibration.calibrator import CalibrateOptions, calibrate, matrix, table
+from porter.calibration.chunks import chunk_units
 from porter.calibration.libraries import libraries_for
 from porter.errors import PorterError
 from porter.gates import parity
@@ -33,6 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="'scripted' (the target's scripted good answers, default), 'upstream' (the target's upstream "
                    "backend built from its checkout), a DIR of <unit>.cu/.md, or a .so")
     p.add_argument("--unit", action="append", metavar="UNIT", help="only this unit's spec (repeatable)")
+    p.add_argument("--chunk", metavar="I/N", help="only the I-th of N parts of the specs (of --unit's, if given), "
+                   "balanced by parity runs: a calibration split over runs with a time limit")
     p.add_argument("--mutant", action="append", metavar="NAME", help="only this mutant (repeatable)")
     p.add_argument("--no-mutants", action="store_true",
                    help="known-good only: nothing is recorded (a spec is calibrated only with its mutants)")
@@ -66,7 +69,12 @@ def run(args) -> int:
             raise PorterError(f"calibrate needs the parity gate to run: {why}")
     cache = Path(args.build_dir) if args.build_dir else ws / "runs" / "build-cache"
     libs = libraries_for(target, args.known_good, cache, Path(args.out_dir) if args.out_dir else None)
-    opts = CalibrateOptions(ws, args.unit, args.mutant, not args.no_mutants,
+    units = args.unit
+    if getattr(args, "chunk", None):
+        units = chunk_units(target, args.chunk, units)
+        if not units:
+            raise PorterError(f"chunk {args.chunk} holds no spec (fewer specs than chunks)")
+    opts = CalibrateOptions(ws, units, args.mutant, not args.no_mutants,
                             ParityOptions(mode=args.mode, sanitize=args.sanitize, timeout=args.timeout,
                                           timing_reps=args.timing_reps),
                             show_static=args.static, ledger=not args.no_ledger and not args.no_mutants,

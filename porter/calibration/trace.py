@@ -241,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", default="ds4")
     ap.add_argument("--source", default=None)
     ap.add_argument("--unit", action="append", help="only this unit (repeatable; default: every op spec)")
+    ap.add_argument("--chunk", metavar="I/N", help="only the I-th of N parts of those units, balanced by runs")
     ap.add_argument("--json", metavar="FILE", help="write the table as JSON")
     a = ap.parse_args(argv)
     try:
@@ -251,6 +252,10 @@ def main(argv: list[str] | None = None) -> int:
             raise PorterError(f"the launch trace runs the parity child on a GPU: {why}")
         specs = load_specs(target)
         units = a.unit or [u for u, s in specs.items() if times_a_case(s)]
+        if a.chunk:
+            from porter.calibration.chunks import chunk_units
+
+            units = chunk_units(target, a.chunk, units)
         rows = trace_units(target, units, ws)
     except PorterError as exc:
         print(f"porter: error: {exc}", file=sys.stderr)

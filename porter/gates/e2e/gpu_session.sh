@@ -13,9 +13,10 @@
 #   gputests  the GPU and nvcc tests of the gates (parity on the GPU, split compile, host PCH)
 #   prebuild  ds4: the upstream backend and every mutants.toml rule mutant, built in parallel
 #             into runs/known-good/ds4 (where `porter calibrate --known-good upstream` finds them)
-#   trace     ds4: the kernel-launch trace over every op spec and its env-knob variants
+#   trace     ds4: the kernel-launch trace over chunk $TRACE_CHUNK (i/n, default 1/1) of the op
+#             specs and their env-knob variants, table in $OUT/trace_<i>of<n>.json
 #   cal       ds4: `porter calibrate --known-good upstream` over chunk $CAL_CHUNK (i/n, default
-#             1/1) of the op specs, report in $OUT/calibration_<i>of<n>.json
+#             1/1) of the specs, report in $OUT/calibration_<i>of<n>.json
 # ds4 needs the checkout at $PORTER_DS4_SOURCE (default external/ds4) and ~25 GB
 # free under $DS4_SCRATCH.  Results go to $OUT.
 set -uo pipefail
@@ -78,11 +79,12 @@ for k, v in bad.items():
 PY
       ;;
     trace)
-      timeout 590 python3 -m porter.calibration.trace --target ds4 --json "$OUT/trace.json" 2>&1 | tee "$OUT/trace.log" ;;
+      chunk=${TRACE_CHUNK:-1/1}
+      timeout 590 python3 -m porter.calibration.trace --target ds4 --chunk "$chunk" \
+          --json "$OUT/trace_${chunk/\//of}.json" 2>&1 | tee "$OUT/trace_${chunk/\//of}.log" ;;
     cal)
       chunk=${CAL_CHUNK:-1/1}
-      units=$(python3 -m porter.calibration.chunks --target ds4 "$chunk") || exit 1
-      timeout 590 python3 -m porter calibrate --target ds4 --known-good upstream --jobs 6 $units \
+      timeout 590 python3 -m porter calibrate --target ds4 --known-good upstream --jobs 6 --chunk "$chunk" \
           --report "$OUT/calibration_${chunk/\//of}.json" 2>&1 | tee "$OUT/calibration_${chunk/\//of}.log" ;;
     *) echo "unknown step $step" ;;
   esac
