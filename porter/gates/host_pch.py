@@ -6,16 +6,20 @@ libstdc++ and the target's conventions header that every unit of a target
 force-includes, identical from one unit to the next.  gcc spends 90% of that
 step parsing them (measured: 0.25-0.38 s of the step's 0.28-0.40 s, minimoe's
 bench unit, 2-core machine).  So the file is cut where its text first returns
-to the unit's own source; the part before the cut (the prefix) is precompiled
-once per (prefix text, host compile flags, gcc) and cached, and the compile
-reads the unit's part behind `#include "<cache>/prefix.h"`.
+to the unit's own source, or earlier, before the first anonymous namespace that
+cudafe++ names after this compile's module id (libcu++'s headers, which ds4's
+conventions header includes, have them); the part before the cut (the prefix)
+is precompiled once per (prefix text, host compile flags, gcc) and cached, and
+the compile reads the unit's part behind `#include "<cache>/prefix.h"`.
 
 The cut changes no byte the compiler sees: prefix.h holds exactly the prefix's
 lines and the unit's file the rest, so with or without the .gch the text is
 the same.  gcc uses the .gch only when it is valid for the compile at hand and
 parses prefix.h as text otherwise, so a stale or foreign .gch costs time,
 never a different object.  A prefix that does not precompile (a cut that
-leaves a block open) is remembered as such and those compiles stay plain.
+leaves a block open), or a .gch that fails a compile the plain host compile
+passes (gcc refuses a truncated one outright), is remembered as such and
+those compiles stay plain.
 """
 
 from __future__ import annotations
@@ -36,8 +40,6 @@ from pathlib import Path
 _MARKER = re.compile(r'^# \d+ "([^"]*)"')
 _LOCKS: dict[str, threading.Lock] = {}
 _LOCKS_GUARD = threading.Lock()
-
-
 _TOKENS = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|/\*.*?\*/|//[^\n]*|[{}]', re.S)
 _OPENS = re.compile(r"^#\s*(?:if|ifdef|ifndef)\b|^#pragma GCC (?:diagnostic|visibility) push\b")
 _IF0 = re.compile(r"^#\s*if\s+0\s*$")
