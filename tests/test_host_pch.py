@@ -14,6 +14,8 @@ import pytest
 
 from porter.gates import build, host_pch, nvcc_split
 from porter.target import load_target
+# the split compile's own unit: an anonymous namespace of its own, a kernel, a launch
+from test_nvcc_split import SOURCE, UNIT
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None or shutil.which("objcopy") is None,
                                 reason="nvcc and objcopy needed: the precompiled prefix is nvcc's host compile")
@@ -78,21 +80,6 @@ def test_the_cut_is_remembered_per_prefix(tmp_path):
 
 # -- with nvcc --------------------------------------------------------------------------------------
 
-UNIT = "mini_gpu_add_tensor"
-SOURCE = '''#include "mini_cuda.cuh"
-namespace {
-__device__ float twice(float x) { return 2.0f * x; }
-}
-static __global__ void add_kernel(float *o, const float *a, const float *b, uint64_t n) {
-    uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) o[i] = twice(a[i]) + b[i];
-}
-extern "C" int mini_gpu_add_tensor(mini_gpu_tensor *out, const mini_gpu_tensor *a, const mini_gpu_tensor *b, uint64_t n) {
-    add_kernel<<<(unsigned)((n + 255) / 256), 256, 0, mini_cuda_stream()>>>(
-        (float *)out->data, (const float *)a->data, (const float *)b->data, n);
-    return MINI_CUDA_LAUNCH_OK("add") ? 0 : -1;
-}
-'''
 # a header with an anonymous namespace, as libcu++'s are (ds4's conventions header includes them)
 ANON_HEADER = "#pragma once\nnamespace hdr { namespace { __host__ __device__ inline int one() { return 1; } } }\n"
 
