@@ -161,7 +161,10 @@ def run_env(out_dir: Path, positions: list[int], extra: dict | None = None, thre
     env.update({"DS4_E2E_STATES": str(out_dir / "states.bin"), "DS4_E2E_LOGITS": str(out_dir / "logits.f32"),
                 "DS4_METAL_DUMP_PREFILL_LOGITS": str(out_dir / "logits.f32"),
                 "DS4_E2E_TOKENS": ",".join(map(str, positions)),
-                "DS4_THREADS": str(threads or os.cpu_count() or 1)})
+                "DS4_THREADS": str(threads or os.cpu_count() or 1),
+                # ds4 refuses to start while another ds4 holds its instance lock (/tmp/ds4.lock by
+                # default): the CPU reference runs beside the GPU builds, so each run has its own
+                "DS4_LOCK_FILE": str(out_dir / "ds4.lock")})
     env.update(extra or {})
     return env
 
