@@ -197,7 +197,7 @@ def test_a_compile_does_not_wait_for_a_header_another_thread_is_building(target,
             assert blocking is False, "a compile must not block on another's header build"
             return False
 
-    monkeypatch.setattr(host_pch, "_lock", lambda key: Busy())
+    monkeypatch.setattr(host_pch, "key_lock", lambda key: Busy())
     pch = tmp_path / "pch"
     obj = _compile(target, tmp_path / "one", SOURCE, "9" * 64, pch)
     assert obj.is_file() and not _headers(pch) and not list(pch.glob("*.failed"))

@@ -25,7 +25,6 @@ import os
 import re
 import shutil
 import subprocess
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
@@ -34,6 +33,7 @@ from pathlib import Path
 from porter.digest import sha256_bytes, sha256_file
 from porter.errors import PorterError
 from porter.gates import nvcc_split
+from porter.gates.keyed_lock import key_lock
 from porter.gates.result import GateResult
 from porter.placeholder import is_placeholder, placeholder_source
 
@@ -141,15 +141,6 @@ class CompileFailure(Exception):
         self.timed_out = timed_out
 
 
-_KEY_LOCKS: dict[str, threading.Lock] = {}
-_KEY_LOCKS_GUARD = threading.Lock()
-
-
-def _key_lock(key: str) -> threading.Lock:
-    with _KEY_LOCKS_GUARD:
-        return _KEY_LOCKS.setdefault(key, threading.Lock())
-
-
 def compile_object(target, name: str, source: bytes, cache: Path) -> tuple[Path, float, bool]:
     """Object file for `source` (a file named `name`.cu): (path, seconds spent, was it cached)."""
     key = object_key(target, source)
@@ -159,7 +150,7 @@ def compile_object(target, name: str, source: bytes, cache: Path) -> tuple[Path,
     # one compile per object: with --jobs N every unit's first build needs the same placeholder and
     # glue objects, and N threads compiling all of them at once (measured: 8 x 81 nvcc on 16 cores,
     # no verdict in 2 minutes on ds4) is N times the work; the others wait and take the cached file
-    with _key_lock(key):
+    with key_lock(key):
         if obj.is_file():
             return obj, 0.0, True
         return _compile_uncached(target, name, source, cache, key, obj)

@@ -37,22 +37,21 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from porter.gates.keyed_lock import key_lock
+
 _MARKER = re.compile(r'^# \d+ "([^"]*)"')
-_LOCKS: dict[str, threading.Lock] = {}
-_LOCKS_GUARD = threading.Lock()
 _TOKENS = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|/\*.*?\*/|//[^\n]*|[{}]', re.S)
 _OPENS = re.compile(r"^#\s*(?:if|ifdef|ifndef)\b|^#pragma GCC (?:diagnostic|visibility) push\b")
 _IF0 = re.compile(r"^#\s*if\s+0\s*$")
 _CLOSES = re.compile(r"^#\s*endif\b|^#pragma GCC (?:diagnostic|visibility) pop\b")
 
 
-def _last_top_level_end(lines: list[str], start: int, stop: int) -> int:
-    """The largest i in (start, stop] such that lines[start:i] closes every brace, #if and
-    pragma push it opens: a prefix that ends there is a header gcc can precompile.  Text under
-    `#if 0` (where cudafe++ puts device code) is not compiled, so its braces do not count."""
-    depth, skipped, best = 0, 0, start
-    for i in range(start, stop):
-        line = lines[i]
+def _last_top_level_end(lines: list[str]) -> int:
+    """The largest i such that lines[:i] closes every brace, #if and pragma push it opens: a
+    prefix that ends there is a header gcc can precompile.  Text under `#if 0` (where cudafe++
+    puts device code) is not compiled, so its braces do not count."""
+    depth, skipped, best = 0, 0, 0
+    for i, line in enumerate(lines):
         if line.startswith("#"):
             if _OPENS.match(line):
                 depth += 1
@@ -104,7 +103,7 @@ def split_prefix(text: str, avoid: str | None = None, memo: Path | None = None) 
             end = None
     if end is None:
         lines = candidate.split("\n")[:-1]  # the candidate ends with its last line's newline
-        end = sum(len(line) + 1 for line in lines[:_last_top_level_end(lines, 0, len(lines))])
+        end = sum(len(line) + 1 for line in lines[:_last_top_level_end(lines)])
         if memo is not None:
             memo.mkdir(parents=True, exist_ok=True)
             tmp = memo / f".{key}.{os.getpid()}.{threading.get_ident()}"
@@ -125,11 +124,6 @@ def _compiler_identity(compiler: str, path_env: str) -> str:
         return r.stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
-
-
-def _lock(key: str) -> threading.Lock:
-    with _LOCKS_GUARD:
-        return _LOCKS.setdefault(key, threading.Lock())
 
 
 def _run(argv: list[str], cwd: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess | None:
@@ -200,7 +194,7 @@ def _ensure(header_dir: Path, prefix: str, flags: list[str], env: dict[str, str]
         return True
     if _failed_marker(header_dir).exists():
         return False
-    lock = _lock(str(header_dir))
+    lock = key_lock(str(header_dir))
     # another thread building it: this compile goes plain rather than wait (the first build of a
     # backend compiles every unit at once, and waiting costs as much as the parse it would save)
     if not lock.acquire(blocking=False):
