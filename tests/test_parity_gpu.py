@@ -107,6 +107,9 @@ def test_evidence_names_device_toolchain_and_timing(target, report):
     assert ev["timing"]["clock"] == "cuda-events" and ev["timing"]["median_ms"] > 0 and ev["timing"]["gbps"] > 0
     probes = [p["probe"] for c in ev["cases"] for p in c["passes"]]
     assert "clean" in probes  # the stream probe really ran (async units)
+    for c in ev["cases"]:  # one pass per case is watched (a second only after an inconclusive one)
+        watched = [p["probe"] for p in c["passes"] if p["probe"]]
+        assert watched and (len(watched) == 1 or watched[0] == "inconclusive"), (c["id"], watched)
     json.dumps(ev, allow_nan=False)
 
 

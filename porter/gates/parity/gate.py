@@ -35,7 +35,12 @@ from porter.digest import sha256_file
 from porter.gates.result import GateResult
 
 DEFAULT_TIMEOUT_S = 90.0
-PROBE = {"enabled": True, "hold_ms": 15, "delay_ms": 5}
+# The stream probe holds the unit's stream while the call returns and the outputs are peeked at on
+# another stream.  The hold must outlast the call's host side, the delay and the peek (a few ms for
+# these buffers); a call that outlasts it is inconclusive and the case's next pass is probed with a
+# hold four times longer.  One pass per case (drawn at random in the child) keeps every case's path
+# watched at half the cost of watching both: the holds were most of a warm verdict's child time.
+PROBE = {"enabled": True, "hold_ms": 6, "delay_ms": 2, "retry_hold_ms": 24}
 
 
 # ---------------------------------------------------------------------------
