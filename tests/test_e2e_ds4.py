@@ -355,7 +355,7 @@ def test_calibrate_ds4_builds_once_per_source_and_tabulates(target, tmp_path, mo
                            "on a sparse zero-weight GGUF (~1.5 min, ~2 MB of disk)")
 def test_reduced_cpu_build_runs_on_a_zero_weight_model(target, tmp_path):
     """ds4 itself accepts the synthetic model (metadata, every tensor's layout, the tokenizer) with
-    DS4_N_LAYER=5, and the accessor records every layer at the sampled positions plus the logits."""
+    DS4_N_LAYER=5, and the accessor records every layer at the sampled positions, the head row and the logits."""
     from porter.target import Target
 
     model = gg.write_gguf(tmp_path / "zero.gguf", 5, zero_weights=True)
@@ -368,3 +368,4 @@ def test_reduced_cpu_build_runs_on_a_zero_weight_model(target, tmp_path):
     assert out.states.shape[0] == 5 and out.states.shape[2] == d4.HC_ROW
     assert out.states.shape[1] >= len([p for p in red.positions if p < 40])
     assert out.logits.shape == (1, d4.N_VOCAB) and np.isfinite(out.logits).all()
+    assert out.probes["head"].shape == (d4.N_EMBD,) and np.isfinite(out.probes["head"]).all()

@@ -392,3 +392,69 @@ def test_a_race_that_passes_some_runs_is_judged_by_its_worst_run():
     w = worst([clean, raced, clean])
     assert w.stage_nmse[1, 1] == 0.3 and w.logits_nmse == 1e-2 and w.first_token_mismatch == 1
     assert worst([clean]) is clean
+
+
+def _probed(rng, base, head, drift, head_scale=1.0):
+    """One backend's outputs: stages near `base`, the head probe `head` scaled by head_scale."""
+    states = base * (1 + drift * rng.standard_normal(base.shape)).astype(np.float32)
+    probe = head * head_scale * (1 + drift * rng.standard_normal(head.shape)).astype(np.float32)
+    return PrefillOutputs(states, ["l0", "l1", "l2"], base[-1, -1:, :8], [0], probes={"head": probe})
+
+
+def test_a_fault_only_the_head_probe_sees_is_rejected_there():
+    """ds4's output head: four streams collapsed to one row, then RMS-normalised.  A head that
+    drops a stream changes that row by a scale the norm removes, so every stage and the logits
+    stay within their ceilings; the head probe is where it must be rejected (by name)."""
+    rng = np.random.default_rng(1)
+    base = rng.standard_normal((3, 6, 64)).astype(np.float32)
+    head = rng.standard_normal(64).astype(np.float32)
+    ref = PrefillOutputs(base, ["l0", "l1", "l2"], base[-1, -1:, :8], [0], probes={"head": head})
+    goods = [cal_mod.Variant(f"good{i}", "good", compare(ref, _probed(rng, base, head, 1e-3))) for i in range(3)]
+    dropped = cal_mod.Variant("head-drops-a-stream", "broken", compare(ref, _probed(rng, base, head, 1e-3, 0.75)))
+    cal = cal_mod.calibrate(goods + [dropped], tokens_exact=False)
+    assert cal.calibrated, cal.table()
+    assert cal.rule.probe_names == ("head",)
+    row = next(r for r in cal.rows if r.variant == "head-drops-a-stream")
+    assert row.verdict.stage == "head" and "head diverges" in row.verdict.reason
+    assert decide(dropped.comparison, cal.rule).worst_ratio > 1
+    # without the probe the same fault passes: the stages and logits alone cannot see it
+    blind = [cal_mod.Variant(v.name, v.kind, cal_mod.Comparison(v.comparison.stage_names, v.comparison.stage_nmse,
+                                                                v.comparison.logits_nmse, [0], [0]))
+             for v in goods + [dropped]]
+    assert not cal_mod.calibrate(blind, tokens_exact=False).calibrated
+    # a candidate that does not expose the probe at all is not accepted
+    missing = compare(ref, PrefillOutputs(ref.states, ref.stage_names, ref.logits, [0]))
+    assert missing.probe_nmse == {"head": float("inf")} and not decide(missing, cal.rule).ok
+
+
+def test_probes_survive_the_calibration_file(tmp_path):
+    rng = np.random.default_rng(2)
+    base = rng.standard_normal((3, 4, 32)).astype(np.float32)
+    head = rng.standard_normal(32).astype(np.float32)
+    ref = PrefillOutputs(base, ["l0", "l1", "l2"], base[-1, -1:, :8], [0], probes={"head": head})
+    variants = [cal_mod.Variant(f"good{i}", "good", compare(ref, _probed(rng, base, head, 1e-3))) for i in range(2)]
+    variants.append(cal_mod.Variant("bad", "broken", compare(ref, _probed(rng, base, head, 1e-3, 0.5))))
+    cal = cal_mod.calibrate(variants, tokens_exact=False)
+    cal_mod.save(cal, tmp_path / "c.json")
+    again, _ = cal_mod.load(tmp_path / "c.json")
+    assert again.rule == cal.rule and again.calibrated and again.rule.probe_tol == cal.rule.probe_tol
+
+
+def test_a_known_good_that_failed_to_run_is_a_row_not_a_crash():
+    """A known-good backend whose run failed breaks the calibration and says so in the table;
+    the rule comes from the ones that ran."""
+    rng = np.random.default_rng(3)
+    base = rng.standard_normal((3, 4, 32)).astype(np.float32)
+    head = rng.standard_normal(32).astype(np.float32)
+    ref = PrefillOutputs(base, ["l0", "l1", "l2"], base[-1, -1:, :8], [0], probes={"head": head})
+    variants = [cal_mod.Variant(f"good{i}", "good", compare(ref, _probed(rng, base, head, 1e-3))) for i in range(2)]
+    failed = cal_mod.Comparison(ref.stage_names, np.full((3, 4), np.inf), float("inf"), [0], [],
+                                problem="run failed: ds4 exited 1")
+    variants += [cal_mod.Variant("good-that-crashed", "good", failed),
+                 cal_mod.Variant("bad", "broken", compare(ref, _probed(rng, base, head, 1e-3, 0.5)))]
+    cal = cal_mod.calibrate(variants, tokens_exact=False)
+    row = next(r for r in cal.rows if r.variant == "good-that-crashed")
+    assert not cal.calibrated and not row.as_expected and "run failed" in row.verdict.reason
+    assert "NOT AS EXPECTED" in cal.table()
+    with pytest.raises(PorterError, match="at least 2"):
+        cal_mod.calibrate(variants[1:], tokens_exact=False)

@@ -120,10 +120,19 @@ def envelope_rule(goods: list[Comparison], tokens_exact: bool) -> Rule:
             raise PorterError(f"e2e calibration: a known-good backend could not be compared: {g.problem}")
         if g.stage_names != names:
             raise PorterError("e2e calibration: known-good backends expose different stages")
+        if list(g.probe_nmse) != list(goods[0].probe_nmse):
+            raise PorterError("e2e calibration: known-good backends expose different probes")
+        # an infinite error in a known-good would make an infinite ceiling: a rule that accepts anything
+        if not (np.all(np.isfinite(g.stage_nmse)) and all(np.isfinite(v) for v in g.probe_nmse.values())):
+            raise PorterError("e2e calibration: a known-good backend has a non-finite error (missing or "
+                              "non-finite outputs); no ceiling can be derived from it")
     per_stage = np.max(np.stack([g.stage_nmse.max(axis=1) for g in goods]), axis=0)
     logits = max(g.logits_nmse for g in goods)
+    probes = list(goods[0].probe_nmse)
+    probe_tol = [max(g.probe_nmse[p] for g in goods) for p in probes]
     return Rule(tuple(names), tuple(float(max(NMSE_FLOOR, MARGIN * v)) for v in per_stage),
-                float(max(NMSE_FLOOR, MARGIN * logits)), tokens_exact)
+                float(max(NMSE_FLOOR, MARGIN * logits)), tokens_exact, tuple(probes),
+                tuple(float(max(NMSE_FLOOR, MARGIN * v)) for v in probe_tol))
 
 
 def calibrate(variants: list[Variant], *, tokens_exact: bool, setup: dict | None = None) -> Calibration:
@@ -133,12 +142,22 @@ def calibrate(variants: list[Variant], *, tokens_exact: bool, setup: dict | None
         raise PorterError(f"e2e calibration needs at least 2 known-good backends (held-out acceptance); got {len(goods)}")
     if not broken:
         raise PorterError("e2e calibration needs broken backends to reject (a rule nothing fails is not a gate)")
+    # a known-good that could not run or be compared is a row that breaks the calibration, not a
+    # reason to print no table: the rule comes from the ones that ran
+    failed = [g for g in goods if g.comparison.problem]
+    goods = [g for g in goods if not g.comparison.problem]
+    if len(goods) < 2:
+        raise PorterError(f"e2e calibration: {len(goods)} known-good backend(s) ran; at least 2 are needed "
+                          + "".join(f"; {g.name}: {g.comparison.problem}" for g in failed))
     rule = envelope_rule([g.comparison for g in goods], tokens_exact)
     rows = []
     for g in goods:
         held_out = envelope_rule([o.comparison for o in goods if o is not g], tokens_exact)
         v = decide(g.comparison, held_out)
         rows.append(Row(g.name, "good", v, v.ok, g.why, g.wall_s))
+    for g in failed:
+        rows.append(Row(g.name, "good", Verdict(False, f"e2e: {g.comparison.problem}", worst_ratio=float("inf")),
+                        False, g.why, g.wall_s))
     for b in broken:
         if b.unreached:
             v = Verdict(True, "unreached: outputs bit-identical to the unmutated backend")

@@ -7,6 +7,13 @@ forward, so the first stage whose error leaves the known-good envelope names
 the layer; within that stage the tokens whose error leaves it name the token
 (a sliding-window fault, say, only shows past the window).
 
+A *probe* is one vector the engine exposes besides the stages, where an op's
+output would otherwise reach the comparison only through a normalisation that
+hides it: ds4's output head collapses the four hyper-connection streams into
+one row and RMS-normalises it before the vocabulary projection, so a head that
+drops a stream changes that row by a scale the norm removes and the logits by
+little.  Probes are compared after the stages, before the logits.
+
 The metric is NMSE (sum of squared error over sum of squared reference, as
 ggml's test-backend-ops uses): it is scale-free, so one rule serves the
 embeddings and a deep layer whose stream has grown.
@@ -38,6 +45,7 @@ class PrefillOutputs:
     logits: np.ndarray  # [n_rows][n_vocab]: row 0 from the prefill, then one per decode step
     tokens: list[int] = field(default_factory=list)  # greedy tokens (t0 from the prefill logits)
     wall_s: float | None = None
+    probes: dict[str, np.ndarray] = field(default_factory=dict)  # name -> one vector, in forward order
 
     def __post_init__(self) -> None:
         self.states = np.asarray(self.states, dtype=np.float32)
@@ -46,6 +54,7 @@ class PrefillOutputs:
             raise ValueError(f"states must be [stage][token][width], got shape {self.states.shape}")
         if len(self.stage_names) != self.states.shape[0]:
             raise ValueError(f"{len(self.stage_names)} stage names for {self.states.shape[0]} stages")
+        self.probes = {k: np.asarray(v, dtype=np.float32).ravel() for k, v in self.probes.items()}
 
 
 @dataclass
@@ -58,6 +67,7 @@ class Comparison:
     tokens_ref: list[int]
     tokens_cand: list[int]
     problem: str | None = None  # a shape mismatch: nothing to compare
+    probe_nmse: dict[str, float] = field(default_factory=dict)  # inf where missing or not finite
 
     @property
     def first_token_mismatch(self) -> int | None:
@@ -71,12 +81,14 @@ class Comparison:
     def to_json(self) -> dict:
         return {"stages": self.stage_names, "stage_nmse": [[_num(v) for v in row] for row in self.stage_nmse],
                 "logits_nmse": _num(self.logits_nmse), "tokens_ref": self.tokens_ref,
-                "tokens_cand": self.tokens_cand, "problem": self.problem}
+                "tokens_cand": self.tokens_cand, "problem": self.problem,
+                "probe_nmse": {k: _num(v) for k, v in self.probe_nmse.items()}}
 
     @classmethod
     def from_json(cls, d: dict) -> "Comparison":
         return cls(list(d["stages"]), np.array([[_unnum(v) for v in row] for row in d["stage_nmse"]], dtype=np.float64),
-                   _unnum(d["logits_nmse"]), list(d["tokens_ref"]), list(d["tokens_cand"]), d.get("problem"))
+                   _unnum(d["logits_nmse"]), list(d["tokens_ref"]), list(d["tokens_cand"]), d.get("problem"),
+                   {k: _unnum(v) for k, v in (d.get("probe_nmse") or {}).items()})
 
 
 def _num(v: float):
@@ -109,7 +121,13 @@ def compare(ref: PrefillOutputs, cand: PrefillOutputs) -> Comparison:
         return Comparison(ref.stage_names, nmse_rows(cand.states, ref.states), float("inf"), list(ref.tokens),
                           list(cand.tokens), problem=f"candidate logits {cand.logits.shape} vs {ref.logits.shape}")
     logits = float(nmse_rows(cand.logits[:1], ref.logits[:1])[0])
-    return Comparison(ref.stage_names, nmse_rows(cand.states, ref.states), logits, list(ref.tokens), list(cand.tokens))
+    probes = {}
+    for name, r in ref.probes.items():
+        c = cand.probes.get(name)
+        probes[name] = float(nmse_rows(c[None, :], r[None, :])[0]) if c is not None and c.shape == r.shape \
+            else float("inf")
+    return Comparison(ref.stage_names, nmse_rows(cand.states, ref.states), logits, list(ref.tokens), list(cand.tokens),
+                      probe_nmse=probes)
 
 
 def worst(comparisons: list["Comparison"]) -> "Comparison":
@@ -123,4 +141,6 @@ def worst(comparisons: list["Comparison"]) -> "Comparison":
         return broken
     stage = np.max(np.stack([np.nan_to_num(c.stage_nmse, nan=np.inf) for c in comparisons]), axis=0)
     tokens = next((c.tokens_cand for c in comparisons if c.first_token_mismatch is not None), first.tokens_cand)
-    return Comparison(first.stage_names, stage, max(c.logits_nmse for c in comparisons), first.tokens_ref, tokens)
+    probes = {k: max(c.probe_nmse.get(k, float("inf")) for c in comparisons) for k in first.probe_nmse}
+    return Comparison(first.stage_names, stage, max(c.logits_nmse for c in comparisons), first.tokens_ref, tokens,
+                      probe_nmse=probes)

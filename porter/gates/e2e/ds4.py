@@ -32,6 +32,7 @@ from porter.errors import PorterError
 from porter.gates.e2e.compare import PrefillOutputs, ReferenceFailure
 
 HC_ROW = 4 * 4096  # DS4_N_HC * DS4_N_EMBD floats per token
+N_EMBD = 4096
 N_VOCAB = 129280
 ACCESSOR = "ds4_e2e_accessor.c"
 MAKE_FRAGMENT = "porter_e2e.mk"
@@ -159,6 +160,7 @@ def run_env(out_dir: Path, positions: list[int], extra: dict | None = None, thre
     env = dict(os.environ)
     # CPU: our accessor writes the prefill logits; GPU: ds4's CLI does (DS4_METAL_DUMP_PREFILL_LOGITS)
     env.update({"DS4_E2E_STATES": str(out_dir / "states.bin"), "DS4_E2E_LOGITS": str(out_dir / "logits.f32"),
+                "DS4_E2E_HEAD": str(out_dir / "head.f32"),
                 "DS4_METAL_DUMP_PREFILL_LOGITS": str(out_dir / "logits.f32"),
                 "DS4_E2E_TOKENS": ",".join(map(str, positions)),
                 "DS4_THREADS": str(threads or os.cpu_count() or 1),
@@ -236,7 +238,7 @@ class Ds4Reduced:
         from porter.digest import sha256_file
 
         return {"layers": self.n_layer, "prompt_tokens": self.n_prompt, "positions": self.positions,
-                "stages": self.stage_names, "model_seed": int(self.opts.get("seed", 0)),
+                "stages": self.stage_names, "probes": ["head"], "model_seed": int(self.opts.get("seed", 0)),
                 "ds4_c_sha256": sha256_file(Path(self.target.checkout) / "ds4.c"),
                 "patches_sha256": sha256_file(self.target.dir / "e2e" / "patches.toml"),
                 "reference": "ds4 CPU path (make cpu, --cpu)"}
@@ -292,7 +294,12 @@ class Ds4Reduced:
         logits = np.fromfile(out / "logits.f32", dtype=np.float32) if (out / "logits.f32").is_file() else np.zeros(0)
         if logits.size != N_VOCAB:
             raise PorterError(f"ds4 {v.name}: {logits.size} logits, expected {N_VOCAB}")
-        return PrefillOutputs(states, self.stage_names, logits[None, :], [int(np.argmax(logits))], wall)
+        head = np.fromfile(out / "head.f32", dtype=np.float32) if (out / "head.f32").is_file() else np.zeros(0)
+        if head.size != N_EMBD:
+            raise PorterError(f"ds4 {v.name}: {head.size} values of the output head's row, expected {N_EMBD} "
+                              f"(the accessor's head hook did not run: another prefill path?)")
+        return PrefillOutputs(states, self.stage_names, logits[None, :], [int(np.argmax(logits))], wall,
+                              probes={"head": head})
 
 
 def load_variants(target) -> list[Ds4Variant]:

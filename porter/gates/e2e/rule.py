@@ -21,16 +21,20 @@ class Rule:
     stage_tol: tuple[float, ...]  # NMSE ceiling per stage
     logits_tol: float
     tokens_exact: bool  # greedy tokens must be identical (minimoe); False where random weights make ties (ds4)
+    probe_names: tuple[str, ...] = ()  # vectors besides the stages (compare.py), checked after them
+    probe_tol: tuple[float, ...] = ()  # NMSE ceiling per probe
 
     def to_json(self) -> dict:
         d = asdict(self)
-        d["stage_names"], d["stage_tol"] = list(self.stage_names), list(self.stage_tol)
+        for k in ("stage_names", "stage_tol", "probe_names", "probe_tol"):
+            d[k] = list(d[k])
         return d
 
     @classmethod
     def from_json(cls, d: dict) -> "Rule":
         return cls(tuple(d["stage_names"]), tuple(float(x) for x in d["stage_tol"]), float(d["logits_tol"]),
-                   bool(d["tokens_exact"]))
+                   bool(d["tokens_exact"]), tuple(d.get("probe_names", ())),
+                   tuple(float(x) for x in d.get("probe_tol", ())))
 
 
 @dataclass
@@ -62,7 +66,9 @@ def decide(cmp: Comparison, rule: Rule) -> Verdict:
         return Verdict(False, f"e2e: stages {cmp.stage_names} are not the calibrated {list(rule.stage_names)}",
                        worst_ratio=float("inf"))
     r = ratios(cmp, rule)
-    worst = float(max(np.max(r), cmp.logits_nmse / rule.logits_tol if rule.logits_tol > 0 else np.inf))
+    probe = [(name, cmp.probe_nmse.get(name, float("inf")), tol) for name, tol in zip(rule.probe_names, rule.probe_tol)]
+    probe_r = [v / tol if tol > 0 and np.isfinite(v) else np.inf for _, v, tol in probe]
+    worst = float(max(np.max(r), *probe_r, cmp.logits_nmse / rule.logits_tol if rule.logits_tol > 0 else np.inf))
     over = r > 1.0
     if over.any():
         s = int(np.argmax(over.any(axis=1)))
@@ -72,6 +78,10 @@ def decide(cmp: Comparison, rule: Rule) -> Verdict:
                               f"(NMSE {cmp.stage_nmse[s, t]:.2e} > {rule.stage_tol[s]:.2e}; "
                               f"{len(bad)}/{r.shape[1]} tokens over)",
                        cmp.stage_names[s], t, worst, bad)
+    for (name, v, tol), pr in zip(probe, probe_r):
+        if not pr <= 1.0:
+            return Verdict(False, f"e2e: {name} diverges (NMSE {v:.2e} > {tol:.2e}; every stage within its ceiling)",
+                           name, None, worst)
     if not cmp.logits_nmse <= rule.logits_tol:
         return Verdict(False, f"e2e: prefill logits NMSE {cmp.logits_nmse:.2e} > {rule.logits_tol:.2e} "
                               f"(every stage within its ceiling)", "logits", None, worst)
@@ -81,7 +91,8 @@ def decide(cmp: Comparison, rule: Rule) -> Verdict:
             a = cmp.tokens_ref[i] if i < len(cmp.tokens_ref) else None
             b = cmp.tokens_cand[i] if i < len(cmp.tokens_cand) else None
             return Verdict(False, f"e2e: greedy token {i} is {b}, the reference's is {a}", "tokens", i, worst)
-    return Verdict(True, f"e2e ok: {len(rule.stage_names)} stages x {r.shape[1]} tokens within the calibrated "
+    return Verdict(True, f"e2e ok: {len(rule.stage_names)} stages x {r.shape[1]} tokens"
+                         + (f" and {', '.join(rule.probe_names)}" if rule.probe_names else "") + " within the calibrated "
                          f"ceilings (worst at {worst:.2g} of its ceiling)"
                          + (f"; {len(cmp.tokens_ref)} greedy tokens identical" if rule.tokens_exact else ""),
                    worst_ratio=worst)

@@ -13,6 +13,9 @@
  *                         a full 2k-token x 16k-float state per layer is too big)
  *   DS4_E2E_LOGITS=PATH   the CPU prefill's logits of the last prompt token, n_vocab float32
  *                         (ds4's CLI writes the GPU prefill's with DS4_METAL_DUMP_PREFILL_LOGITS)
+ *   DS4_E2E_HEAD=PATH     the output head's collapsed row of the last prompt token (the
+ *                         hyper-connection weighted sum, before its RMSNorm), n_embd float32:
+ *                         the norm after it hides a scale error from the logits
  *
  * On the GPU path a record synchronises first and resumes the command batch
  * after, as ds4's own graph dump does: an e2e run therefore cannot see a
@@ -88,6 +91,43 @@ void ds4_e2e_gpu_layer(void *tensor, uint32_t il, uint32_t pos0, uint32_t n_tok,
     fflush(g_states);
     free(buf);
     if (ds4_gpu_begin_commands() == 0) fprintf(stderr, "ds4-e2e: cannot resume the command batch\n");
+#endif
+}
+
+static int g_head_armed;
+
+/* The CPU head is shared with decode and diagnostics: only the call the prefill arms is recorded. */
+void ds4_e2e_arm_head(void) { g_head_armed = 1; }
+
+static void e2e_write_head(const float *row, uint32_t n) {
+    const char *path = getenv("DS4_E2E_HEAD");
+    if (!path || !path[0] || !row) return;
+    FILE *f = fopen(path, "wb");
+    if (!f) return;
+    fwrite(row, sizeof(float), n, f);
+    fclose(f);
+}
+
+void ds4_e2e_cpu_head(const float *row, uint32_t n) {
+    if (!g_head_armed) return;
+    g_head_armed = 0;
+    e2e_write_head(row, n);
+}
+
+void ds4_e2e_gpu_head(void *tensor, uint32_t n) {
+#ifdef DS4_NO_GPU
+    (void)tensor; (void)n;
+#else
+    const char *path = getenv("DS4_E2E_HEAD");
+    if (!path || !path[0] || !tensor) return;
+    float *buf = (float *)malloc((size_t)n * sizeof(float));
+    if (!buf) return;
+    if (ds4_gpu_synchronize() == 0) fprintf(stderr, "ds4-e2e: synchronize failed at the head\n");
+    if (ds4_gpu_tensor_read((const ds4_gpu_tensor *)tensor, 0, buf, (uint64_t)n * sizeof(float)) == 0)
+        fprintf(stderr, "ds4-e2e: head read failed\n");
+    else
+        e2e_write_head(buf, n);
+    free(buf);
 #endif
 }
 
