@@ -8,7 +8,8 @@
 #   ds4prep   ds4 reduced: the synthetic 5-layer GGUF and every build
 #             (CPU reference, upstream CUDA, mutants, porter's library) in $DS4_SCRATCH
 #   ds4cal    ds4 reduced: run them all, print the calibration table
-#   bench     the parity bench before (plain nvcc: PORTER_NVCC_SPLIT=0 PORTER_HOST_PCH=0) and
+#   bench     the parity bench before (plain nvcc, probe on every pass: PORTER_NVCC_SPLIT=0
+#             PORTER_HOST_PCH=0 PORTER_STREAM_PROBE=every-pass) and
 #             after, on this machine in this call, with the isolation run (issue 15)
 #   gputests  the GPU and nvcc tests of the gates (parity on the GPU, split compile, host PCH)
 #   prebuild  ds4: the upstream backend and every mutants.toml rule mutant, built in parallel
@@ -56,7 +57,7 @@ for step in ${E2E_STEPS:-minimoe}; do
           --out "$OUT/ds4_calibration.json" 2>&1 | tee "$OUT/ds4_calibration.log"
       for d in "$DS4_SCRATCH"/out/*/; do tail -3 "$d/stderr.txt" > "$OUT/ds4_stderr_$(basename "$d").txt" 2>/dev/null; done ;;
     bench)
-      PORTER_NVCC_SPLIT=0 PORTER_HOST_PCH=0 timeout 300 python3 -m porter.gates.parity.bench --paths warm \
+      PORTER_NVCC_SPLIT=0 PORTER_HOST_PCH=0 PORTER_STREAM_PROBE=every-pass timeout 300 python3 -m porter.gates.parity.bench --paths warm \
           --scratch-reps 0 --json "$OUT/bench_before.json" 2>&1 | tee "$OUT/bench_before.log"
       timeout 420 python3 -m porter.gates.parity.bench --reps 9 --scratch-reps 1 --isolation \
           --json "$OUT/bench_after.json" 2>&1 | tee "$OUT/bench_after.log" ;;

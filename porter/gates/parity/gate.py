@@ -41,6 +41,13 @@ DEFAULT_TIMEOUT_S = 90.0
 # hold four times longer.  One pass per case (drawn at random in the child) keeps every case's path
 # watched at half the cost of watching both: the holds were most of a warm verdict's child time.
 PROBE = {"enabled": True, "hold_ms": 6, "delay_ms": 2, "retry_hold_ms": 24}
+# PORTER_STREAM_PROBE=every-pass: the probe before this change (every pass, 15 ms holds), for the
+# bench's before/after and for a unit whose ordering fault is suspected on one pass only
+PROBE_EVERY_PASS = {"enabled": True, "hold_ms": 15, "delay_ms": 5, "every_pass": True}
+
+
+def default_probe() -> dict:
+    return PROBE_EVERY_PASS if os.environ.get("PORTER_STREAM_PROBE") == "every-pass" else PROBE
 
 
 # ---------------------------------------------------------------------------
@@ -510,7 +517,7 @@ def _run_spec(target, spec: UnitSpec, library: Path, *, workspace: Path | None =
     harness = harness_names(target)
     try:
         write_plan(plan_dir, spec, api_fn, cases, library, mode=mode, harness=harness,
-                   probe=(probe if probe is not None else PROBE) if mode == "cuda" else None, timing_reps=timing_reps,
+                   probe=(probe if probe is not None else default_probe()) if mode == "cuda" else None, timing_reps=timing_reps,
                    env=env)
         limit = timeout or float(os.environ.get("PORTER_PARITY_TIMEOUT", DEFAULT_TIMEOUT_S))
         outcome = pool.executor(mode).run(plan_dir, limit)
