@@ -343,7 +343,8 @@ def test_calibrate_ds4_builds_once_per_source_and_tabulates(target, tmp_path, mo
     # + reference-slices + one per mutant
     n_mutated = len([v for v in variants if v.rules])
     assert len(set(built)) == 4 + n_mutated
-    assert ran[0] == "reference-cpu" and len(ran) == 1 + len(variants)
+    # the reference runs beside the CUDA variants (its thread may start after the first of them)
+    assert ran.count("reference-cpu") == 1 and len(ran) == 1 + len(variants)
     assert cal.calibrated, cal.table()
     tol = cal.rule.stage_tol
     assert all(a < b for a, b in zip(tol, tol[1:]))  # per-layer ceilings follow the drift
