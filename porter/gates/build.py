@@ -32,7 +32,7 @@ from pathlib import Path
 
 from porter.digest import sha256_bytes, sha256_file
 from porter.errors import PorterError
-from porter.gates import nvcc_split
+from porter.gates import host_link, nvcc_split
 from porter.gates.keyed_lock import key_lock
 from porter.gates.result import GateResult
 from porter.placeholder import is_placeholder, placeholder_source
@@ -338,7 +338,9 @@ def run(candidate, ctx) -> GateResult:
     order = [k for k in objects if k.startswith("glue:")] + [u for u in target.units if u in objects]
     obj_hashes = [objects[k].stem for k in order]
     link_flags = [*target.spec.cuda.link_flags, *PORTER_LINK_FLAGS, *toolkit_rpath(nvcc)]
-    lib_key = sha256_bytes(("\n".join(obj_hashes) + "\n" + "\0".join(link_flags)).encode())
+    # how it is linked (host_link.py) is part of the key: the two ways make different files
+    lib_key = sha256_bytes(("\n".join(obj_hashes) + "\n" + "\0".join(link_flags)
+                            + f"\0host_link={host_link.ENABLED}").encode())
     lib_dir = cache / "lib" / lib_key
     library = lib_dir / target.spec.cuda.library
     t2 = time.monotonic()
@@ -346,12 +348,18 @@ def run(candidate, ctx) -> GateResult:
         lib_dir.mkdir(parents=True, exist_ok=True)
         tmp = lib_dir / f".{os.getpid()}.{time.monotonic_ns()}.so"
         cmd = [nvcc, *link_flags, "-o", str(tmp), *[str(objects[k]) for k in order]]
+        how = host_link.link(cmd, list(target.spec.cuda.nvcc_flags), lib_dir, LINK_TIMEOUT_S)
+        ev["host_link"] = how == "ok"
         try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=LINK_TIMEOUT_S)
+            r = (None if how == "ok" else
+                 subprocess.run(cmd, capture_output=True, text=True, timeout=LINK_TIMEOUT_S))
         except subprocess.TimeoutExpired:
+            r = None
+            how = "timeout"
+        if how == "timeout":
             tmp.unlink(missing_ok=True)
             return fail("link", f"linking {target.spec.cuda.library} timed out", "")
-        if r.returncode != 0:
+        if r is not None and r.returncode != 0:
             tmp.unlink(missing_ok=True)
             diag = trim_diagnostics(r.stdout + r.stderr, strip + [cache / "objects"])
             return fail("link", f"link error: {first_error(diag)}", diag)
