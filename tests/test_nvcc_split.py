@@ -59,8 +59,8 @@ def test_the_one_architecture_compile_is_split(target, tmp_path):
     silently pays plain nvcc's serial steps."""
     p = nvcc_split.plan(_cmd(target, tmp_path / "x.o"), _tu(tmp_path))
     assert p is not None, "nvcc --dryrun no longer reads as the steps nvcc_split knows"
-    assert [nvcc_split._tool(c) for c in p.host] == ["gcc", "cudafe++"]
-    assert [nvcc_split._tool(c) for c in p.device] == ["gcc", "cicc", "ptxas", "fatbinary"]
+    assert [nvcc_split.tool_name(c) for c in p.host] == ["gcc", "cudafe++"]
+    assert [nvcc_split.tool_name(c) for c in p.device] == ["gcc", "cicc", "ptxas", "fatbinary"]
     assert "--gen_module_id_file" not in p.host[1]
     assert p.module_id_file.startswith(str(p.tmpdir)), "nvcc's temporaries must be private to this compile"
     shutil.rmtree(p.tmpdir)

@@ -28,10 +28,11 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from porter.gates import nvcc_split
+
 ENABLED = os.environ.get("PORTER_HOST_LINK", "1") != "0"
 # flags that make device code relocatable: its objects need the device link
 _RDC = re.compile(r"^(-rdc(=true)?|--relocatable-device-code(=true)?|-dc|--device-c|-dlink|--device-link)$")
-_ENV_LINE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 
 
 def needs_device_link(compile_flags: list[str]) -> bool:
@@ -45,26 +46,11 @@ def host_link_command(nvcc_cmd: list[str], scratch: Path) -> tuple[list[str], di
     tmpdir = Path(tempfile.mkdtemp(prefix=".nvcc-link-", dir=scratch))
     env = dict(os.environ, TMPDIR=str(tmpdir))
     try:
-        r = subprocess.run([*nvcc_cmd, "--dryrun"], capture_output=True, text=True, env=env, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
+        steps = nvcc_split.dryrun(nvcc_cmd, env)
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
-    steps: list[str] = []
-    for line in r.stderr.splitlines():
-        if not line.startswith("#$ "):
-            continue
-        body = line[3:].strip()
-        m = _ENV_LINE.match(body)
-        if m:
-            try:
-                env[m.group(1)] = " ".join(shlex.split(m.group(2)))
-            except ValueError:
-                env[m.group(1)] = m.group(2).strip()
-            continue
-        steps.append(body)
-    tools = [Path(shlex.split(s)[0]).name for s in steps] if steps else []
-    if r.returncode != 0 or tools != ["nvlink", "fatbinary", "rm", "gcc", "g++"]:
+    tools = [nvcc_split.tool_name(s) for s in steps or []]
+    if steps is None or tools != ["nvlink", "fatbinary", "rm", "gcc", "g++"]:
         return None
     try:
         dlink_obj = shlex.split(steps[3])[shlex.split(steps[3]).index("-o") + 1]

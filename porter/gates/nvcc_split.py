@@ -48,7 +48,7 @@ class SplitPlan:
     tmpdir: Path
 
 
-def _tool(cmd: str) -> str:
+def tool_name(cmd: str) -> str:
     first = cmd.split(None, 1)[0].strip('"')
     return Path(first).name
 
@@ -59,10 +59,31 @@ def plan(nvcc_cmd: list[str], cwd: Path) -> SplitPlan | None:
     # nvcc names its temporaries after its own pid under $TMPDIR: a private TMPDIR keeps them
     # apart from every other compile running now (the dryrun's pid is free again at once)
     env = dict(os.environ, TMPDIR=str(tmpdir))
+    steps = dryrun(nvcc_cmd, env, cwd)
+    tools = [tool_name(s) for s in steps or []]
+    expected = ["gcc", "cudafe++", "gcc", "cicc", "ptxas", "fatbinary", "rm", "gcc"]
+    if steps is None or tools != expected:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+        return None
+    pp_host, cudafe, pp_dev, cicc, ptxas, fatbin, _rm, final = steps
+    ids = {m for s in (cudafe, cicc) for m in _MODULE_ID.findall(s)}
+    if (" -E " not in f" {pp_host} " or " -E " not in f" {pp_dev} " or "-D__CUDA_ARCH__=" not in pp_dev
+            or " -c " not in f" {final} " or "--gen_module_id_file" not in cudafe or len(ids) != 1
+            or not next(iter(ids)).startswith(str(tmpdir))):
+        shutil.rmtree(tmpdir, ignore_errors=True)
+        return None
+    return SplitPlan(env, [pp_host, cudafe.replace("--gen_module_id_file", "", 1)],
+                     [pp_dev, cicc, ptxas, fatbin], final, next(iter(ids)), tmpdir)
+
+
+def dryrun(nvcc_cmd: list[str], env: dict, cwd: Path | None = None) -> list[str] | None:
+    """The commands `nvcc --dryrun` lists for nvcc_cmd, in order; the environment lines it prints
+    are set in `env`.  None when nvcc cannot say (it fails, hangs or is not there)."""
     try:
         r = subprocess.run([*nvcc_cmd, "--dryrun"], capture_output=True, text=True, cwd=cwd, env=env, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
-        shutil.rmtree(tmpdir, ignore_errors=True)
+        return None
+    if r.returncode != 0:
         return None
     steps: list[str] = []
     for line in r.stderr.splitlines():
@@ -77,20 +98,7 @@ def plan(nvcc_cmd: list[str], cwd: Path) -> SplitPlan | None:
                 env[m.group(1)] = m.group(2).strip()
             continue
         steps.append(body)
-    tools = [_tool(s) for s in steps]
-    expected = ["gcc", "cudafe++", "gcc", "cicc", "ptxas", "fatbinary", "rm", "gcc"]
-    if r.returncode != 0 or tools != expected:
-        shutil.rmtree(tmpdir, ignore_errors=True)
-        return None
-    pp_host, cudafe, pp_dev, cicc, ptxas, fatbin, _rm, final = steps
-    ids = {m for s in (cudafe, cicc) for m in _MODULE_ID.findall(s)}
-    if (" -E " not in f" {pp_host} " or " -E " not in f" {pp_dev} " or "-D__CUDA_ARCH__=" not in pp_dev
-            or " -c " not in f" {final} " or "--gen_module_id_file" not in cudafe or len(ids) != 1
-            or not next(iter(ids)).startswith(str(tmpdir))):
-        shutil.rmtree(tmpdir, ignore_errors=True)
-        return None
-    return SplitPlan(env, [pp_host, cudafe.replace("--gen_module_id_file", "", 1)],
-                     [pp_dev, cicc, ptxas, fatbin], final, next(iter(ids)), tmpdir)
+    return steps
 
 
 def module_id(key: str, stem: str) -> str:
