@@ -94,24 +94,25 @@ void ds4_e2e_gpu_layer(void *tensor, uint32_t il, uint32_t pos0, uint32_t n_tok,
 #endif
 }
 
+/* n float32 values to the file $env names (unset or empty: nothing). */
+static void e2e_write_floats(const char *env, const float *v, uint32_t n) {
+    const char *path = getenv(env);
+    if (!path || !path[0] || !v) return;
+    FILE *f = fopen(path, "wb");
+    if (!f) return;
+    fwrite(v, sizeof(float), n, f);
+    fclose(f);
+}
+
 static int g_head_armed;
 
 /* The CPU head is shared with decode and diagnostics: only the call the prefill arms is recorded. */
 void ds4_e2e_arm_head(void) { g_head_armed = 1; }
 
-static void e2e_write_head(const float *row, uint32_t n) {
-    const char *path = getenv("DS4_E2E_HEAD");
-    if (!path || !path[0] || !row) return;
-    FILE *f = fopen(path, "wb");
-    if (!f) return;
-    fwrite(row, sizeof(float), n, f);
-    fclose(f);
-}
-
 void ds4_e2e_cpu_head(const float *row, uint32_t n) {
     if (!g_head_armed) return;
     g_head_armed = 0;
-    e2e_write_head(row, n);
+    e2e_write_floats("DS4_E2E_HEAD", row, n);
 }
 
 void ds4_e2e_gpu_head(void *tensor, uint32_t n) {
@@ -126,16 +127,11 @@ void ds4_e2e_gpu_head(void *tensor, uint32_t n) {
     if (ds4_gpu_tensor_read((const ds4_gpu_tensor *)tensor, 0, buf, (uint64_t)n * sizeof(float)) == 0)
         fprintf(stderr, "ds4-e2e: head read failed\n");
     else
-        e2e_write_head(buf, n);
+        e2e_write_floats("DS4_E2E_HEAD", buf, n);
     free(buf);
 #endif
 }
 
 void ds4_e2e_logits(const float *logits, uint32_t n_vocab) {
-    const char *path = getenv("DS4_E2E_LOGITS");
-    if (!path || !path[0] || !logits) return;
-    FILE *f = fopen(path, "wb");
-    if (!f) return;
-    fwrite(logits, sizeof(float), n_vocab, f);
-    fclose(f);
+    e2e_write_floats("DS4_E2E_LOGITS", logits, n_vocab);
 }
