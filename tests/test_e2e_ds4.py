@@ -370,3 +370,36 @@ def test_reduced_cpu_build_runs_on_a_zero_weight_model(target, tmp_path):
     assert out.states.shape[1] >= len([p for p in red.positions if p < 40])
     assert out.logits.shape == (1, d4.N_VOCAB) and np.isfinite(out.logits).all()
     assert out.probes["head"].shape == (d4.N_EMBD,) and np.isfinite(out.probes["head"]).all()
+
+
+def test_cpu_reference_is_run_once_per_model_and_a_damaged_copy_is_run_again(target, tmp_path, monkeypatch):
+    """The minutes-long CPU reference is kept in the scratch folder keyed by build, model and
+    prompt: a second calibration reuses it, another model file does not, and an unreadable copy
+    (a run killed while writing) is run again rather than trusted."""
+    from porter.gates.e2e.compare import PrefillOutputs
+
+    runs = []
+    rng = np.random.default_rng(0)
+
+    def fake_run(self, build_dir, v):
+        runs.append(v.name)
+        return PrefillOutputs(rng.standard_normal((5, 3, 8)), self.stage_names, rng.standard_normal((1, 16)), [3],
+                              2.0, probes={"head": rng.standard_normal(4)})
+
+    monkeypatch.setattr(d4.Ds4Reduced, "run", fake_run)
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + bytes(64))
+    red = d4.Ds4Reduced(target, tmp_path / "scratch", model)
+    v = d4.Ds4Variant("reference-cpu", "reference", backend="cpu")
+    first = red.run_reference(tmp_path, v)
+    again = red.run_reference(tmp_path, v)
+    assert runs == ["reference-cpu"]
+    assert np.array_equal(first.states, again.states) and np.array_equal(first.probes["head"], again.probes["head"])
+    assert again.tokens == [3] and again.logits.shape == (1, 16)
+    for f in (tmp_path / "scratch" / "reference-cache").glob("*.npz"):
+        f.write_bytes(b"not an npz")
+    red.run_reference(tmp_path, v)
+    assert runs == ["reference-cpu"] * 2
+    model.write_bytes(b"GGUF" + bytes(65))  # another model: another key
+    red.run_reference(tmp_path, v)
+    assert len(runs) == 3

@@ -307,6 +307,7 @@ class Ds4Reduced:
         it takes minutes and the CPU path gives the same outputs for the same inputs; a calibration
         that changes only the CUDA variants reuses it (the file is keyed, not trusted by name)."""
         import hashlib
+        import zipfile
 
         if not self.model.is_file():
             return self.run(build_dir, v)
@@ -319,7 +320,7 @@ class Ds4Reduced:
                 z = np.load(path)
                 return PrefillOutputs(z["states"], self.stage_names, z["logits"], [int(t) for t in z["tokens"]],
                                       float(z["wall_s"]), probes={"head": z["head"]})
-            except (OSError, ValueError, KeyError):
+            except (OSError, ValueError, KeyError, zipfile.BadZipFile):
                 path.unlink(missing_ok=True)  # unreadable (a run killed while writing): run it again
         out = self.run(build_dir, v)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -462,7 +463,7 @@ def ds4_prefill_pair(target, scratch: Path, library: Path, model: Path | None):
     ref_v = Ds4Variant("reference-cpu", "reference", backend="cpu")
     cand_v = Ds4Variant("candidate", "candidate", source="library", library=Path(library))
     try:
-        ref = red.run(red.build(ref_v), ref_v)
+        ref = red.run_reference(red.build(ref_v), ref_v)
     except PorterError as exc:
         raise ReferenceFailure(f"reference backend: {exc}") from exc
     cand = red.run(red.build(cand_v), cand_v)
