@@ -85,3 +85,34 @@ def test_statistics_come_from_the_raw_times_not_the_child():
     t = timing_stats({"reps": 3, "times_ms": [3.0, 1.0, 2.0], "median_ms": 1e-9, "p90_ms": 1e-9, "checked_reps": [2]})
     assert t["median_ms"] == 2.0 and t["p90_ms"] == 3.0 and t["min_ms"] == 1.0
     assert timing_stats({"reps": 2, "times_ms": [float("nan")], "median_ms": 0.5})["median_ms"] is None
+
+
+def test_cases_prepared_during_the_build_are_the_ones_judged(target, fixture_ctx, libs, tmp_path, fresh_pool):
+    """The driver prepares parity's inputs and references while nvcc compiles (prepare_ahead):
+    the run judges exactly those cases, refuses a bad candidate on them as on its own, and
+    ignores a set prepared for another version of the spec."""
+    from porter.gates.parity.gate import Prepared, prepare
+
+    spec = load_spec(target, UNIT)
+    seeds = [0x1234, 0x5678]
+    pre = Prepared(UNIT, spec.sha256, seeds, prepare(spec, target.api_function(UNIT), fixture_ctx, seeds),
+                   fixture_ctx)
+    hexed = [f"{s:016x}" for s in seeds]
+    r = run_spec(target, spec, libs["honest"], workspace=tmp_path, mode="host", timing_reps=2, prepared=pre)
+    assert r.ok, r.summary
+    assert r.evidence["seeds"] == hexed
+    bad = run_spec(target, spec, libs["skip_timed"], workspace=tmp_path, mode="host", timing_reps=2, prepared=pre)
+    assert not bad.ok and bad.summary.startswith("parity failed [timing]")
+    stale = Prepared(UNIT, "0" * 64, seeds, pre.cases, fixture_ctx)
+    r2 = run_spec(target, spec, libs["honest"], workspace=tmp_path, mode="host", timing_reps=2, ctx=fixture_ctx,
+                  prepared=stale)
+    assert r2.ok and r2.evidence["seeds"] != hexed  # prepared again, with fresh seeds
+
+
+def test_a_spec_error_found_ahead_is_a_skip(target, fixture_ctx, libs, tmp_path, fresh_pool):
+    from porter.gates.parity.gate import Prepared
+
+    spec = load_spec(target, UNIT)
+    pre = Prepared(UNIT, spec.sha256, [1, 2], [], None, error="shape 'x' has no size")
+    r = run_spec(target, spec, libs["honest"], workspace=tmp_path, mode="host", prepared=pre)
+    assert r.skipped and not r.ok and "spec error" in r.summary

@@ -210,3 +210,35 @@ def test_prompt_shows_the_failures_run_would_send(ws, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["attempt"] == 4
     assert "first: nvcc: error" in out["prompt"] and "third: link error" in out["prompt"]
+
+
+@pytest.mark.parametrize("build_ok", [True, False])
+def test_parity_inputs_are_started_before_the_build_and_dropped_when_it_refuses(monkeypatch, tmp_path, build_ok):
+    """run_gates starts parity's inputs and references (start_ahead) before the build gate runs, hands
+    them to parity, and cancels them when the build refuses (parity never comes)."""
+    from concurrent.futures import Future
+
+    from porter.gates import driver
+
+    order, fut = [], Future()
+
+    def build_run(candidate, ctx):
+        order.append(("build", ctx.parity_ahead is fut))
+        return GateResult("build", build_ok, "built" if build_ok else "no", check=None if build_ok else "build")
+
+    def parity_run(candidate, ctx):
+        order.append(("parity", ctx.parity_ahead is fut))
+        return GateResult("parity", True, "ok")
+
+    rec = Recorder({})
+    for name in driver.CANDIDATE_GATES:
+        monkeypatch.setitem(driver.GATES, name, rec.gate(name))
+    monkeypatch.setitem(driver.GATES, "build", types.SimpleNamespace(run=build_run))
+    monkeypatch.setitem(driver.GATES, "parity", types.SimpleNamespace(
+        run=parity_run, start_ahead=lambda c, ctx: order.append(("ahead", None)) or fut))
+    target = types.SimpleNamespace(workspace=tmp_path, name="t")
+    run_gates(Candidate.of("u", "x"), GateContext(target, build_cache=tmp_path), gates=("static", "build", "parity"))
+    if build_ok:
+        assert order == [("ahead", None), ("build", True), ("parity", True)] and not fut.cancelled()
+    else:
+        assert order == [("ahead", None), ("build", True)] and fut.cancelled()

@@ -62,6 +62,7 @@ class GateContext:
     parity: ParityOptions = field(default_factory=ParityOptions)
     library: Path | None = None  # the backend library the build gate linked (or a prebuilt one)
     results: dict[str, GateResult] = field(default_factory=dict)  # gate -> result, for the gates after it
+    parity_ahead: object | None = None  # a Future of parity's inputs and references, made during the build
 
     def __post_init__(self):
         self.workspace = Path(self.workspace or self.target.workspace)
@@ -89,6 +90,10 @@ def run_gates(candidate: Candidate, ctx: GateContext, gates=CANDIDATE_GATES,
     for name in sorted(gates, key=GATE_ORDER.index):
         if name == "perf" and not passed(ctx.results.get("parity")):
             break  # nothing measured to time
+        ahead = getattr(GATES["parity"], "start_ahead", None)
+        if name == "build" and "parity" in gates and ctx.parity_ahead is None and ahead is not None:
+            # parity's inputs and references need no library: made while nvcc compiles
+            ctx.parity_ahead = ahead(candidate, ctx)
         res = GATES[name].run(candidate, ctx)
         res.evidence.setdefault("candidate_sha256", candidate.sha256)
         ctx.results[name] = res
@@ -97,6 +102,8 @@ def run_gates(candidate: Candidate, ctx: GateContext, gates=CANDIDATE_GATES,
             on_result(res)
         if not res.ok and not res.skipped:
             break
+    if ctx.parity_ahead is not None and "parity" not in ctx.results:
+        ctx.parity_ahead.cancel()  # the build refused: not started yet, it never will be
     return out
 
 

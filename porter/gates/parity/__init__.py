@@ -32,15 +32,20 @@ import importlib.util
 import os
 import subprocess
 import sys
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from porter.cparse import calls_to
-from porter.gates.parity.gate import run_spec
+from porter.gates.parity.gate import prepare_ahead, run_spec
 from porter.gates.parity.scenario import blocked_by, placeholders_among
-from porter.gates.parity.spec import SpecError, load_spec
+from porter.gates.parity.spec import SpecError, UnitSpec, load_spec
 from porter.gates.result import GateResult
 
-__all__ = ["available", "run"]
+__all__ = ["available", "run", "start_ahead"]
+
+_AHEAD_POOL: ThreadPoolExecutor | None = None
+_AHEAD_LOCK = threading.Lock()
 
 
 @functools.lru_cache(maxsize=1)
@@ -80,6 +85,33 @@ def waiting_on(target, spec, candidate) -> str | None:
     return None
 
 
+def start_ahead(candidate, ctx) -> Future | None:
+    """Begin the parity run's inputs and references for `candidate` while the build gate compiles
+    it (they need no library; a large spec's references take longer than the build).  None where
+    parity will not use them: caller-given seeds, no spec, a runtime scenario, no device."""
+    target, opts = ctx.target, ctx.parity
+    if opts.seeds:
+        return None
+    try:
+        spec = load_spec(target, candidate.unit)
+    except SpecError:
+        return None
+    if not isinstance(spec, UnitSpec):
+        return None
+
+    def work():
+        if opts.mode == "cuda" and not available()[0]:
+            return None
+        return prepare_ahead(target, spec)
+
+    global _AHEAD_POOL
+    with _AHEAD_LOCK:
+        if _AHEAD_POOL is None:
+            _AHEAD_POOL = ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2),
+                                             thread_name_prefix="parity-ahead")
+        return _AHEAD_POOL.submit(work)
+
+
 def run(candidate, ctx) -> GateResult:
     """Run the unit's parity spec against the library the build gate linked (ctx.library);
     skipped (not ok) when it cannot run here."""
@@ -106,7 +138,16 @@ def run(candidate, ctx) -> GateResult:
     sanitize = opts.sanitize
     if sanitize is None:
         sanitize = os.environ.get("PORTER_PARITY_SANITIZE", "") not in ("", "0", "off")
+    extra = {}
+    ahead = ctx.parity_ahead
+    if ahead is not None:
+        try:
+            prepared = ahead.result()
+        except Exception:  # noqa: BLE001 - a harness fault ahead: run_spec prepares again and reports it
+            prepared = None
+        if prepared is not None:
+            extra["prepared"] = prepared
     return run_spec(target, spec, Path(ctx.library), workspace=ctx.workspace, seeds=opts.seeds, sanitize=sanitize,
                     timeout=opts.timeout, mode=opts.mode, timing_reps=opts.timing_reps, env=opts.env,
                     candidate_sha256=candidate.sha256,
-                    calibration=ctx.history.calibration_status(candidate.unit, spec.sha256))
+                    calibration=ctx.history.calibration_status(candidate.unit, spec.sha256), **extra)

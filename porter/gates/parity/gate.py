@@ -146,6 +146,30 @@ def _prepared(spec: UnitSpec, api_fn, ctx: Context, seeds: list[int], remember: 
     return cases
 
 
+@dataclass
+class Prepared:
+    """A spec's cases made ahead of its parity run, with fresh seeds (prepare_ahead)."""
+
+    unit: str
+    spec_sha256: str
+    seeds: list[int]
+    cases: list[PreparedCase]
+    ctx: Context | None
+    error: str | None = None  # a SpecError while preparing: the parity run reports it as a skip
+
+
+def prepare_ahead(target, spec: UnitSpec) -> Prepared:
+    """Fresh seeds, inputs and references for `spec`, made while the build gate compiles: none of it
+    depends on the library, and the candidate's code cannot see it (this process's memory)."""
+    seeds = fresh_seeds(2)
+    try:
+        ctx = Context.for_target(target)
+        return Prepared(spec.unit, spec.sha256, seeds,
+                        prepare(spec, target.api_function(spec.unit), ctx, seeds), ctx)
+    except SpecError as exc:
+        return Prepared(spec.unit, spec.sha256, seeds, [], None, str(exc))
+
+
 def harness_names(target) -> dict:
     """Target-owned helper symbols the child calls (targets/<t>/parity/harness.toml)."""
     path = target.dir / "parity" / "harness.toml"
@@ -496,19 +520,26 @@ def run_spec(target, spec: UnitSpec, library: Path, **kw) -> GateResult:
 def _run_spec(target, spec: UnitSpec, library: Path, *, workspace: Path | None = None, seeds: list[int] | None = None,
               sanitize: bool = False, timeout: float | None = None, mode: str = "cuda", timing_reps: int = 10,
               candidate_sha256: str | None = None, probe: dict | None = None, keep: bool | None = None,
-              calibration: dict | None = None, ctx: Context | None = None, env: dict | None = None) -> GateResult:
+              calibration: dict | None = None, ctx: Context | None = None, env: dict | None = None,
+              prepared: "Prepared | None" = None) -> GateResult:
     t_start = time.monotonic()
     library = Path(library)
     api_fn = target.api_function(spec.unit)
-    remember = bool(seeds)
-    seeds = list(seeds) if seeds else fresh_seeds(2)
-    if len(seeds) < 2:
-        raise ValueError("parity needs at least two seeds")
-    try:
-        ctx = ctx or Context.for_target(target)
-        cases = _prepared(spec, api_fn, ctx, seeds, remember)
-    except SpecError as exc:
-        return GateResult("parity", False, f"parity skipped: spec error: {exc}", skipped=True)
+    if prepared is not None and prepared.spec_sha256 == spec.sha256 and prepared.unit == spec.unit:
+        # inputs and references made while the build gate compiled (prepare_ahead)
+        seeds, cases, ctx = prepared.seeds, prepared.cases, prepared.ctx
+        if prepared.error is not None:
+            return GateResult("parity", False, f"parity skipped: spec error: {prepared.error}", skipped=True)
+    else:
+        remember = bool(seeds)
+        seeds = list(seeds) if seeds else fresh_seeds(2)
+        if len(seeds) < 2:
+            raise ValueError("parity needs at least two seeds")
+        try:
+            ctx = ctx or Context.for_target(target)
+            cases = _prepared(spec, api_fn, ctx, seeds, remember)
+        except SpecError as exc:
+            return GateResult("parity", False, f"parity skipped: spec error: {exc}", skipped=True)
     t_prepared = time.monotonic()
     base = Path(workspace) / "runs" / "parity" if workspace else Path(tempfile.gettempdir()) / "porter-parity"
     base.mkdir(parents=True, exist_ok=True)
