@@ -22,10 +22,11 @@ different inputs):
   1. inputs written; outputs pre-filled with the sentinel (a NaN bit pattern);
      the model map is a fresh host buffer, mini_cuda_forget_models() is called
      and the map is uploaded again before the call;
-  2. the unit's stream (mini_cuda_stream()) is held by a timed spin kernel, the
-     unit is called, and while the hold lasts the outputs are read on an
-     unrelated non-blocking stream: a unit that orders its work on its stream
-     cannot have written anything yet;
+  2. on one pass per case, drawn at random here (and on the next pass too when
+     that probe was inconclusive), the unit's stream (mini_cuda_stream()) is
+     held by a timed spin kernel, the unit is called, and while the hold lasts
+     the outputs are read on an unrelated non-blocking stream: a unit that
+     orders its work on its stream cannot have written anything yet;
   3. the unit's stream is synchronized and the outputs copied on it (what the
      API promises a caller); then the whole device is synchronized and the
      outputs read again: a difference means work landed after the unit's
@@ -171,7 +172,9 @@ class Child:
         bufs = {name: devmod.Fenced(dev, b["nbytes"], guard) for name, b in case["buffers"].items()}
         structs = {name: Tensor(buf.ptr, buf.nbytes, 0) for name, buf in bufs.items()}
         self._probe_again.discard(case["id"])
-        if not (plan.get("probe") or {}).get("every_pass"):
+        if (plan.get("probe") or {}).get("every_pass"):
+            self._probe_pass.pop(case["id"], None)
+        else:
             # one pass per case is probed, drawn here where the candidate cannot know it: a unit that
             # orders its work right on some calls only is caught with odds 1/2 per case
             self._probe_pass[case["id"]] = random.SystemRandom().randrange(max(1, len(case["passes"])))
