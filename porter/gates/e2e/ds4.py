@@ -301,7 +301,6 @@ class Ds4Reduced:
         return PrefillOutputs(states, self.stage_names, logits[None, :], [int(np.argmax(logits))], wall,
                               probes={"head": head})
 
-
     def run_reference(self, build_dir: Path, v: Ds4Variant) -> PrefillOutputs:
         """The CPU reference, run once per (build, model, prompt, positions) and kept in the scratch:
         it takes minutes and the CPU path gives the same outputs for the same inputs; a calibration
@@ -321,7 +320,7 @@ class Ds4Reduced:
                 return PrefillOutputs(z["states"], self.stage_names, z["logits"], [int(t) for t in z["tokens"]],
                                       float(z["wall_s"]), probes={"head": z["head"]})
             except (OSError, ValueError, KeyError, zipfile.BadZipFile):
-                path.unlink(missing_ok=True)  # unreadable (a run killed while writing): run it again
+                path.unlink(missing_ok=True)  # unreadable: run it again rather than trust it
         out = self.run(build_dir, v)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".partial.npz")
