@@ -257,8 +257,16 @@ def test_calibration_variants_apply_to_the_checkout(target):
     cu = (_checkout() / "ds4_cuda.cu").read_text()
     for v in broken:
         assert v.rules, v.name
+    for v in variants:
         for search, replace in v.rules:
             assert cu.count(search) == 1 and search != replace, v.name
+    # DS4_CUDA_WEIGHT_CACHE is inert while the whole map registers (measured on the H100): a variant
+    # that asks for the cached-range path must refuse the registration too.  (A `[[broken.rule]]`
+    # written under a `[[good]]` entry once gave that refusal to the broken entry before it.)
+    refuse = "cudaError_t err = cudaErrorNotSupported; /* porter e2e: whole-map registration refused */"
+    for v in variants:
+        refused = any(refuse in r for _, r in v.rules)
+        assert refused == ("DS4_CUDA_WEIGHT_CACHE" in v.env), v.name
 
 
 # ---- ds4_test --logprob-vectors ----------------------------------------------------
