@@ -83,8 +83,6 @@ class Child:
         self.outputs: dict[str, np.ndarray] = {}
         self._flags: list = []  # host bools handed to `bool *` parameters
         self._live_map = None  # see _keep_map
-        self._probe_pass: dict[str, int] = {}  # case id -> the pass the stream probe watches
-        self._probe_again: set[str] = set()  # cases whose probe was inconclusive: probe the next pass
 
     # -- bookkeeping -----------------------------------------------------
     @contextlib.contextmanager
@@ -171,17 +169,24 @@ class Child:
         self.results["cases"].append(crec)
         bufs = {name: devmod.Fenced(dev, b["nbytes"], guard) for name, b in case["buffers"].items()}
         structs = {name: Tensor(buf.ptr, buf.nbytes, 0) for name, buf in bufs.items()}
-        self._probe_again.discard(case["id"])
-        if (plan.get("probe") or {}).get("every_pass"):
-            self._probe_pass.pop(case["id"], None)
-        else:
-            # one pass per case is probed, drawn here where the candidate cannot know it: a unit that
-            # orders its work right on some calls only is caught with odds 1/2 per case
-            self._probe_pass[case["id"]] = random.SystemRandom().randrange(max(1, len(case["passes"])))
+        probe_cfg = plan.get("probe") or {}
+        probing = bool(probe_cfg.get("enabled")) and self.stream is not None
+        # one pass per case is probed, drawn here where the candidate cannot know it: a unit that
+        # orders its work right on some calls only is caught with odds 1/2 per case
+        watched_pass = None if probe_cfg.get("every_pass") else random.SystemRandom().randrange(
+            max(1, len(case["passes"])))
+        retry = False
         try:
             for p, pdata in enumerate(case["passes"]):
+                hold_ms = None
+                if probing and (retry or watched_pass in (None, p)):
+                    hold = probe_cfg.get("hold_ms", 15)
+                    hold_ms = probe_cfg.get("retry_hold_ms", 4 * hold) if retry else hold
                 with self.phase("passes"):
-                    crec["passes"].append(self.run_pass(case, p, pdata, arrays, bufs, structs))
+                    rec = self.run_pass(case, p, pdata, arrays, bufs, structs, hold_ms)
+                crec["passes"].append(rec)
+                # a call slower than the hold proves nothing either way: the next pass is probed, longer
+                retry = (rec.get("probe") or {}).get("status") == "inconclusive"
                 with self.phase("save"):
                     self.save()
             if case.get("timed") and int(plan.get("timing_reps", 0)) > 0 and case["expect"] == "ok":
@@ -236,7 +241,8 @@ class Child:
                 args.append(_CTYPES[k](pdata["scalars"][name]))
         return args
 
-    def run_pass(self, case, p, pdata, arrays, bufs, structs) -> dict:
+    def run_pass(self, case, p, pdata, arrays, bufs, structs, hold_ms: float | None) -> dict:
+        """One call of the unit; hold_ms: the stream probe's hold for this pass (None: no probe)."""
         dev, plan = self.dev, self.plan
         cid = case["id"]
         rec: dict = {"pass": p}
@@ -268,11 +274,9 @@ class Child:
         token = None
         outs = case["outputs"]  # compared param -> buffer
         watched = sorted({b for b in outs.values()} | {n for n, b in case["buffers"].items() if b["role"] != "in"})
-        retry = cid in self._probe_again
-        if probe_cfg.get("enabled") and self.stream is not None and (retry or self._probe_pass.get(cid, p) == p):
+        if hold_ms is not None:
             dev.reserve(max([bufs[n].nbytes for n in watched] + [0]))
-            hold = probe_cfg.get("hold_ms", 15)
-            token = dev.hold(self.stream, int((probe_cfg.get("retry_hold_ms", 4 * hold) if retry else hold) * 1e6))
+            token = dev.hold(self.stream, int(hold_ms * 1e6))
         self.step(case=cid, pass_=p, step="call")
         t0 = time.perf_counter()
         rc = self.fn(*args)
@@ -295,11 +299,6 @@ class Child:
                 probe["note"] = "the call returned after the hold ended (it waits on its stream)"
             dev.release(token)
             rec["probe"] = probe
-            # a call slower than the hold proves nothing either way: the next pass is probed, longer
-            if probe["status"] == "inconclusive":
-                self._probe_again.add(cid)
-            else:
-                self._probe_again.discard(cid)
         self.step(case=cid, pass_=p, step="sync")
         immediate = {n: dev.read_after_stream(bufs[n].ptr, bufs[n].nbytes, self.stream or 0) for n in watched}
         dev.synchronize()
