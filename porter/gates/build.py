@@ -350,19 +350,19 @@ def run(candidate, ctx) -> GateResult:
         cmd = [nvcc, *link_flags, "-o", str(tmp), *[str(objects[k]) for k in order]]
         how = host_link.link(cmd, list(target.spec.cuda.nvcc_flags), lib_dir, LINK_TIMEOUT_S)
         ev["host_link"] = how == "ok"
-        try:
-            r = (None if how == "ok" else
-                 subprocess.run(cmd, capture_output=True, text=True, timeout=LINK_TIMEOUT_S))
-        except subprocess.TimeoutExpired:
-            r = None
-            how = "timeout"
+        if how not in ("ok", "timeout"):  # nvcc links, and its diagnostics are the ones reported
+            try:
+                r = subprocess.run(cmd, capture_output=True, text=True, timeout=LINK_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                how = "timeout"
+            else:
+                if r.returncode != 0:
+                    tmp.unlink(missing_ok=True)
+                    diag = trim_diagnostics(r.stdout + r.stderr, strip + [cache / "objects"])
+                    return fail("link", f"link error: {first_error(diag)}", diag)
         if how == "timeout":
             tmp.unlink(missing_ok=True)
             return fail("link", f"linking {target.spec.cuda.library} timed out", "")
-        if r is not None and r.returncode != 0:
-            tmp.unlink(missing_ok=True)
-            diag = trim_diagnostics(r.stdout + r.stderr, strip + [cache / "objects"])
-            return fail("link", f"link error: {first_error(diag)}", diag)
         os.replace(tmp, library)
     ev["link_seconds"] = round(time.monotonic() - t2, 2)
     ev["library"] = str(library)

@@ -90,10 +90,10 @@ def run_gates(candidate: Candidate, ctx: GateContext, gates=CANDIDATE_GATES,
     for name in sorted(gates, key=GATE_ORDER.index):
         if name == "perf" and not passed(ctx.results.get("parity")):
             break  # nothing measured to time
-        ahead = getattr(GATES["parity"], "start_ahead", None)
-        if name == "build" and "parity" in gates and ctx.parity_ahead is None and ahead is not None:
+        if name == "build" and "parity" in gates and ctx.parity_ahead is None:
             # parity's inputs and references need no library: made while nvcc compiles
-            ctx.parity_ahead = ahead(candidate, ctx)
+            ahead = getattr(GATES["parity"], "start_ahead", None)
+            ctx.parity_ahead = ahead(candidate, ctx) if ahead is not None else None
         res = GATES[name].run(candidate, ctx)
         res.evidence.setdefault("candidate_sha256", candidate.sha256)
         ctx.results[name] = res

@@ -53,7 +53,8 @@ def host_link_command(nvcc_cmd: list[str], scratch: Path) -> tuple[list[str], di
     if steps is None or tools != ["nvlink", "fatbinary", "rm", "gcc", "g++"]:
         return None
     try:
-        dlink_obj = shlex.split(steps[3])[shlex.split(steps[3]).index("-o") + 1]
+        stub_compile = shlex.split(steps[3])
+        dlink_obj = stub_compile[stub_compile.index("-o") + 1]
         final = shlex.split(steps[4])
     except (ValueError, IndexError):
         return None
