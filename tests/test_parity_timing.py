@@ -88,7 +88,7 @@ def test_statistics_come_from_the_raw_times_not_the_child():
 
 
 def test_cases_prepared_during_the_build_are_the_ones_judged(target, fixture_ctx, libs, tmp_path, fresh_pool):
-    """The driver prepares parity's inputs and references while nvcc compiles (prepare_ahead):
+    """The driver prepares parity's inputs and references while nvcc compiles (parity.start_ahead):
     the run judges exactly those cases, refuses a bad candidate on them as on its own, and
     ignores a set prepared for another version of the spec."""
     from porter.gates.parity.gate import Prepared, prepare

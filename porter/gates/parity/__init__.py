@@ -37,7 +37,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from porter.cparse import calls_to
-from porter.gates.parity.gate import prepare_ahead, run_spec
+from porter.gates.parity.gate import prepare_cases, run_spec
 from porter.gates.parity.scenario import blocked_by, placeholders_among
 from porter.gates.parity.spec import SpecError, UnitSpec, load_spec
 from porter.gates.result import GateResult
@@ -102,7 +102,7 @@ def start_ahead(candidate, ctx) -> Future | None:
     def work():
         if opts.mode == "cuda" and not available()[0]:
             return None
-        return prepare_ahead(target, spec)
+        return prepare_cases(target, spec)
 
     global _AHEAD_POOL
     with _AHEAD_LOCK:

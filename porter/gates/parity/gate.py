@@ -148,7 +148,7 @@ def _prepared(spec: UnitSpec, api_fn, ctx: Context, seeds: list[int], remember: 
 
 @dataclass
 class Prepared:
-    """A spec's cases made ahead of its parity run, with fresh seeds (prepare_ahead)."""
+    """A spec's seeds and cases, ready for a parity run (prepare_cases)."""
 
     unit: str
     spec_sha256: str
@@ -158,14 +158,18 @@ class Prepared:
     error: str | None = None  # a SpecError while preparing: the parity run reports it as a skip
 
 
-def prepare_ahead(target, spec: UnitSpec) -> Prepared:
-    """Fresh seeds, inputs and references for `spec`, made while the build gate compiles: none of it
-    depends on the library, and the candidate's code cannot see it (this process's memory)."""
-    seeds = fresh_seeds(2)
+def prepare_cases(target, spec: UnitSpec, seeds: list[int] | None = None, ctx: Context | None = None) -> Prepared:
+    """Inputs and references for `spec`: with fresh seeds unless the caller gives some (those are
+    remembered, see _prepared).  None of it depends on the library, so the driver makes it while the
+    build gate compiles; the candidate's code cannot see it (this process's memory)."""
+    remember = bool(seeds)
+    seeds = list(seeds) if seeds else fresh_seeds(2)
+    if len(seeds) < 2:
+        raise ValueError("parity needs at least two seeds")
     try:
-        ctx = Context.for_target(target)
+        ctx = ctx or Context.for_target(target)
         return Prepared(spec.unit, spec.sha256, seeds,
-                        prepare(spec, target.api_function(spec.unit), ctx, seeds), ctx)
+                        _prepared(spec, target.api_function(spec.unit), ctx, seeds, remember), ctx)
     except SpecError as exc:
         return Prepared(spec.unit, spec.sha256, seeds, [], None, str(exc))
 
@@ -525,21 +529,12 @@ def _run_spec(target, spec: UnitSpec, library: Path, *, workspace: Path | None =
     t_start = time.monotonic()
     library = Path(library)
     api_fn = target.api_function(spec.unit)
-    if prepared is not None and prepared.spec_sha256 == spec.sha256 and prepared.unit == spec.unit:
-        # inputs and references made while the build gate compiled (prepare_ahead)
-        seeds, cases, ctx = prepared.seeds, prepared.cases, prepared.ctx
-        if prepared.error is not None:
-            return GateResult("parity", False, f"parity skipped: spec error: {prepared.error}", skipped=True)
-    else:
-        remember = bool(seeds)
-        seeds = list(seeds) if seeds else fresh_seeds(2)
-        if len(seeds) < 2:
-            raise ValueError("parity needs at least two seeds")
-        try:
-            ctx = ctx or Context.for_target(target)
-            cases = _prepared(spec, api_fn, ctx, seeds, remember)
-        except SpecError as exc:
-            return GateResult("parity", False, f"parity skipped: spec error: {exc}", skipped=True)
+    # `prepared`: made while the build gate compiled; one made for another version of the spec is not used
+    if prepared is None or (prepared.unit, prepared.spec_sha256) != (spec.unit, spec.sha256):
+        prepared = prepare_cases(target, spec, seeds, ctx)
+    if prepared.error is not None:
+        return GateResult("parity", False, f"parity skipped: spec error: {prepared.error}", skipped=True)
+    seeds, cases, ctx = prepared.seeds, prepared.cases, prepared.ctx
     t_prepared = time.monotonic()
     base = Path(workspace) / "runs" / "parity" if workspace else Path(tempfile.gettempdir()) / "porter-parity"
     base.mkdir(parents=True, exist_ok=True)
