@@ -19,7 +19,8 @@
 #   cal       ds4: `porter calibrate --known-good upstream` over chunk $CAL_CHUNK (i/n, default
 #             1/1) of the specs, report in $OUT/calibration_<i>of<n>.json
 # ds4 needs the checkout at $PORTER_DS4_SOURCE (default external/ds4) and ~25 GB
-# free under $DS4_SCRATCH.  Results go to $OUT.
+# free under $DS4_SCRATCH.  Results go to $OUT.  prebuild, trace and cal stop after $LONG_STEP_S
+# (default 590: inside one device call); a session run in the background (setsid) may set more.
 set -uo pipefail
 OUT=${OUT:-/tmp/e2e-out}
 mkdir -p "$OUT"
@@ -40,6 +41,7 @@ export PYTHONUNBUFFERED=1 PORTER_BUILD_CACHE=${PORTER_BUILD_CACHE:-/tmp/porter-b
 export PORTER_DS4_SOURCE=${PORTER_DS4_SOURCE:-$PWD/external/ds4}
 # under runs/ (ignored by git) so a warm machine keeps it between the ds4prep and ds4cal calls
 DS4_SCRATCH=${DS4_SCRATCH:-$PWD/runs/ds4-e2e}
+LONG_STEP_S=${LONG_STEP_S:-590}
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nvcc --version | tail -2; nproc; df -h /tmp | tail -1; } 2>&1 | tee "$OUT/env.txt"
 for step in ${E2E_STEPS:-minimoe}; do
   t0=$(date +%s)
@@ -65,7 +67,7 @@ for step in ${E2E_STEPS:-minimoe}; do
       timeout 590 python3 -m pytest -q -rs tests/test_parity_gpu.py tests/test_host_pch.py tests/test_nvcc_split.py \
           2>&1 | tail -40 | tee "$OUT/gputests.log" ;;
     prebuild)
-      timeout 590 python3 - <<'PY' 2>&1 | tee "$OUT/prebuild.log"
+      timeout "$LONG_STEP_S" python3 - <<'PY' 2>&1 | tee "$OUT/prebuild.log"
 import time
 from porter.calibration.libraries import UpstreamLibraries
 from porter.calibration.mutants import rule_mutants
@@ -81,11 +83,11 @@ PY
       ;;
     trace)
       chunk=${TRACE_CHUNK:-1/1}
-      timeout 590 python3 -m porter.calibration.trace --target ds4 --chunk "$chunk" \
+      timeout "$LONG_STEP_S" python3 -m porter.calibration.trace --target ds4 --chunk "$chunk" \
           --json "$OUT/trace_${chunk/\//of}.json" 2>&1 | tee "$OUT/trace_${chunk/\//of}.log" ;;
     cal)
       chunk=${CAL_CHUNK:-1/1}
-      timeout 590 python3 -m porter calibrate --target ds4 --known-good upstream --jobs 6 --chunk "$chunk" \
+      timeout "$LONG_STEP_S" python3 -m porter calibrate --target ds4 --known-good upstream --jobs 6 --chunk "$chunk" \
           --report "$OUT/calibration_${chunk/\//of}.json" 2>&1 | tee "$OUT/calibration_${chunk/\//of}.log" ;;
     *) echo "unknown step $step" ;;
   esac
