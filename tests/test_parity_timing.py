@@ -116,3 +116,34 @@ def test_a_spec_error_found_ahead_is_a_skip(target, fixture_ctx, libs, tmp_path,
     pre = Prepared(UNIT, spec.sha256, [1, 2], [], None, error="shape 'x' has no size")
     r = run_spec(target, spec, libs["honest"], workspace=tmp_path, mode="host", prepared=pre)
     assert r.skipped and not r.ok and "spec error" in r.summary
+
+
+def test_remembered_cases_keep_the_files_their_context_wrote(target, monkeypatch):
+    """Calibration runs one spec on the known-good, each env-knob variant and each mutant with the
+    same seeds, and prepares its cases once.  A case's weight map can be a file in the preparing
+    Context's scratch folder (the sparse MoE maps): every later run must get that Context with the
+    cases, or the file is deleted with it once the first run is over (the MoE specs' variants and
+    mutants crashed on a missing map on the H100, 2026-11-23)."""
+    import gc
+    import tempfile
+    from pathlib import Path
+
+    from porter.gates.parity import gate
+
+    def file_backed(spec, api_fn, ctx, seeds):  # what Context.weights does for a map past SPARSE_MIN
+        ctx._scratch = ctx._scratch or tempfile.TemporaryDirectory(prefix="porter-weights-")
+        f = Path(ctx._scratch.name) / "weights.map"
+        f.write_bytes(bytes(64))
+        return [f]
+
+    monkeypatch.setattr(gate, "prepare", file_backed)
+    monkeypatch.setattr(gate, "_PREPARED", {})
+    spec = load_spec(target, UNIT)
+    first = gate.prepare_cases(target, spec, [11, 22])  # no ctx given: a fresh Context, as calibration does
+    weights = first.cases[0]
+    del first
+    gc.collect()
+    again = gate.prepare_cases(target, spec, [11, 22])
+    assert again.cases == [weights] and weights.is_file()
+    fresh = gate.prepare_cases(target, spec)  # fresh seeds: nothing remembered, its own Context
+    assert fresh.ctx is not again.ctx

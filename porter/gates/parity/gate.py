@@ -120,30 +120,35 @@ def prepare(spec: UnitSpec, api_fn, ctx: Context, seeds: list[int]) -> list[Prep
     return cases
 
 
-_PREPARED: dict = {}  # (unit, spec, seeds) -> cases, the last PREPARED_KEEP (the trace runs 6 ops at once)
+_PREPARED: dict = {}  # (unit, spec, seeds) -> (cases, their Context), the last PREPARED_KEEP (the trace runs 6 ops at once)
 PREPARED_KEEP = 8
 _PREPARED_LOCK = threading.Lock()
 
 
-def _prepared(spec: UnitSpec, api_fn, ctx: Context, seeds: list[int], remember: bool) -> list[PreparedCase]:
+def _prepared(spec: UnitSpec, api_fn, ctx: Context, seeds: list[int],
+              remember: bool) -> tuple[list[PreparedCase], Context]:
     """prepare(), remembered for the same spec and caller-given seeds: calibration runs one unit's
     spec on the known-good, each env-knob variant and each mutant with the same seeds, and the
     references of the large specs (the prefill MoE) take minutes.  Fresh seeds never repeat, so
-    a candidate's parity prepares its own and nothing of it is kept."""
+    a candidate's parity prepares its own and nothing of it is kept.
+    Returns the cases and the Context that made them: a case's weight map can be a file in that
+    Context's scratch folder, deleted with it, so remembered cases keep their own Context alive
+    and every later run gets that one (measured: the MoE specs' variants and mutants found the
+    sparse map gone once the known-good's run had dropped the Context that wrote it)."""
     if not remember:
-        return prepare(spec, api_fn, ctx, seeds)
+        return prepare(spec, api_fn, ctx, seeds), ctx
     # the file's bytes, and what a caller may have replaced in the loaded spec (tests do)
     key = (spec.unit, spec.sha256, getattr(spec.build, "__qualname__", repr(spec.build)), repr(spec.shapes),
            tuple(int(s) for s in seeds))
     with _PREPARED_LOCK:
         if key in _PREPARED:
             return _PREPARED[key]
-    cases = prepare(spec, api_fn, ctx, seeds)
+    made = prepare(spec, api_fn, ctx, seeds), ctx
     with _PREPARED_LOCK:
-        _PREPARED[key] = cases
+        _PREPARED[key] = made
         while len(_PREPARED) > PREPARED_KEEP:
             _PREPARED.pop(next(iter(_PREPARED)))
-    return cases
+    return made
 
 
 @dataclass
@@ -167,9 +172,9 @@ def prepare_cases(target, spec: UnitSpec, seeds: list[int] | None = None, ctx: C
     if len(seeds) < 2:
         raise ValueError("parity needs at least two seeds")
     try:
-        ctx = ctx or Context.for_target(target)
-        return Prepared(spec.unit, spec.sha256, seeds,
-                        _prepared(spec, target.api_function(spec.unit), ctx, seeds, remember), ctx)
+        cases, ctx = _prepared(spec, target.api_function(spec.unit), ctx or Context.for_target(target), seeds,
+                               remember)
+        return Prepared(spec.unit, spec.sha256, seeds, cases, ctx)
     except SpecError as exc:
         return Prepared(spec.unit, spec.sha256, seeds, [], None, str(exc))
 
