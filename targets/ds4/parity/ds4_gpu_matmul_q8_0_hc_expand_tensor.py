@@ -73,8 +73,10 @@ SPEC = UnitSpec(
         Shape("odd 100->37 (partial last block), n_hc 4", {"in_dim": 100, "n_embd": 37, "n_hc": 4}),
         Shape("odd 2080->64, n_hc 2", {"in_dim": 2080, "n_embd": 64, "n_hc": 2}),
         Shape("odd 1000->129, n_hc 3", {"in_dim": 1000, "n_embd": 129, "n_hc": 3}),
-        Shape("error: out_dim != n_embd", {"in_dim": 256, "n_embd": 64, "out_dim": 96, "n_hc": 4}, expect="error",
-              why="the projection's output is one HC stream wide"),
+        # No "out_dim != n_embd must fail" case: upstream's fused kernel refuses it, but with
+        # DS4_CUDA_DISABLE_Q8_HC_EXPAND_FUSED (a known-good variant) the same call runs as the plain
+        # Q8_0 matmul then the HC expand, and neither checks it (measured on the H100: returns
+        # success).  A port may take either path, so the spec cannot require the refusal.
         Shape("error: weights run past the map", {"in_dim": 256, "n_embd": 64, "n_hc": 4, "offset_past_end": True},
               expect="error", why="a weight range outside the model map is an error"),
     ],

@@ -65,8 +65,10 @@ SPEC = UnitSpec(
               source="model:blk.40.ffn_down_shexp.weight"),
         Shape("odd 100->37, n_hc 4", {"in_dim": 100, "n_embd": 37, "n_hc": 4}),
         Shape("odd 1056->65, n_hc 3", {"in_dim": 1056, "n_embd": 65, "n_hc": 3}),
-        Shape("error: out_dim != n_embd", {"in_dim": 256, "n_embd": 64, "out_dim": 32, "n_hc": 4}, expect="error",
-              why="the projection's output is one HC stream wide"),
+        # No "out_dim != n_embd must fail" case: upstream's fused kernel refuses it, but with
+        # DS4_CUDA_DISABLE_Q8_HC_EXPAND_FUSED (a known-good variant) the same call runs as the plain
+        # Q8_0 matmul then the HC expand, and neither checks it (measured on the H100: returns
+        # success).  A port may take either path, so the spec cannot require the refusal.
     ],
     build=build,
     bytes_moved=lambda s: s.dims["n_embd"] * (s.dims["in_dim"] + 31) // 32 * 34
