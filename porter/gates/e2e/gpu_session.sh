@@ -18,6 +18,8 @@
 #             specs and their env-knob variants, table in $OUT/trace_<i>of<n>.json
 #   cal       ds4: `porter calibrate --known-good upstream` over chunk $CAL_CHUNK (i/n, default
 #             1/1) of the specs, report in $OUT/calibration_<i>of<n>.json
+# $UNITS (space-separated API functions) narrows trace and cal to those specs: a re-run of the
+# specs a fix touched, on the same machine as the rest of the table
 # ds4 needs the checkout at $PORTER_DS4_SOURCE (default external/ds4) and ~25 GB
 # free under $DS4_SCRATCH.  Results go to $OUT.  prebuild, trace and cal stop after $LONG_STEP_S
 # (default 590: inside one device call); a session run in the background (setsid) may set more.
@@ -42,6 +44,8 @@ export PORTER_DS4_SOURCE=${PORTER_DS4_SOURCE:-$PWD/external/ds4}
 # under runs/ (ignored by git) so a warm machine keeps it between the ds4prep and ds4cal calls
 DS4_SCRATCH=${DS4_SCRATCH:-$PWD/runs/ds4-e2e}
 LONG_STEP_S=${LONG_STEP_S:-590}
+unit_args=()
+for u in ${UNITS:-}; do unit_args+=(--unit "$u"); done
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nvcc --version | tail -2; nproc; df -h /tmp | tail -1; } 2>&1 | tee "$OUT/env.txt"
 for step in ${E2E_STEPS:-minimoe}; do
   t0=$(date +%s)
@@ -83,11 +87,11 @@ PY
       ;;
     trace)
       chunk=${TRACE_CHUNK:-1/1}
-      timeout "$LONG_STEP_S" python3 -m porter.calibration.trace --target ds4 --chunk "$chunk" \
+      timeout "$LONG_STEP_S" python3 -m porter.calibration.trace --target ds4 --chunk "$chunk" "${unit_args[@]}" \
           --json "$OUT/trace_${chunk/\//of}.json" 2>&1 | tee "$OUT/trace_${chunk/\//of}.log" ;;
     cal)
       chunk=${CAL_CHUNK:-1/1}
-      timeout "$LONG_STEP_S" python3 -m porter calibrate --target ds4 --known-good upstream --jobs 6 --chunk "$chunk" \
+      timeout "$LONG_STEP_S" python3 -m porter calibrate --target ds4 --known-good upstream --jobs 6 --chunk "$chunk" "${unit_args[@]}" \
           --report "$OUT/calibration_${chunk/\//of}.json" 2>&1 | tee "$OUT/calibration_${chunk/\//of}.log" ;;
     *) echo "unknown step $step" ;;
   esac
