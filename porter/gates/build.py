@@ -32,7 +32,7 @@ from pathlib import Path
 
 from porter.digest import sha256_bytes, sha256_file
 from porter.errors import PorterError
-from porter.gates import host_link, nvcc_split
+from porter.gates import elf_exports, host_link, nvcc_split
 from porter.gates.keyed_lock import key_lock
 from porter.gates.result import GateResult
 from porter.placeholder import is_placeholder, placeholder_source
@@ -229,6 +229,15 @@ def first_error(diag: str) -> str:
 
 
 def exported_symbols(library: Path) -> set[str]:
+    """The names the library's dynamic symbol table defines, by nm's reckoning: read from the file
+    (elf_exports.py), with nm itself for a file that reader does not walk."""
+    try:
+        return elf_exports.defined_dynamic_symbols(library)
+    except (elf_exports.NotReadable, OSError):  # nm says what is wrong with the file
+        return _nm_exported_symbols(library)
+
+
+def _nm_exported_symbols(library: Path) -> set[str]:
     nm = shutil.which("nm")
     if nm is None:
         raise PorterError("nm not found on PATH (binutils): the build gate checks the library's exports with it")
