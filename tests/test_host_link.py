@@ -93,3 +93,23 @@ def test_no_temporaries_left_behind(tmp_path):
     obj = _obj(tmp_path, "k", KERNEL)
     host_link.link(_link_cmd(tmp_path / "t.so", [obj]), FLAGS, tmp_path, 60)
     assert not list(tmp_path.glob(".nvcc-link-*"))
+
+
+def test_a_remembered_link_listing_names_this_links_objects(tmp_path, monkeypatch):
+    """The link's nvcc listing is asked once per shape: a second link of other objects to
+    another output gets nvcc's g++ line with its own objects and output, none of the first's."""
+    from porter.gates import nvcc_split
+
+    monkeypatch.setattr(nvcc_split, "_DRYRUNS", {})
+    a = _obj(tmp_path, "k", KERNEL)
+    b = _obj(tmp_path, "k2", KERNEL.replace("porter_twice", "porter_twice2"))
+    first = host_link.host_link_command(_link_cmd(tmp_path / "a.so", [a]), tmp_path)
+    monkeypatch.setattr(nvcc_split, "dryrun", lambda *a, **k: pytest.fail("nvcc asked again for the same shape"))
+    second = host_link.host_link_command(_link_cmd(tmp_path / "b.so", [b]), tmp_path)
+    assert first and second
+    assert str(b) in second[0] and str(tmp_path / "b.so") in second[0]
+    assert str(a) not in second[0] and str(tmp_path / "a.so") not in second[0]
+    assert [x for x in second[0] if x not in (str(b), str(tmp_path / "b.so"))] == \
+        [x for x in first[0] if x not in (str(a), str(tmp_path / "a.so"))]
+    assert host_link.link(_link_cmd(tmp_path / "b.so", [b]), FLAGS, tmp_path, 120) == "ok"
+    assert "porter_twice2" in _dynamic(tmp_path / "b.so")[0]

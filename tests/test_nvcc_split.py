@@ -122,3 +122,40 @@ def test_concurrent_split_compiles_keep_their_temporaries_apart(target, tmp_path
         results = list(pool.map(one, range(4)))
     assert [r for r, _ in results] == ["ok"] * 4
     assert len({(d / "x.o").read_bytes() for _, d in results}) == 4
+
+
+def _pid_free(steps: list[str]) -> list[str]:
+    import re
+
+    return [re.sub(r"tmpxft_[0-9a-f]+_", "tmpxft_<pid>_", s) for s in steps]
+
+
+def test_a_remembered_dryrun_is_what_nvcc_would_list(target, tmp_path, monkeypatch):
+    """nvcc is asked once per command shape; a later compile in another folder, to another output,
+    with another private TMPDIR gets exactly the steps nvcc itself would list for it (only the
+    temporaries' pid differs), and its environment lines."""
+    monkeypatch.setattr(nvcc_split, "_DRYRUNS", {})
+    asked = []
+    real = nvcc_split.dryrun
+    monkeypatch.setattr(nvcc_split, "dryrun", lambda *a, **k: asked.append(a[0]) or real(*a, **k))
+    dirs = [tmp_path / "a" / "tu", tmp_path / "bb" / "tu2"]
+    for d in dirs:
+        d.mkdir(parents=True)
+        _tu(d)
+    plans = [nvcc_split.plan(_cmd(target, d / f"out{i}.o"), d) for i, d in enumerate(dirs)]
+    assert len(asked) == 1 and all(plans)
+    second = plans[1]
+    env = dict(__import__("os").environ, TMPDIR=str(second.tmpdir))
+    fresh = real(_cmd(target, dirs[1] / "out1.o"), env, dirs[1])
+    assert _pid_free([*second.host[:1], *second.device, second.final]) == _pid_free(
+        [fresh[0], *fresh[2:6], fresh[-1]])
+    assert all(str(dirs[0]) not in s for s in [*second.host, *second.device, second.final])
+    assert {k: v for k, v in env.items() if k != "TMPDIR"} == {k: v for k, v in second.env.items() if k != "TMPDIR"}
+    for p in plans:
+        shutil.rmtree(p.tmpdir)
+    # a compile the remembered listing serves makes the same object as plain nvcc
+    assert nvcc_split.compile_split(_cmd(target, dirs[1] / "split.o"), dirs[1], "4" * 64, UNIT, 120) == "ok"
+    assert len(asked) == 1
+    subprocess.run(_cmd(target, dirs[1] / "plain.o"), cwd=dirs[1], check=True, capture_output=True)
+    strip = lambda syms: {s for s in syms if "_GLOBAL__N_" not in s}  # noqa: E731
+    assert strip(_defined(dirs[1] / "split.o")) == strip(_defined(dirs[1] / "plain.o"))

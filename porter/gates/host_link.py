@@ -46,7 +46,10 @@ def host_link_command(nvcc_cmd: list[str], scratch: Path) -> tuple[list[str], di
     tmpdir = Path(tempfile.mkdtemp(prefix=".nvcc-link-", dir=scratch))
     env = dict(os.environ, TMPDIR=str(tmpdir))
     try:
-        steps = nvcc_split.dryrun(nvcc_cmd, env)
+        # the objects (each its content hash) and the output vary from link to link
+        out = nvcc_cmd[nvcc_cmd.index("-o") + 1] if "-o" in nvcc_cmd[:-1] else None
+        objects = [a for a in nvcc_cmd if a.endswith(".o")]
+        steps = nvcc_split.dryrun_cached(nvcc_cmd, env, None, [str(tmpdir), *([out] if out else []), *objects])
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
     tools = [nvcc_split.tool_name(s) for s in steps or []]
