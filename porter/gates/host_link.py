@@ -47,9 +47,8 @@ def host_link_command(nvcc_cmd: list[str], scratch: Path) -> tuple[list[str], di
     env = dict(os.environ, TMPDIR=str(tmpdir))
     try:
         # the objects (each its content hash) and the output vary from link to link
-        out = nvcc_cmd[nvcc_cmd.index("-o") + 1] if "-o" in nvcc_cmd[:-1] else None
         objects = [a for a in nvcc_cmd if a.endswith(".o")]
-        steps = nvcc_split.dryrun_cached(nvcc_cmd, env, None, [str(tmpdir), *([out] if out else []), *objects])
+        steps = nvcc_split.dryrun_cached(nvcc_cmd, env, None, [str(tmpdir), *nvcc_split.output_of(nvcc_cmd), *objects])
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
     tools = [nvcc_split.tool_name(s) for s in steps or []]

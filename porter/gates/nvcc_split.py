@@ -49,6 +49,11 @@ class SplitPlan:
     tmpdir: Path
 
 
+def output_of(nvcc_cmd: list[str]) -> list[str]:
+    """The command's `-o` file, as a list of none or one (it varies from build to build)."""
+    return [nvcc_cmd[nvcc_cmd.index("-o") + 1]] if "-o" in nvcc_cmd[:-1] else []
+
+
 def tool_name(cmd: str) -> str:
     first = cmd.split(None, 1)[0].strip('"')
     return Path(first).name
@@ -60,9 +65,8 @@ def plan(nvcc_cmd: list[str], cwd: Path) -> SplitPlan | None:
     # nvcc names its temporaries after its own pid under $TMPDIR: a private TMPDIR keeps them
     # apart from every other compile running now (the dryrun's pid is free again at once)
     env = dict(os.environ, TMPDIR=str(tmpdir))
-    out = nvcc_cmd[nvcc_cmd.index("-o") + 1] if "-o" in nvcc_cmd[:-1] else None
     # tmpdir lies inside cwd: it is named first, so cwd's own occurrences are what is left
-    steps = dryrun_cached(nvcc_cmd, env, cwd, [str(tmpdir), *([out] if out else []), str(cwd)])
+    steps = dryrun_cached(nvcc_cmd, env, cwd, [str(tmpdir), *output_of(nvcc_cmd), str(cwd)])
     tools = [tool_name(s) for s in steps or []]
     expected = ["gcc", "cudafe++", "gcc", "cicc", "ptxas", "fatbinary", "rm", "gcc"]
     if steps is None or tools != expected:

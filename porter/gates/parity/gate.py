@@ -120,7 +120,8 @@ def prepare(spec: UnitSpec, api_fn, ctx: Context, seeds: list[int]) -> list[Prep
     return cases
 
 
-_PREPARED: dict = {}  # (unit, spec, seeds) -> (cases, their Context), the last PREPARED_KEEP (the trace runs 6 ops at once)
+# (unit, spec, seeds) -> (cases, their Context), the last PREPARED_KEEP (the trace runs 6 ops at once)
+_PREPARED: dict = {}
 PREPARED_KEEP = 8
 _PREPARED_LOCK = threading.Lock()
 
