@@ -69,7 +69,12 @@ def test_the_one_architecture_compile_is_split(target, tmp_path):
 def test_split_object_matches_plain_nvcc_and_carries_our_module_id(target, tmp_path):
     tu = _tu(tmp_path)
     key = uuid.uuid4().hex * 2
-    assert nvcc_split.compile_split(_cmd(target, tmp_path / "split.o"), tu, key, UNIT, 120) == "ok"
+    steps: dict[str, float] = {}
+    assert nvcc_split.compile_split(_cmd(target, tmp_path / "split.o"), tu, key, UNIT, 120, step_ms=steps) == "ok"
+    # every step that made the object has its time, under its chain: the bench's compile split
+    assert {"plan", "host:gcc", "host:cudafe++", "device:gcc", "device:cicc", "device:ptxas",
+            "device:fatbinary", "final:gcc"} <= set(steps), steps
+    assert all(v > 0 for k, v in steps.items() if k != "plan"), steps
     subprocess.run(_cmd(target, tmp_path / "plain.o"), cwd=tu, check=True, capture_output=True)
     split, plain = _defined(tmp_path / "split.o"), _defined(tmp_path / "plain.o")
     # the anonymous namespace is named after the module id: ours in the split object

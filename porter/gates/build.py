@@ -141,8 +141,10 @@ class CompileFailure(Exception):
         self.timed_out = timed_out
 
 
-def compile_object(target, name: str, source: bytes, cache: Path) -> tuple[Path, float, bool]:
-    """Object file for `source` (a file named `name`.cu): (path, seconds spent, was it cached)."""
+def compile_object(target, name: str, source: bytes, cache: Path,
+                   step_ms: dict[str, float] | None = None) -> tuple[Path, float, bool]:
+    """Object file for `source` (a file named `name`.cu): (path, seconds spent, was it cached).
+    `step_ms` gets the split compile's step times (nvcc_split.run_split), when it ran one."""
     key = object_key(target, source)
     obj = cache / "objects" / f"{key}.o"
     if obj.is_file():
@@ -153,10 +155,11 @@ def compile_object(target, name: str, source: bytes, cache: Path) -> tuple[Path,
     with key_lock(key):
         if obj.is_file():
             return obj, 0.0, True
-        return _compile_uncached(target, name, source, cache, key, obj)
+        return _compile_uncached(target, name, source, cache, key, obj, step_ms)
 
 
-def _compile_uncached(target, name: str, source: bytes, cache: Path, key: str, obj: Path) -> tuple[Path, float, bool]:
+def _compile_uncached(target, name: str, source: bytes, cache: Path, key: str, obj: Path,
+                      step_ms: dict[str, float] | None) -> tuple[Path, float, bool]:
     tu_dir = cache / "tu" / key[:16]
     tu_dir.mkdir(parents=True, exist_ok=True)
     tu = tu_dir / f"{name}.cu"
@@ -167,7 +170,8 @@ def _compile_uncached(target, name: str, source: bytes, cache: Path, key: str, o
     cmd = [nvcc_path(), "-c", *compile_flags(target), "-o", str(tmp), tu.name]
     t0 = time.monotonic()
     pch_dir = cache / "host-pch" if HOST_PCH else None
-    split = nvcc_split.compile_split(cmd, tu_dir, key, name, NVCC_TIMEOUT_S, pch_dir) if SPLIT_COMPILE else "unsplit"
+    split = nvcc_split.compile_split(cmd, tu_dir, key, name, NVCC_TIMEOUT_S, pch_dir, step_ms) \
+        if SPLIT_COMPILE else "unsplit"
     if split == "ok" and tmp.is_file():
         os.replace(tmp, obj)
         return obj, time.monotonic() - t0, False
@@ -297,8 +301,9 @@ def run(candidate, ctx) -> GateResult:
 
     # 1. the candidate alone: its errors are what the next prompt needs.
     t0 = time.monotonic()
+    steps: dict[str, float] = {}
     try:
-        obj, secs, cached = compile_object(target, unit, source.encode(), cache)
+        obj, secs, cached = compile_object(target, unit, source.encode(), cache, steps)
     except CompileFailure as exc:
         if exc.timed_out:
             return fail("compile", f"nvcc timed out after {NVCC_TIMEOUT_S:.0f} s compiling {unit}.cu",
@@ -309,6 +314,8 @@ def run(candidate, ctx) -> GateResult:
     ev["object_sha256"] = sha256_file(obj)
     ev["compile_seconds"] = round(secs, 2)
     ev["object_cached"] = cached
+    if steps:
+        ev["compile_steps_ms"] = steps
 
     # 2. everything else, from the cache where possible (in parallel where not).
     others = unit_sources(target, unit, source)

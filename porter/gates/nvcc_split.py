@@ -155,21 +155,30 @@ def module_id(key: str, stem: str) -> str:
     return f"_{key[:8]}_{len(safe) + 3}_{safe}_cu_{key[8:16]}"
 
 
-def run_split(p: SplitPlan, cwd: Path, timeout: float, pch_dir: Path | None = None) -> str:
+def run_split(p: SplitPlan, cwd: Path, timeout: float, pch_dir: Path | None = None,
+              step_ms: dict[str, float] | None = None) -> str:
     """The plan's steps, the two chains side by side, then the host compile: "ok", "failed"
     (a step exited non-zero) or "timeout".  With `pch_dir`, the host compile reads the
-    prefix every unit shares from a precompiled header cached there (host_pch.py)."""
+    prefix every unit shares from a precompiled header cached there (host_pch.py).  With
+    `step_ms`, each step's wall time is put there under its chain and tool ("device:cicc"),
+    and the precompiled prefix's lookup under "host:prefix": where a unit's compile goes."""
     deadline = time.monotonic() + timeout
+    times = step_ms if step_ms is not None else {}
 
-    def chain(cmds: list[str]) -> str:
+    def chain(cmds: list[str], label: str) -> str:
         for c in cmds:
             left = deadline - time.monotonic()
             if left <= 0:
                 return "timeout"
+            t0 = time.monotonic()
             try:
                 r = subprocess.run(["bash", "-c", c], capture_output=True, cwd=cwd, env=p.env, timeout=left)
             except subprocess.TimeoutExpired:
                 return "timeout"
+            finally:
+                # a second host compile (the plain one after a failed precompiled one) adds to the first
+                name = f"{label}:{tool_name(c)}"
+                times[name] = round(times.get(name, 0.0) + (time.monotonic() - t0) * 1000, 1)
             if r.returncode != 0:
                 return "failed"
         return "ok"
@@ -177,23 +186,26 @@ def run_split(p: SplitPlan, cwd: Path, timeout: float, pch_dir: Path | None = No
     def host_then_prefix() -> tuple[str, host_pch.PrecompiledCompile | None]:
         # cudafe++ has written the .cudafe1.cpp the host compile reads (cicc writes other files):
         # its prefix is cut and found (or precompiled) here, while the device chain still runs
-        done = chain(p.host)
+        done = chain(p.host, "host")
         if done != "ok" or pch_dir is None:
             return done, None
-        return done, host_pch.precompiled_final(p.final, cwd, p.env, pch_dir, deadline,
-                                                Path(p.module_id_file).read_text().strip())
+        t0 = time.monotonic()
+        found = host_pch.precompiled_final(p.final, cwd, p.env, pch_dir, deadline,
+                                           Path(p.module_id_file).read_text().strip())
+        times["host:prefix"] = round((time.monotonic() - t0) * 1000, 1)
+        return done, found
 
     try:
         with ThreadPoolExecutor(max_workers=2) as pool:
-            host, device = pool.submit(host_then_prefix), pool.submit(chain, p.device)
+            host, device = pool.submit(host_then_prefix), pool.submit(chain, p.device, "device")
             (host_done, pch), device_done = host.result(), device.result()
         for bad in ("timeout", "failed"):
             if bad in (host_done, device_done):
                 return bad
-        if pch is not None and chain([pch.command]) == "ok":
+        if pch is not None and chain([pch.command], "final") == "ok":
             return "ok"
         # no precompiled prefix, or its compile failed: nvcc's own host compile decides
-        plain = chain([p.final])
+        plain = chain([p.final], "final")
         if pch is not None and plain == "ok":
             host_pch.condemn(pch.header_dir, "the host compile failed with it and passed without")
         return plain
@@ -202,12 +214,15 @@ def run_split(p: SplitPlan, cwd: Path, timeout: float, pch_dir: Path | None = No
 
 
 def compile_split(nvcc_cmd: list[str], cwd: Path, key: str, stem: str, timeout: float,
-                  pch_dir: Path | None = None) -> str:
+                  pch_dir: Path | None = None, step_ms: dict[str, float] | None = None) -> str:
     """"ok" when the split steps made the object, "unsplit" when this compile is not of the
     shape we split, "failed" (the caller runs plain nvcc, for nvcc's own diagnostics) or "timeout"."""
+    t0 = time.monotonic()
     p = plan(nvcc_cmd, cwd)
     if p is None:
         return "unsplit"
+    if step_ms is not None:
+        step_ms["plan"] = round((time.monotonic() - t0) * 1000, 1)
     Path(p.module_id_file).write_text(module_id(key, stem))
-    return run_split(p, cwd, timeout, pch_dir)
+    return run_split(p, cwd, timeout, pch_dir, step_ms)
 

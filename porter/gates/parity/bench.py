@@ -81,7 +81,8 @@ def attempt(target, unit: str, text: str, cache: Path, workspace: Path, timeout:
              compile_s=b.evidence.get("compile_seconds"), others_s=b.evidence.get("others_compile_seconds"),
              link_s=b.evidence.get("link_seconds"), parity_child_s=p.evidence.get("child", {}).get("elapsed_s"),
              parity_prepare_s=(p.evidence.get("harness_s") or {}).get("prepare_s"),
-             child_phase_s=p.evidence.get("child", {}).get("phase_s") or {})
+             child_phase_s=p.evidence.get("child", {}).get("phase_s") or {},
+             compile_steps_ms=b.evidence.get("compile_steps_ms") or {})
     return t
 
 
@@ -126,6 +127,9 @@ def main(argv=None) -> int:
                                    for k in ("compile_s", "link_s", "parity_prepare_s", "parity_child_s")},
                 "child_phase_median_s": {k: round(statistics.median(r["child_phase_s"].get(k, 0.0) for r in rows), 4)
                                          for k in sorted({k for r in rows for k in r["child_phase_s"]})},
+                # the compile's steps: device and host chains run side by side, then final
+                "compile_steps_median_ms": {k: statistics.median(r["compile_steps_ms"].get(k, 0.0) for r in rows)
+                                            for k in sorted({k for r in rows for k in r["compile_steps_ms"]})},
                 "all_ok": all(r["ok"] for r in rows)}
 
     def show(name, x):
@@ -134,6 +138,8 @@ def main(argv=None) -> int:
               ", ".join(f"{k} {v:.2f}" for k, v in x["split_median_s"].items()) + f"), all ok={x['all_ok']}")
         if x["child_phase_median_s"]:
             print("    parity child: " + ", ".join(f"{k} {v:.3f}" for k, v in x["child_phase_median_s"].items()))
+        if x["compile_steps_median_ms"]:
+            print("    compile steps (ms): " + ", ".join(f"{k} {v:.0f}" for k, v in x["compile_steps_median_ms"].items()))
 
     if a.build_only:
         res = build_only(target, a.unit, with_nonce, tmp, ws, a.reps)
@@ -200,6 +206,11 @@ def build_only(target, unit, with_nonce, tmp: Path, ws: Path, reps: int) -> dict
                               "rows": rs}
         print(f"  {mode:<12} median {statistics.median(tot):.2f} s, p90 {_pct(tot, 0.9):.2f} s over {len(rs)} "
               f"(compile median {statistics.median(comp):.2f} s), all ok={all(r['ok'] for r in rs)}")
+        steps = {k: statistics.median(r["compile_steps_ms"].get(k, 0.0) for r in rs)
+                 for k in sorted({k for r in rs for k in r["compile_steps_ms"]})}
+        out["modes"][mode]["compile_steps_median_ms"] = steps
+        if steps:
+            print("    compile steps (ms): " + ", ".join(f"{k} {v:.0f}" for k, v in steps.items()))
     return out
 
 
