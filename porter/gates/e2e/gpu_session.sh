@@ -19,7 +19,8 @@
 #   cal       ds4: `porter calibrate --known-good upstream` over chunk $CAL_CHUNK (i/n, default
 #             1/1) of the specs, report in $OUT/calibration_<i>of<n>.json
 # $UNITS (space-separated API functions) narrows trace and cal to those specs: a re-run of the
-# specs a fix touched, on the same machine as the rest of the table
+# specs a fix touched, on the same machine as the rest of the table; $CAL_FLAGS adds flags to the
+# cal step's `porter calibrate` (e.g. --no-variants where the trace already ran the variants)
 # ds4 needs the checkout at $PORTER_DS4_SOURCE (default external/ds4) and ~25 GB
 # free under $DS4_SCRATCH.  Results go to $OUT.  prebuild, trace and cal stop after $LONG_STEP_S
 # (default 590: inside one device call); a session run in the background (setsid) may set more.
@@ -91,7 +92,7 @@ PY
           --json "$OUT/trace_${chunk/\//of}.json" 2>&1 | tee "$OUT/trace_${chunk/\//of}.log" ;;
     cal)
       chunk=${CAL_CHUNK:-1/1}
-      timeout "$LONG_STEP_S" python3 -m porter calibrate --target ds4 --known-good upstream --jobs 6 --chunk "$chunk" "${unit_args[@]}" \
+      timeout "$LONG_STEP_S" python3 -m porter calibrate --target ds4 --known-good upstream --jobs 6 --chunk "$chunk" "${unit_args[@]}" ${CAL_FLAGS:-} \
           --report "$OUT/calibration_${chunk/\//of}.json" 2>&1 | tee "$OUT/calibration_${chunk/\//of}.log" ;;
     *) echo "unknown step $step" ;;
   esac
