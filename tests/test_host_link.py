@@ -58,6 +58,23 @@ def test_host_link_keeps_nvcc_line_but_the_device_link_object(tmp_path):
     assert "-lcudart" in cmd and "defs" in cmd  # our libraries and -z defs are still there
 
 
+@pytest.mark.parametrize("callers_tmpdir", [True, False])
+def test_host_link_runs_with_the_callers_tmpdir(tmp_path, monkeypatch, callers_tmpdir):
+    """The dryrun's private TMPDIR (already deleted) must not reach g++, nor drop the caller's own:
+    the linker writes its temporaries where the user pointed them."""
+    obj = _obj(tmp_path, "k", KERNEL)
+    own = tmp_path / "own-tmp"
+    own.mkdir()
+    if callers_tmpdir:
+        monkeypatch.setenv("TMPDIR", str(own))
+    else:
+        monkeypatch.delenv("TMPDIR", raising=False)
+    plan = host_link.host_link_command(_link_cmd(tmp_path / "t.so", [obj]), tmp_path)
+    assert plan is not None
+    _cmd, env = plan
+    assert env.get("TMPDIR") == (str(own) if callers_tmpdir else None)
+
+
 def test_host_linked_library_exports_and_needs_what_nvcc_linked_one_does(tmp_path):
     obj = _obj(tmp_path, "k", KERNEL)
     a, b = tmp_path / "host.so", tmp_path / "nvcc.so"

@@ -63,7 +63,11 @@ def host_link_command(nvcc_cmd: list[str], scratch: Path) -> tuple[list[str], di
     if final.count(dlink_obj) != 1 or "-shared" not in final:
         return None
     final.remove(dlink_obj)
-    env.pop("TMPDIR", None)
+    # the private TMPDIR was for the dryrun's names: g++ gets the caller's own (or none, as it had)
+    if "TMPDIR" in os.environ:
+        env["TMPDIR"] = os.environ["TMPDIR"]
+    else:
+        env.pop("TMPDIR", None)
     return final, env
 
 
