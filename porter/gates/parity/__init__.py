@@ -138,7 +138,7 @@ def run(candidate, ctx) -> GateResult:
     sanitize = opts.sanitize
     if sanitize is None:
         sanitize = os.environ.get("PORTER_PARITY_SANITIZE", "") not in ("", "0", "off")
-    extra = {}
+    extra = {}  # only a unit spec's run takes `prepared` (start_ahead makes none for a scenario)
     ahead = ctx.parity_ahead
     if ahead is not None:
         try:

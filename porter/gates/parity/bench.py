@@ -125,11 +125,9 @@ def main(argv=None) -> int:
                                     for k in ("extract", "static", "build", "parity")},
                 "split_median_s": {k: statistics.median((r[k] or 0.0) for r in rows)
                                    for k in ("compile_s", "link_s", "parity_prepare_s", "parity_child_s")},
-                "child_phase_median_s": {k: round(statistics.median(r["child_phase_s"].get(k, 0.0) for r in rows), 4)
-                                         for k in sorted({k for r in rows for k in r["child_phase_s"]})},
+                "child_phase_median_s": {k: round(v, 4) for k, v in _key_medians(rows, "child_phase_s").items()},
                 # the compile's steps: device and host chains run side by side, then final
-                "compile_steps_median_ms": {k: statistics.median(r["compile_steps_ms"].get(k, 0.0) for r in rows)
-                                            for k in sorted({k for r in rows for k in r["compile_steps_ms"]})},
+                "compile_steps_median_ms": _key_medians(rows, "compile_steps_ms"),
                 "all_ok": all(r["ok"] for r in rows)}
 
     def show(name, x):
@@ -138,8 +136,7 @@ def main(argv=None) -> int:
               ", ".join(f"{k} {v:.2f}" for k, v in x["split_median_s"].items()) + f"), all ok={x['all_ok']}")
         if x["child_phase_median_s"]:
             print("    parity child: " + ", ".join(f"{k} {v:.3f}" for k, v in x["child_phase_median_s"].items()))
-        if x["compile_steps_median_ms"]:
-            print("    compile steps (ms): " + ", ".join(f"{k} {v:.0f}" for k, v in x["compile_steps_median_ms"].items()))
+        _show_steps(x["compile_steps_median_ms"])
 
     if a.build_only:
         res = build_only(target, a.unit, with_nonce, tmp, ws, a.reps)
@@ -206,12 +203,20 @@ def build_only(target, unit, with_nonce, tmp: Path, ws: Path, reps: int) -> dict
                               "rows": rs}
         print(f"  {mode:<12} median {statistics.median(tot):.2f} s, p90 {_pct(tot, 0.9):.2f} s over {len(rs)} "
               f"(compile median {statistics.median(comp):.2f} s), all ok={all(r['ok'] for r in rs)}")
-        steps = {k: statistics.median(r["compile_steps_ms"].get(k, 0.0) for r in rs)
-                 for k in sorted({k for r in rs for k in r["compile_steps_ms"]})}
-        out["modes"][mode]["compile_steps_median_ms"] = steps
-        if steps:
-            print("    compile steps (ms): " + ", ".join(f"{k} {v:.0f}" for k, v in steps.items()))
+        out["modes"][mode]["compile_steps_median_ms"] = steps = _key_medians(rs, "compile_steps_ms")
+        _show_steps(steps)
     return out
+
+
+def _key_medians(rows: list[dict], field: str) -> dict[str, float]:
+    """Per key of the rows' `field` dicts, the median over the rows (0 where a row lacks the key)."""
+    return {k: statistics.median(r[field].get(k, 0.0) for r in rows)
+            for k in sorted({k for r in rows for k in r[field]})}
+
+
+def _show_steps(steps: dict[str, float]) -> None:
+    if steps:
+        print("    compile steps (ms): " + ", ".join(f"{k} {v:.0f}" for k, v in steps.items()))
 
 
 def nvcc_phases(target, source: str, tmp: Path) -> dict:
