@@ -198,6 +198,24 @@ def test_a_rule_that_does_not_match_is_refused(target, tmp_path):
         d4.scratch_copy(target, tmp_path / "s", 5, [("no such cuda text", "x")])
 
 
+def test_setup_names_every_file_the_reduced_build_is_made_of(target, tmp_path, monkeypatch):
+    """A committed rule holds only for the ds4.c, patches and accessor it was measured with."""
+    from porter.gates.e2e.gate import setup_mismatch
+
+    red = d4.Ds4Reduced(target, tmp_path)
+    calibrated = red.setup()
+    assert setup_mismatch(calibrated, red.setup()) is None
+    e2e_dir = tmp_path / "target" / "e2e"
+    shutil.copytree(target.dir / "e2e", e2e_dir)
+    monkeypatch.setattr(target, "dir", tmp_path / "target")
+    for name, key in (("patches.toml", "patches_sha256"), (d4.ACCESSOR, "accessor_sha256")):
+        original = (e2e_dir / name).read_bytes()
+        (e2e_dir / name).write_bytes(original + b"\n")
+        assert setup_mismatch(calibrated, red.setup()) == f"the rule was calibrated for another {key}"
+        (e2e_dir / name).write_bytes(original)
+    assert setup_mismatch(calibrated, red.setup()) is None
+
+
 def test_make_and_run_commands(tmp_path):
     cpu = d4.make_command(tmp_path, "cpu", jobs=4)
     assert cpu[:7] == ["make", "-C", str(tmp_path), "-f", "Makefile", "-f", d4.MAKE_FRAGMENT]

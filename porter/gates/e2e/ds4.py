@@ -241,6 +241,8 @@ class Ds4Reduced:
                 "stages": self.stage_names, "probes": ["head"], "model_seed": int(self.opts.get("seed", 0)),
                 "ds4_c_sha256": sha256_file(Path(self.target.checkout) / "ds4.c"),
                 "patches_sha256": sha256_file(self.target.dir / "e2e" / "patches.toml"),
+                # the accessor writes the stage and head rows the rule's ceilings were measured on
+                "accessor_sha256": sha256_file(self.target.dir / "e2e" / ACCESSOR),
                 "reference": "ds4 CPU path (make cpu, --cpu)"}
 
     def build_key(self, v: Ds4Variant) -> str:
