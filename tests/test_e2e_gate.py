@@ -259,6 +259,24 @@ def test_gate_is_skipped_without_a_calibration_that_holds(target, tmp_path, cpu_
     assert res.skipped and not res.ok and "uncalibrated" in res.summary
 
 
+def test_gate_refuses_a_calibration_measured_on_other_sources(target, calibration, cpu_library, tmp_path):
+    """A rule whose setup names another engine source is not applied: the backend that passes under
+    the current rule is skipped, naming what changed, and nothing is recorded as verified."""
+    import dataclasses
+
+    from porter.target import Target
+
+    other = dataclasses.replace(calibration, setup=dict(calibration.setup, engine_sha256="0" * 64))
+    cal_mod.save(other, target.dir / "e2e" / "other-engine.json")
+    spec = target.spec.model_copy(update={"e2e": target.spec.e2e.model_copy(
+        update={"calibration": "e2e/other-engine.json"})})
+    t = Target(spec, target.dir, target.checkout, target.workspace)
+    res = run_e2e(t, target.workspace, cpu_library("good", ["-DMINI_CPU_DOT=float"]),
+                  options=E2EOptions(scratch=tmp_path, store=False))
+    assert res.skipped and not res.ok
+    assert "the rule was calibrated for another engine_sha256" in res.summary
+
+
 # ---- pure state functions ----------------------------------------------------------
 
 def _rec(ok, tree_hash, commit, gate="e2e"):
