@@ -1,0 +1,88 @@
+"""porter.sandbox: what a sandboxed process can and cannot see (bubblewrap, no GPU needed)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from porter import sandbox
+
+pytestmark = pytest.mark.skipif(not sandbox.available()[0], reason=f"no sandbox here: {sandbox.available()[1]}")
+
+
+def _run(code: str, **kw) -> subprocess.CompletedProcess:
+    w = sandbox.wrap([sys.executable, "-c", code], **kw)
+    return subprocess.run(w.argv, env=w.env, preexec_fn=w.preexec, capture_output=True, text=True, timeout=60)
+
+
+def test_inside_sees_no_home_no_secrets_no_network_and_no_caps(tmp_path, monkeypatch):
+    home = tmp_path / "porter-home"
+    home.mkdir()
+    (home / "signing_key").write_text("SECRET-KEY-BYTES")
+    monkeypatch.setenv("PORTER_HOME", str(home))
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-FAKE")
+    plan = tmp_path / "plan"
+    plan.mkdir()
+    p = _run("import os, socket, numpy\n"
+             f"print(os.path.exists({str(home)!r}), os.path.exists({os.path.expanduser('~/.bashrc')!r}))\n"
+             "print(sorted(os.environ))\n"
+             "print([l.split()[1] for l in open('/proc/self/status') if l.startswith('CapEff')])\n"
+             "s = socket.socket()\n"
+             "try:\n    s.connect(('1.1.1.1', 53)); print('net')\nexcept OSError: print('no net')\n"
+             "open('written', 'w').write('x')\n", rw=[str(plan)])
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0] == "False False"
+    assert "ANTHROPIC_API_KEY" not in lines[1] and "PORTER_HOME" not in lines[1]
+    assert lines[2] == "['0000000000000000']"
+    assert lines[3] == "no net"
+    assert (plan / "written").read_text() == "x"  # the rw folder is the way out, and the only one
+
+
+def test_a_bind_that_exposes_home_or_porter_home_is_refused(tmp_path, monkeypatch):
+    """The check that keeps the signing key out: fails open if a caller binds a folder above it."""
+    monkeypatch.setenv("PORTER_HOME", str(tmp_path / "ph"))
+    (tmp_path / "ph" / "sub").mkdir(parents=True)
+    for bad in (tmp_path, tmp_path / "ph", tmp_path / "ph" / "sub", os.path.expanduser("~")):
+        with pytest.raises(sandbox.SandboxUnavailable, match="refusing to show"):
+            sandbox.wrap(["true"], rw=[str(bad)])
+
+
+@pytest.mark.parametrize("unsafe", [False, True])
+def test_a_daemon_dies_with_the_sandbox(tmp_path, monkeypatch, unsafe):
+    """setsid + sleep inside: bwrap's init is pid 1 of the namespace, so the daemon ends with the command
+    (and without the sandbox it outlives it: the sandbox is what stops it)."""
+    if unsafe:
+        monkeypatch.setenv(sandbox.UNSAFE_ENV, "1")
+    out = tmp_path / "plan"  # tmp_path itself holds the test's $PORTER_HOME (conftest)
+    out.mkdir()
+    marker = out / "late"
+    p = _run("import os, time\n"
+             "if os.fork() == 0:\n    os.setsid()\n    time.sleep(1.5)\n"
+             f"    open({str(marker)!r}, 'w').write('x')\n    os._exit(0)\n", rw=[str(out)])
+    assert p.returncode == 0, p.stderr
+    import time
+
+    time.sleep(2.5)
+    assert marker.exists() == unsafe
+
+
+def test_limits_are_hard_inside(tmp_path):
+    p = _run("import resource\nprint(resource.getrlimit(resource.RLIMIT_CORE), "
+             "resource.getrlimit(resource.RLIMIT_FSIZE)[1])", limits=sandbox.Limits(file_size=1 << 20))
+    assert p.stdout.split("\n")[0] == f"(0, 0) {1 << 20}", p.stderr
+
+
+def test_unavailable_says_what_is_missing_in_one_line(monkeypatch):
+    monkeypatch.setattr(sandbox, "bwrap_path", lambda: None)
+    sandbox.available.cache_clear()
+    try:
+        ok, why = sandbox.available()
+        assert not ok and why == "bwrap not found: apt-get install bubblewrap"
+        with pytest.raises(sandbox.SandboxUnavailable, match="bwrap not found.*--unsafe-no-sandbox"):
+            sandbox.wrap(["true"])
+        monkeypatch.setenv(sandbox.UNSAFE_ENV, "1")
+        assert sandbox.wrap(["true"]).argv == ["true"] and sandbox.label() == "none"
+    finally:
+        sandbox.available.cache_clear()
