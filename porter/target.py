@@ -54,6 +54,8 @@ class CudaSpec(_Strict):
     library: str
     nvcc_flags: list[str] = Field(default_factory=list)
     link_flags: list[str] = Field(default_factory=list)
+    # the stream units launch on, in words for failure texts: "mini_cuda_stream()", "the legacy default stream (0)"
+    stream: str = "the unit's stream"
 
 
 class FixtureSpec(_Strict):
@@ -64,7 +66,7 @@ class FixtureSpec(_Strict):
 class E2ESpec(_Strict):
     """[e2e]: how porter.gates.e2e builds the engine against a backend and what it compares (see its README)."""
 
-    driver: str  # "minimoe" or "ds4": the porter.gates.e2e driver that builds and runs this engine
+    driver: str  # target-folder-relative Python file: builds and runs this engine (porter.gates.e2e.driver)
     reference: str = "cpu"  # the backend the candidate is compared with
     prompt_tokens: int = Field(16, ge=1)
     decode_steps: int = Field(0, ge=0)  # greedy steps whose tokens must match (0: prefill only)
@@ -87,6 +89,29 @@ class ReferenceSpec(_Strict):
     rules: str | None = None  # relative to the target folder, e.g. "reference_rules.toml"
 
 
+class PerfSpec(_Strict):
+    """[perf]: the regime the perf gate judges in (porter.gates.perf)."""
+
+    enabled: bool = True
+    max_slowdown: float | None = Field(None, gt=0)  # candidate / known-good time limit (perf.py's default)
+    baseline: str | None = None  # "upstream": porter run times the checkout's backend for missing baselines
+    # False where an HBM roofline is no floor for this backend (it reads weights in place from host memory):
+    # without a calibrated known-good, perf is then unmeasured; `regime` says why, in the gate's message
+    roofline_floor: bool = True
+    regime: str = ""
+
+
+class UpstreamSpec(_Strict):
+    """[upstream]: how calibration builds the checkout's own CUDA backend as one library
+    (porter.calibration.libraries.build_upstream)."""
+
+    sources: list[str]  # checkout-relative translation units
+    needs: list[str] = Field(default_factory=list)  # other checkout files they include
+    harness: list[str] = Field(default_factory=list)  # target-folder-relative sources of ours (calibration hooks)
+    link_flags: list[str] = Field(default_factory=list)  # extra link libraries, e.g. -lcublas
+    library: str  # the library's file name
+
+
 class TargetSpec(_Strict):
     name: str
     description: str = ""
@@ -98,9 +123,10 @@ class TargetSpec(_Strict):
     scripted: ScriptedSpec = Field(default_factory=ScriptedSpec)
     provider: dict = Field(default_factory=dict)  # provider defaults, see porter.providers
     census: dict = Field(default_factory=dict)  # tensor-name rules -> units, see porter.scan.census
-    perf: dict = Field(default_factory=dict)  # {enabled, max_slowdown}, see porter.gates.perf
+    perf: PerfSpec = Field(default_factory=PerfSpec)
     e2e: E2ESpec | None = None  # see porter.gates.e2e
     reference: ReferenceSpec | None = None
+    upstream: UpstreamSpec | None = None
 
 
 class Target:

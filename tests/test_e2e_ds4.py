@@ -16,11 +16,13 @@ import numpy as np
 import pytest
 
 from porter.errors import PorterError
-from porter.gates.e2e import ds4 as d4
-from porter.gates.e2e import ds4_gguf as gg
-from porter.gates.e2e import ds4_logprob as lp
+from porter.target_code import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
+# ds4's e2e driver and its helpers, as the gate loads them (targets/ds4/target.toml [e2e] driver)
+d4 = load_file(ROOT / "targets" / "ds4" / "e2e" / "driver.py")
+gg = load_file(ROOT / "targets" / "ds4" / "e2e" / "gguf.py")
+lp = load_file(ROOT / "targets" / "ds4" / "e2e" / "logprob.py")
 DATA = ROOT / "tests" / "data" / "ds4_logprob"
 
 
@@ -363,7 +365,7 @@ def test_calibrate_ds4_builds_once_per_source_and_tabulates(target, tmp_path, mo
     monkeypatch.setattr(libs, "build_upstream", lambda target, mutant=None, out_dir=None: tmp_path / "libds4_cuda.so")
     monkeypatch.setattr(d4, "reference_slices_library", lambda target, cache: tmp_path / "slices" / "libds4_cuda.so")
 
-    cal = d4.calibrate_ds4(target, tmp_path, log=lambda *_: None)
+    cal = d4.calibrate(target, tmp_path, log=lambda *_: None)
     variants = d4.load_variants(target)
     # env-only variants share the upstream build: builds = reference + upstream + porter-library
     # + reference-slices + one per mutant

@@ -24,17 +24,21 @@ from porter.gates.e2e import calibration as cal_mod
 from porter.gates.e2e import tree
 from porter.gates.e2e.compare import PrefillOutputs, compare
 from porter.gates.e2e.gate import E2EOptions, run_e2e
-from porter.gates.e2e.minimoe import Backend, MinimoeEngine
 from porter.gates.e2e.rule import decide
-from porter.gates.e2e.run_calibration import calibrate_minimoe
 from porter.gates.e2e.state import e2e_due, e2e_records_from_ledger, prefill_line, prefill_state
 from porter.target import load_target
+from porter.target_code import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _git(ws: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(ws), *args], check=True, capture_output=True, text=True).stdout
+
+
+def _driver(target):
+    """minimoe's e2e driver, the file the gate loads (target.toml [e2e] driver)."""
+    return load_file(target.dir / target.spec.e2e.driver)
 
 
 @pytest.fixture(scope="module")
@@ -64,17 +68,18 @@ def target(ws):
 
 @pytest.fixture(scope="module")
 def calibration(target, tmp_path_factory) -> cal_mod.Calibration:
-    return calibrate_minimoe(target, tmp_path_factory.mktemp("cal"), "cpu", out=lambda *_: None)
+    return _driver(target).calibrate(target, tmp_path_factory.mktemp("cal"), mode="cpu", log=lambda *_: None)
 
 
 @pytest.fixture(scope="module")
 def recorded(target, calibration, tmp_path_factory) -> dict[str, PrefillOutputs]:
     """Reference and known-good outputs, written to disk and read back (the recorded outputs)."""
     scratch = tmp_path_factory.mktemp("rec")
-    eng = MinimoeEngine(target, scratch, n_prompt=40, n_decode=16)
+    drv = _driver(target)
+    eng = drv.MinimoeEngine(target, scratch, n_prompt=40, n_decode=16)
     out = {}
     for name, flags in (("reference", ["-O2"]), ("float-dot", ["-O2", "-DMINI_CPU_DOT=float"])):
-        o = eng.run(eng.build(Backend(name, cflags=flags)), name)
+        o = eng.run(eng.build(drv.Backend(name, cflags=flags)), name)
         np.savez(scratch / f"{name}.npz", states=o.states, logits=o.logits, tokens=np.array(o.tokens))
         d = np.load(scratch / f"{name}.npz")
         out[name] = PrefillOutputs(d["states"], eng.stage_names, d["logits"], [int(t) for t in d["tokens"]])

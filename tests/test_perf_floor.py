@@ -36,10 +36,11 @@ def test_without_a_baseline_the_roofline_floor_decides(workspace):
     assert good.ok and not good.skipped, good.summary
 
 
-def test_weights_read_from_host_memory_get_no_hbm_floor(workspace, monkeypatch):
-    """ds4's backend reads weights over the host link in place (harness weights = "host"): an HBM roofline
+def test_weights_read_from_host_memory_get_no_hbm_floor(workspace):
+    """ds4's backend reads weights over the host link in place ([perf] roofline_floor = false): an HBM roofline
     refused upstream's own kernels on an H100, so without a calibrated known-good perf is unmeasured."""
-    monkeypatch.setattr(perf, "harness_names", lambda target: {"weights": "host"})
+    toml = workspace / "targets" / TARGET / "target.toml"
+    toml.write_text(toml.read_text() + '\n[perf]\nroofline_floor = false\nregime = "weights read from host memory"\n')
     res = _perf(workspace, _timed(2.5))
     assert res.skipped and not res.ok and "host memory" in res.summary, res.summary
     _calibrate(workspace, 0.02)  # with a known-good baseline the gate decides again

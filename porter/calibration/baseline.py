@@ -29,8 +29,7 @@ NOT_A_CALIBRATION = "known-good baseline only (taken by porter run for the perf 
 
 
 def baseline_source(target) -> str | None:
-    perf = getattr(target.spec, "perf", None) or {}
-    return perf.get("baseline")
+    return target.spec.perf.baseline
 
 
 def times_a_case(spec) -> bool:

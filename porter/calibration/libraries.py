@@ -7,8 +7,8 @@ Three sources of known-good code, one interface (`known_good()`, `mutant(m)`):
   flags, forced include, content-addressed object cache, `-z defs` link), so a
   mutant costs one compile and one link.  A unit without a source gets its
   placeholder, as in a fresh workspace.
-- UpstreamLibraries: the target's own backend from the user's checkout (ds4's
-  ds4_cuda.cu plus our calibration hooks), by the target's recipe, under
+- UpstreamLibraries: the target's own backend from the user's checkout plus our
+  calibration hooks, by the target's [upstream] recipe (target.toml), under
   runs/known-good/<target>/ (never committed); rule mutants are applied to a
   copy of the checkout file at build time.
 - a prebuilt known-good library (`--known-good lib.so`): rule mutants are still
@@ -22,7 +22,6 @@ import os
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 from porter.calibration.mutants import Mutant, scripted_answers
@@ -138,30 +137,11 @@ def sources_from(target, spec: str) -> tuple[dict[str, str], str]:
 # the target's upstream backend
 # ---------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Recipe:
-    """How a target's upstream backend becomes one shared library."""
-
-    sources: tuple[str, ...]  # checkout-relative translation units
-    needs: tuple[str, ...]  # other checkout files they include
-    harness: tuple[str, ...]  # target-folder-relative sources of ours linked in (calibration hooks)
-    libs: tuple[str, ...]  # extra link libraries
-    library: str
-
-
-RECIPES = {
-    # ds4_cuda.cu is one translation unit; it includes ds4_iq2_tables_cuda.inc
-    # (the IQ2 grids) and ds4_gpu.h's declarations, and needs cuBLAS.
-    "ds4": Recipe(sources=("ds4_cuda.cu",), needs=("ds4_iq2_tables_cuda.inc", "ds4_gpu.h"),
-                  harness=("parity/upstream_harness.cu",), libs=("-lcublas",), library="libds4_cuda.so"),
-}
-
-
-def recipe_for(target) -> Recipe:
-    try:
-        return RECIPES[target.name]
-    except KeyError:
-        raise PorterError(f"no upstream build recipe for target {target.name} (known: {', '.join(RECIPES)})") from None
+def recipe_for(target):
+    """The target's [upstream] recipe (target.toml): which checkout files make its backend library."""
+    if target.spec.upstream is None:
+        raise PorterError(f"target {target.name} declares no [upstream] recipe (how its own backend is built)")
+    return target.spec.upstream
 
 
 def build_upstream(target, mutant: Mutant | None = None, out_dir: Path | None = None,
@@ -185,7 +165,7 @@ def build_upstream(target, mutant: Mutant | None = None, out_dir: Path | None = 
     nvcc = build_gate.nvcc_path()
     flags = [*target.spec.cuda.nvcc_flags, "-shared", *extra_flags]
     h = hashlib.sha256()
-    for part in [build_gate.toolchain()["nvcc_version"], " ".join(flags), " ".join(recipe.libs)]:
+    for part in [build_gate.toolchain()["nvcc_version"], " ".join(flags), " ".join(recipe.link_flags)]:
         h.update(str(part).encode() + b"\0")
     for name in sorted(sources):
         h.update(name.encode() + b"\0" + sources[name].encode() + b"\0")
@@ -211,7 +191,7 @@ def build_upstream(target, mutant: Mutant | None = None, out_dir: Path | None = 
     # libcublas must resolve there even when the loader's path does not name the toolkit
     rpath = build_gate.toolkit_rpath(nvcc)
     cmd = [nvcc, *flags, "-I", str(checkout), "-o", str(tmp), *map(str, src_paths), *map(str, harness), *rpath,
-           *recipe.libs]
+           *recipe.link_flags]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
     except subprocess.TimeoutExpired:

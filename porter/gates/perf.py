@@ -28,7 +28,6 @@ says "verified (perf unmeasured)", never plain "verified".
 from __future__ import annotations
 
 from porter.evidence import load_evidence
-from porter.gates.parity.gate import harness_names
 from porter.gates.result import GateResult
 
 DEFAULT_MAX_SLOWDOWN = 8.0
@@ -38,8 +37,8 @@ FLAG_FASTER = 10.0  # known-good / candidate above this: flagged for review (Ker
 
 
 def perf_settings(target) -> tuple[bool, float]:
-    perf = getattr(target.spec, "perf", None) or {}
-    return bool(perf.get("enabled", True)), float(perf.get("max_slowdown", DEFAULT_MAX_SLOWDOWN))
+    perf = target.spec.perf
+    return perf.enabled, perf.max_slowdown or DEFAULT_MAX_SLOWDOWN
 
 
 def baseline(history, unit: str, spec_sha256: str | None) -> tuple[dict | None, str]:
@@ -77,12 +76,13 @@ def run(candidate, ctx) -> GateResult:
     base, why = baseline(ctx.history, unit, spec_sha)
     if base is not None and base.get("case") != mine.get("case"):
         base, why = None, f"baseline timed {base.get('case')!r}, candidate {mine.get('case')!r}"
-    if base is None and harness_names(target).get("weights") == "host":
+    if base is None and not target.spec.perf.roofline_floor:
         # measured on an H100: upstream ds4's own matmul, top-k and MoE kernels fell under a floor computed
         # from HBM bandwidth, because the backend reads its weights over the host link in place; only a
         # calibrated known-good can judge such a backend
+        regime = target.spec.perf.regime or "[perf] roofline_floor = false"
         return GateResult("perf", False, f"perf skipped: {why}; the roofline floor assumes device-resident "
-                          f"bytes and {target.name} reads its weights from host memory", skipped=True,
+                          f"bytes, and {target.name} has no such floor ({regime})", skipped=True,
                           evidence=dict(facts, candidate=mine))
     if base is None:
         return against_floor(mine, facts, why)

@@ -7,8 +7,7 @@ Modules, one job each:
   tree         the backend tree hash an e2e record is bound to
   state        prefill_state (for status) and e2e_due (for porter run)
   gate         run_e2e(target, workspace_root, library_path, options=...) -> GateResult
-  minimoe      building and running minimoe's engine against a backend
-  ds4_*        ds4 reduced: synthetic real-width GGUF, scratch build, logprob vectors
+  target_driver  what a target's e2e driver (targets/<t>/e2e/driver.py: builds and runs its engine) provides
 """
 
 from porter.gates.e2e.gate import E2EOptions, run_e2e

@@ -1,17 +1,12 @@
-"""python3 -m porter.gates.e2e {calibrate,run} --target NAME ...
+"""python3 -m porter.gates.e2e {calibrate,run,<driver command>} --target NAME ...
 
-  calibrate  run every backend of targets/NAME/e2e/variants.toml (mode cpu: the CPU rows;
-             mode cuda: all rows, faults on porter's scripted CUDA backend), print the table,
-             and with --write store the rule where target.toml's [e2e] calibration names it
+  calibrate  run every backend of targets/NAME/e2e/variants.toml through the target's driver
+             (--mode cpu: the CPU rows where the driver has them; cuda: all rows), print the
+             table, and with --write store the rule where target.toml's [e2e] calibration names it
   run        the gate itself: --library PATH (the workspace's backend), or --library scripted
              (build porter's CUDA backend from the scripted good answers; evidence is then
              not stored, since that library is not the workspace's tree)
-  logprob    ds4: build ds4_test against --library and run the official logprob vectors on
-             --model (the user's real GGUF); the result is stored as e2e evidence
-  prepare    ds4: write the synthetic GGUF and run every build into --scratch (the slow half
-             of `calibrate`, which then reuses them)
-  build      minimoe: build every calibration backend of --mode and link the engines, run
-             nothing (checks the plan on a machine without a GPU)
+  other      the commands the target's e2e driver adds (its COMMANDS; listed by --help with --target)
 """
 
 from __future__ import annotations
@@ -26,8 +21,9 @@ from porter.errors import PorterError
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m porter.gates.e2e")
-    ap.add_argument("command", choices=["calibrate", "run", "logprob", "build", "prepare"])
+    ap = argparse.ArgumentParser(prog="python3 -m porter.gates.e2e", description=__doc__.split("\n\n")[0],
+                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("command", help="calibrate, run, or a command of the target's driver")
     ap.add_argument("--target", required=True)
     ap.add_argument("--workspace", type=Path, default=Path("."))
     ap.add_argument("--source", default=None, help="the target's source checkout")
@@ -40,43 +36,32 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     t0 = time.monotonic()
     try:
+        from porter.gates.e2e.target_driver import commands, load_driver
         from porter.target import load_target
 
         target = load_target(args.workspace, args.target, args.source)
-        if target.spec.e2e is None:
-            raise PorterError(f"target {target.name} declares no [e2e]")
+        driver = load_driver(target)
         scratch = args.scratch or Path(tempfile.mkdtemp(prefix=f"porter-e2e-{target.name}-"))
+        extra = commands(driver)
         if args.command == "calibrate":
-            return _calibrate(target, args, scratch, t0)
-        if args.command == "logprob":
-            return _logprob(target, args, scratch, t0)
-        if args.command == "build":
-            return _build(target, args, scratch, t0)
-        if args.command == "prepare":
-            from porter.gates.e2e.ds4 import prepare_ds4
-
-            prepare_ds4(target, scratch, args.model)
-            print(f"wall time {time.monotonic() - t0:.1f}s")
-            return 0
-        return _run(target, args, scratch, t0)
+            return _calibrate(driver, target, args, scratch, t0)
+        if args.command == "run":
+            return _run(target, args, scratch, t0)
+        if args.command not in extra:
+            raise PorterError(f"unknown command {args.command!r} for target {target.name} (calibrate, run"
+                              + "".join(f", {c}" for c in extra) + ")")
+        rc = extra[args.command][1](target, args, scratch)
+        print(f"wall time {time.monotonic() - t0:.1f}s")
+        return rc
     except PorterError as exc:
         print(f"porter: error: {exc}", file=sys.stderr)
         return exc.exit_code if hasattr(exc, "exit_code") else 2
 
 
-def _calibrate(target, args, scratch: Path, t0: float) -> int:
+def _calibrate(driver, target, args, scratch: Path, t0: float) -> int:
     from porter.gates.e2e import calibration as cal_mod
 
-    if target.spec.e2e.driver == "minimoe":
-        from porter.gates.e2e.run_calibration import calibrate_minimoe
-
-        cal = calibrate_minimoe(target, scratch, args.mode, args.model)
-    elif target.spec.e2e.driver == "ds4":
-        from porter.gates.e2e.ds4 import calibrate_ds4
-
-        cal = calibrate_ds4(target, scratch, args.model, library=args.library)
-    else:
-        raise PorterError(f"unknown e2e driver {target.spec.e2e.driver!r}")
+    cal = driver.calibrate(target, scratch, mode=args.mode, model=args.model, library=args.library)
     print(cal.table())
     if args.out:
         cal_mod.save(cal, args.out)
@@ -95,9 +80,10 @@ def _run(target, args, scratch: Path, t0: float) -> int:
 
     store = True
     if args.library in (None, "scripted"):
-        from porter.gates.e2e.minimoe import CudaLibraries
+        from porter.calibration.libraries import SourceLibraries, sources_from
 
-        lib = CudaLibraries(target, scratch).library()
+        sources, origin = sources_from(target, "scripted")
+        lib = SourceLibraries(target, scratch / "cuda-cache", sources, origin).library(sources, tag="scripted")
         store = False
     else:
         lib = Path(args.library)
@@ -107,31 +93,6 @@ def _run(target, args, scratch: Path, t0: float) -> int:
         print(res.diagnostics)
     print(f"wall time {time.monotonic() - t0:.1f}s" + ("" if store else " (evidence not stored: scripted library)"))
     return 0 if res.ok else 1
-
-
-def _logprob(target, args, scratch: Path, t0: float) -> int:
-    from porter.gates.e2e.ds4_logprob import run_logprob_vectors
-
-    if not args.model or not args.library:
-        raise PorterError("logprob needs --model (the real GGUF) and --library (the workspace's backend)")
-    res = run_logprob_vectors(target, args.workspace, Path(args.library), args.model, scratch)
-    print(res.summary)
-    print(f"wall time {time.monotonic() - t0:.1f}s")
-    return 0 if res.ok else 1
-
-
-def _build(target, args, scratch: Path, t0: float) -> int:
-    from porter.gates.e2e.minimoe import Backend, CudaLibraries, MinimoeEngine, plan_variants
-
-    spec = target.spec.e2e
-    eng = MinimoeEngine(target, scratch, args.model, n_prompt=spec.prompt_tokens, n_decode=spec.decode_steps)
-    cuda = CudaLibraries(target, scratch) if args.mode == "cuda" else None
-    plans = plan_variants(target, args.mode, cuda)
-    eng.build(Backend("reference"))
-    for p in plans:
-        print(f"{p.kind:<7} {p.name:<40} {eng.build(p.backend)}")
-    print(f"{len(plans)} variants built in {time.monotonic() - t0:.1f}s (nothing run)")
-    return 0
 
 
 if __name__ == "__main__":

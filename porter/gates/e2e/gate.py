@@ -1,7 +1,8 @@
 """The e2e gate: the target's engine on the workspace's backend vs the reference backend, one prefill.
 
-run_e2e builds the engine twice in a scratch folder (reference backend;
-candidate = the workspace's CUDA library), runs the same prefill on both,
+run_e2e has the target's driver (porter.gates.e2e.target_driver) build the
+engine twice in a scratch folder (reference backend; candidate = the
+workspace's CUDA library) and run the same prefill on both, then
 compares the residual stream per stage and token, and decides with the
 target's calibrated rule (porter.gates.e2e.calibration).  A rule that is
 missing, does not hold, or was calibrated for another setup (model, prompt,
@@ -26,8 +27,9 @@ from porter.digest import sha256_file
 from porter.errors import PorterError
 from porter.gates.e2e import calibration as cal_mod
 from porter.gates.e2e import tree
-from porter.gates.e2e.compare import PrefillOutputs, ReferenceFailure, compare, worst
+from porter.gates.e2e.compare import ReferenceFailure, compare, worst
 from porter.gates.e2e.rule import decide
+from porter.gates.e2e.target_driver import load_driver
 from porter.gates.result import GateResult
 
 GATE = "e2e"
@@ -55,28 +57,6 @@ def _toolchain() -> dict:
             "python": platform.python_version(), "numpy": np.__version__}
 
 
-def prefill_pair(target, scratch: Path, library: Path, model: Path | None) -> tuple[PrefillOutputs, list, dict]:
-    """(reference outputs, the candidate's outputs of [e2e] runs prefills, setup) from the target's driver."""
-    spec = target.spec.e2e
-    if spec.driver == "minimoe":
-        from porter.gates.e2e.minimoe import Backend, MinimoeEngine
-
-        eng = MinimoeEngine(target, scratch, model, n_prompt=spec.prompt_tokens, n_decode=spec.decode_steps)
-        try:
-            ref = eng.run(eng.build(Backend("reference")), "reference")
-        except PorterError as exc:
-            raise ReferenceFailure(f"reference backend: {exc}") from exc
-        built = eng.build(Backend("candidate", library=Path(library)))
-        cands = [eng.run(built, "candidate") for _ in range(spec.runs)]
-        return ref, cands, dict(eng.setup(), runs=spec.runs)
-    if spec.driver == "ds4":
-        from porter.gates.e2e.ds4 import ds4_prefill_pair
-
-        ref, cand, setup = ds4_prefill_pair(target, scratch, library, model)
-        return ref, [cand], setup
-    raise PorterError(f"target {target.name}: unknown e2e driver {spec.driver!r} (minimoe, ds4)")
-
-
 def setup_mismatch(calibrated: dict, now: dict) -> str | None:
     for key in sorted(set(calibrated) | set(now)):
         if key in ("device", "mode"):  # facts about the calibration run, not about what the rule holds for
@@ -98,6 +78,7 @@ def run_e2e(target, workspace_root: Path, library_path: Path, *, options: E2EOpt
     cal_path = target.dir / spec.calibration
     try:
         rule, cal_setup, cal_sha = cal_mod.load_rule(cal_path)
+        driver = load_driver(target)
     except PorterError as exc:
         return GateResult(GATE, False, f"e2e skipped: {exc}", skipped=True)
 
@@ -110,7 +91,7 @@ def run_e2e(target, workspace_root: Path, library_path: Path, *, options: E2EOpt
     scratch = Path(opts.scratch) if opts.scratch else Path(tempfile.mkdtemp(prefix=f"porter-e2e-{target.name}-"))
     t0 = time.monotonic()
     try:
-        ref, cands, setup = prefill_pair(target, scratch, lib, opts.model)
+        ref, cands, setup = driver.prefill_pair(target, scratch, lib, opts.model)
     except ReferenceFailure as exc:
         return GateResult(GATE, False, f"e2e skipped: {exc}"[:400], skipped=True)
     except PorterError as exc:

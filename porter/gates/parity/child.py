@@ -23,7 +23,7 @@ different inputs):
      the model map is a fresh host buffer, mini_cuda_forget_models() is called
      and the map is uploaded again before the call;
   2. on one pass per case, drawn at random here (and on the next pass too when
-     that probe was inconclusive), the unit's stream (mini_cuda_stream()) is
+     that probe was inconclusive), the unit's stream (target.toml's [cuda] stream) is
      held by a timed spin kernel, the unit is called, and while the hold lasts
      the outputs are read on an unrelated non-blocking stream: a unit that
      orders its work on its stream cannot have written anything yet;

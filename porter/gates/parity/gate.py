@@ -342,9 +342,10 @@ VALUE_CHECKS = {"sentinel", "exact", "tie-rule", "values"}
 
 
 def evaluate(spec: UnitSpec, cases: list[PreparedCase], results: dict, outputs,
-             success: str = "zero") -> tuple[list[Failure], list[dict]]:
+             success: str = "zero", stream: str = "the unit's stream") -> tuple[list[Failure], list[dict]]:
     """Failures by check, and a report per case.  `success`: the API's convention for a
-    successful return ("zero", as mini_gpu.h; "nonzero", as ds4_gpu.h)."""
+    successful return ("zero", as mini_gpu.h; "nonzero", as ds4_gpu.h); `stream`: the target's
+    [cuda] stream, in words, for the stream checks' texts."""
     def succeeded(rc) -> bool:
         if rc is None:
             return True
@@ -386,11 +387,11 @@ def evaluate(spec: UnitSpec, cases: list[PreparedCase], results: dict, outputs,
                                  f"first at byte {c['first']})"))
             probe = prec.get("probe") or {}
             if probe.get("status") == "changed":
-                f.append(Failure("stream", label, p, f"{', '.join(probe['changed'])} written while mini_cuda_stream() "
+                f.append(Failure("stream", label, p, f"{', '.join(probe['changed'])} written while {stream} "
                                  "was still held by the harness: the work did not run on the unit's stream"))
             if prec.get("settle_changed"):
                 f.append(Failure("stream", label, p, f"{', '.join(prec['settle_changed'])} still changing after "
-                                 "mini_cuda_stream() was synchronized: work left running on another stream"))
+                                 f"{stream} was synchronized: work left running on another stream"))
             if case.shape.expect == "ok" and succeeded(rc):
                 vf = _value_failures(spec, case, p, call, outputs, metrics)
                 value_fail[p] = vf
@@ -554,7 +555,8 @@ def _run_spec(target, spec: UnitSpec, library: Path, *, workspace: Path | None =
         limit = timeout or float(os.environ.get("PORTER_PARITY_TIMEOUT", DEFAULT_TIMEOUT_S))
         outcome = pool.executor(mode).run(plan_dir, limit)
         outputs = _load_outputs(plan_dir)
-        failures, reports = evaluate(spec, cases, outcome.results, outputs, success=harness.get("success", "zero"))
+        failures, reports = evaluate(spec, cases, outcome.results, outputs, success=harness.get("success", "zero"),
+                                     stream=target.spec.cuda.stream)
         blind = zero_answer_passes(spec, cases)
         labels = {c.id: c.shape.label for c in cases}
         failures = _outcome_failures(outcome, labels) + failures

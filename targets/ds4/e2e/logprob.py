@@ -26,12 +26,19 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from porter.target_code import sibling
+
 _CASE = re.compile(r"^ds4-test: vector (\S+)$")
 _SKIP = re.compile(r"^ds4-test: vector (\S+) skipped \((.*)\)$")
 _STEP = re.compile(r"^ds4-test: vector (\S+) step (\d+) (.*)$")
 _ASSERT = re.compile(r"^(\S+:\d+): assertion failed: (.*)$")
 _VERDICT = re.compile(r"^logprob-vectors: (OK|ERR)\b")
 _DELTA = re.compile(r"local=(\S+) official=(\S+)")
+
+
+def _driver():
+    """e2e/driver.py beside this file (it builds the scratch copy ds4_test is made in)."""
+    return sibling(__file__, "driver")
 
 
 @dataclass
@@ -59,10 +66,9 @@ class LogprobResult:
 def build_command(build_dir: Path, library: Path | None, cuda_arch: str = "sm_90", jobs: int = 16) -> list[str]:
     """make ds4_test in the scratch copy (porter's patched copy: it links our accessor, inert unless
     its environment asks); with `library`, porter's backend replaces ds4_cuda.o."""
-    from porter.gates.e2e.ds4 import MAKE_FRAGMENT
-
     backend = str(Path(library).resolve()) if library is not None else "ds4_cuda.o"
-    cmd = ["make", "-C", str(build_dir), "-f", "Makefile", "-f", MAKE_FRAGMENT, f"-j{jobs}", "ds4_test",
+    cmd = ["make", "-C", str(build_dir), "-f", "Makefile", "-f", _driver().MAKE_FRAGMENT, f"-j{jobs}",
+           "ds4_test",
            f"CUDA_ARCH={cuda_arch}", f"CORE_OBJS=ds4.o ds4_e2e_accessor.o {backend}"]
     if library is not None:
         lib = Path(library).resolve()
@@ -136,7 +142,6 @@ def run_logprob_vectors(target, workspace: Path, library: Path, model: Path, scr
 
     from porter.errors import PorterError
     from porter.gates.e2e import tree
-    from porter.gates.e2e.ds4 import scratch_copy
     from porter.digest import sha256_file
     from porter.gates.e2e.gate import UNIT, _toolchain
     from porter.gates.result import GateResult
@@ -144,7 +149,7 @@ def run_logprob_vectors(target, workspace: Path, library: Path, model: Path, scr
     model = Path(model)
     if not model.is_file():
         return GateResult("e2e", False, f"logprob vectors skipped: no model at {model}", skipped=True)
-    build = scratch_copy(target, Path(scratch) / "ds4-full", FULL_LAYERS)
+    build = _driver().scratch_copy(target, Path(scratch) / "ds4-full", FULL_LAYERS)
     cmd = build_command(build, library, cuda_arch)
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:

@@ -1,4 +1,5 @@
-"""minimoe's e2e driver: its engine linked with a backend, one prefill + greedy decode, outputs read back.
+"""minimoe's e2e driver (porter.gates.e2e.target_driver): its engine linked with a backend, one prefill +
+greedy decode, outputs read back.
 
 The engine (targets/minimoe/engine.c) is compiled once; a backend is either
 the CPU reference (mini_cpu.c, compiled with given flags) or a CUDA library
@@ -25,8 +26,9 @@ from porter.digest import sha256_file
 from porter.calibration.libraries import SourceLibraries, sources_from
 from porter.calibration.mutants import adversarial
 from porter.errors import PorterError
+from porter.gates.e2e import calibration as cal_mod
 from porter.gates.e2e import cbuild
-from porter.gates.e2e.compare import PrefillOutputs
+from porter.gates.e2e.compare import Comparison, PrefillOutputs, ReferenceFailure, compare, worst
 
 RUN_TIMEOUT_S = 120
 REFERENCE_CFLAGS = ["-O2"]
@@ -290,3 +292,86 @@ def plan_variants(target, mode: str, cuda: CudaLibraries | None) -> list[Variant
                 plans.append(VariantPlan(name, kind, why, Backend(name, library=cuda.library(
                     nvcc_extra=list(v.get("nvcc_flags", []))))))
     return plans
+
+
+# ---------------------------------------------------------------- the driver interface
+
+UNIT_SWAP_BASE = "cuda-scripted"  # the backend the adversarial units are swapped into (variants.toml)
+
+
+def _engine(target, scratch: Path, model: Path | None) -> MinimoeEngine:
+    spec = target.spec.e2e
+    return MinimoeEngine(target, scratch, model, n_prompt=spec.prompt_tokens, n_decode=spec.decode_steps)
+
+
+def prefill_pair(target, scratch: Path, library: Path, model: Path | None):
+    """The gate: the CPU reference vs [e2e] runs prefills of the engine linked with `library`."""
+    runs = target.spec.e2e.runs
+    eng = _engine(target, scratch, model)
+    try:
+        ref = eng.run(eng.build(Backend("reference")), "reference")
+    except PorterError as exc:
+        raise ReferenceFailure(f"reference backend: {exc}") from exc
+    built = eng.build(Backend("candidate", library=Path(library)))
+    return ref, [eng.run(built, "candidate") for _ in range(runs)], dict(eng.setup(), runs=runs)
+
+
+def calibrate(target, scratch: Path, *, mode: str = "cpu", model: Path | None = None, library: str | None = None,
+              log=print) -> cal_mod.Calibration:
+    """Every backend of e2e/variants.toml for `mode` ('cpu': the CPU rows; 'cuda': all, faults on the
+    scripted CUDA backend) through the gate's prefill."""
+    spec = target.spec.e2e
+    if mode not in ("cpu", "cuda"):
+        raise PorterError(f"calibration mode {mode!r} (cpu or cuda)")
+    eng = _engine(target, scratch, model)
+    ref = eng.run(eng.build(Backend("reference")), "reference")
+    log(f"reference  mini_cpu.c -O2: {ref.wall_s:.2f}s, tokens {' '.join(map(str, ref.tokens))}")
+    t0 = time.monotonic()
+    cuda = CudaLibraries(target, scratch) if mode == "cuda" else None
+    plans = plan_variants(target, mode, cuda)
+    if cuda:
+        log(f"built {len({p.backend.library for p in plans if p.backend.library})} CUDA libraries in "
+            f"{time.monotonic() - t0:.1f}s")
+    variants, runs = [], {}
+    for p in plans:
+        try:  # each backend as the gate runs a candidate: [e2e] runs prefills, the worst judged
+            built = eng.build(p.backend)
+            outs = [eng.run(built, p.name) for _ in range(spec.runs)]
+            cand = runs[p.name] = outs[0]
+            cmp, wall = worst([compare(ref, o) for o in outs]), cand.wall_s
+        except PorterError as exc:
+            # A backend that crashes or refuses is a measured outcome: it can never be accepted.
+            cmp = Comparison(ref.stage_names, np.full(ref.states.shape[:2], np.inf), float("inf"), ref.tokens, [],
+                             problem=f"run failed: {exc}")
+            wall = None
+        # a unit swapped into the scripted backend whose prefill equals that backend's bit for bit is wrong
+        # only at shapes the engine never uses (parity's odd sizes catch it): unreached, as for ds4's mutants
+        base = runs.get(UNIT_SWAP_BASE)
+        cand = runs.get(p.name)
+        unreached = (p.kind == "broken" and p.name.startswith("unit:") and base is not None and cand is not None
+                     and np.array_equal(cand.states, base.states) and np.array_equal(cand.logits, base.logits))
+        variants.append(cal_mod.Variant(p.name, p.kind, cmp, p.why, wall, unreached))
+    setup = dict(eng.setup(), runs=spec.runs)
+    setup["mode"] = mode
+    if mode == "cuda":
+        from porter.gates.e2e.gate import _toolchain
+
+        setup["device"] = _toolchain().get("gpu")
+    return cal_mod.calibrate(variants, tokens_exact=spec.decode_steps > 0, setup=setup)
+
+
+def _build_command(target, args, scratch: Path) -> int:
+    eng = _engine(target, scratch, args.model)
+    cuda = CudaLibraries(target, scratch) if args.mode == "cuda" else None
+    plans = plan_variants(target, args.mode, cuda)
+    eng.build(Backend("reference"))
+    for p in plans:
+        print(f"{p.kind:<7} {p.name:<40} {eng.build(p.backend)}")
+    print(f"{len(plans)} variants built (nothing run)")
+    return 0
+
+
+COMMANDS = {
+    "build": ("build every calibration backend of --mode and link the engines, run nothing (checks the plan "
+              "on a machine without a GPU)", _build_command),
+}

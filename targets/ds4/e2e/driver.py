@@ -1,4 +1,5 @@
-"""ds4 reduced: the user's ds4 built with few layers in a scratch folder, on a synthetic real-width GGUF.
+"""ds4's e2e driver (porter.gates.e2e.target_driver): ds4 reduced, the user's ds4 built with few layers
+in a scratch folder, on a synthetic real-width GGUF (gguf.py beside this file).
 
 Steps, each a function the tests exercise without a GPU where they can:
   scratch_copy   copy the checkout, apply targets/ds4/e2e/patches.toml (the layer
@@ -30,6 +31,7 @@ from porter.calibration import libraries
 from porter.calibration.mutants import rule_mutants
 from porter.errors import PorterError
 from porter.gates.e2e.compare import PrefillOutputs, ReferenceFailure
+from porter.target_code import sibling
 
 HC_ROW = 4 * 4096  # DS4_N_HC * DS4_N_EMBD floats per token
 N_EMBD = 4096
@@ -226,10 +228,8 @@ class Ds4Reduced:
 
     def ensure_model(self, log=print) -> Path:
         if not self.model.is_file():
-            from porter.gates.e2e.ds4_gguf import write_gguf
-
             t0 = time.monotonic()
-            write_gguf(self.model.with_suffix(".partial"), self.n_layer, seed=int(self.opts.get("seed", 0)))
+            sibling(__file__, "gguf").write_gguf(self.model.with_suffix(".partial"), self.n_layer, seed=int(self.opts.get("seed", 0)))
             os.replace(self.model.with_suffix(".partial"), self.model)
             log(f"synthetic GGUF {self.model} ({self.model.stat().st_size / 1e9:.1f} GB) in {time.monotonic() - t0:.0f}s")
         return self.model
@@ -408,7 +408,9 @@ def prepare_ds4(target, scratch: Path, model: Path | None = None, log=print) -> 
     _build_all(red, [Ds4Variant("reference-cpu", "reference", backend="cpu"), *load_variants(target)], log)
 
 
-def calibrate_ds4(target, scratch: Path, model: Path | None = None, library: str | None = None, log=print):
+def calibrate(target, scratch: Path, *, mode: str = "cuda", model: Path | None = None, library: str | None = None,
+              log=print):
+    """Every row of e2e/variants.toml (all CUDA builds; `mode` has no CPU-only subset here)."""
     from porter.gates.e2e import calibration as cal_mod
     from porter.gates.e2e.compare import Comparison, compare
 
@@ -456,7 +458,7 @@ def calibrate_ds4(target, scratch: Path, model: Path | None = None, library: str
     return cal_mod.calibrate(rows, tokens_exact=False, setup=setup)
 
 
-def ds4_prefill_pair(target, scratch: Path, library: Path, model: Path | None):
+def prefill_pair(target, scratch: Path, library: Path, model: Path | None):
     """The gate: the reference CPU build vs a build linked with the workspace's library."""
 
     red = Ds4Reduced(target, scratch, model)
@@ -468,4 +470,26 @@ def ds4_prefill_pair(target, scratch: Path, library: Path, model: Path | None):
     except PorterError as exc:
         raise ReferenceFailure(f"reference backend: {exc}") from exc
     cand = red.run(red.build(cand_v), cand_v)
-    return ref, cand, red.setup()
+    return ref, [cand], red.setup()
+
+
+def _prepare_command(target, args, scratch: Path) -> int:
+    prepare_ds4(target, scratch, args.model)
+    return 0
+
+
+def _logprob_command(target, args, scratch: Path) -> int:
+    if not args.model or not args.library:
+        raise PorterError("logprob needs --model (the real GGUF) and --library (the workspace's backend)")
+    res = sibling(__file__, "logprob").run_logprob_vectors(target, args.workspace, Path(args.library), args.model,
+                                                          scratch)
+    print(res.summary)
+    return 0 if res.ok else 1
+
+
+COMMANDS = {
+    "prepare": ("write the synthetic GGUF and run every build into --scratch (the slow half of calibrate)",
+                _prepare_command),
+    "logprob": ("build ds4_test against --library and run the official logprob vectors on --model "
+                "(the user's real GGUF); stored as e2e evidence", _logprob_command),
+}
