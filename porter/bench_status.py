@@ -40,8 +40,9 @@ from porter import signing
 from porter.ledger import Ledger
 from porter.status import derive
 from porter.target import load_target
+from porter.workspace import example_target
 
-TARGET = "minimoe"
+TARGET = example_target()
 STALE_EXIT = 4  # the two hand-edited units are stale, by design
 
 

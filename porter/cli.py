@@ -95,7 +95,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p = add("init", "make a new workspace: a git repo with a bundled target and placeholder unit files",
             epilog="example: porter init ~/port-minimoe --target minimoe")
     p.add_argument("directory", metavar="DIR", help="new or empty directory")
-    p.add_argument("--target", default="minimoe", metavar="NAME", help="bundled target to copy (default: minimoe)")
+    p.add_argument("--target", metavar="NAME|DIR", help="bundled target to copy, or a folder holding a target.toml "
+                   "(see docs/adding-a-target.md; default: the bundled example target, minimoe)")
     p.add_argument("--source", metavar="DIR", help="the target's source checkout, for targets without one bundled "
                    "(ds4: a clone of antirez/ds4); its API header gives the placeholders' signatures")
 
@@ -138,15 +139,17 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
 
 def _cmd_init(args) -> int:
-    from porter.workspace import init_workspace
+    from porter.workspace import example_target, init_workspace, target_folder
 
+    spec = args.target or example_target()
+    args.target = target_folder(spec)[0]
     existing = Path(args.directory).expanduser().resolve()
     if (existing / ".git").exists() and (existing / "targets" / args.target / "target.toml").is_file():
         # Re-running a setup script must neither fail nor reset a workspace that holds work: keep it as it is.
         print(f"porter: {existing} is already a workspace with target {args.target}; left as it is "
               f"(`porter -C {existing} status` says where it stands)")
         return 0
-    ws = init_workspace(args.directory, [args.target], source=args.source)
+    ws = init_workspace(args.directory, [spec], source=args.source)
     print(f"porter: new workspace {ws} (target {args.target}, every unit a placeholder)")
     scripted = (ws / "targets" / args.target / "scripted" / "manifest.toml").is_file()
     provider = "scripted" if scripted else "anthropic"

@@ -24,13 +24,14 @@ from pathlib import Path
 
 from porter.ledger import Ledger
 from porter.loop import RunOptions, run
-from porter.workspace import init_workspace
+from porter.workspace import example_target, init_workspace
 
 
 def one_run(root: Path, name: str, jobs: int, delay: float, max_units: int | None) -> dict:
-    ws = init_workspace(root / name, ["minimoe"])
+    target = example_target()
+    ws = init_workspace(root / name, [target])
     t0 = time.monotonic()
-    rc = run(RunOptions(ws, "minimoe", quiet=True, max_units=max_units, jobs=jobs,
+    rc = run(RunOptions(ws, target, quiet=True, max_units=max_units, jobs=jobs,
                         provider={"provider": "scripted", "answer_delay_s": delay}))
     wall = time.monotonic() - t0
     recs = Ledger(ws).records()

@@ -45,6 +45,18 @@ def bundled_targets() -> list[str]:
     return sorted(p.parent.name for p in d.glob("*/target.toml")) if d.is_dir() else []
 
 
+def example_target() -> str:
+    """The bundled example target: the one that runs without a user's checkout (its target.toml names a
+    default_checkout).  `porter init` and the developer commands default to it, so no name is written here."""
+    import tomllib
+
+    found = [n for n in bundled_targets() if "default_checkout" in
+             tomllib.loads((bundled_targets_dir() / n / "target.toml").read_text()).get("source", {})]
+    if len(found) != 1:
+        raise PorterError(f"bundled targets with their own checkout: {', '.join(found) or 'none'}; pass --target")
+    return found[0]
+
+
 def is_workspace(path: Path) -> bool:
     return (path / "targets").is_dir() and (path / "ledger").is_dir()
 
@@ -95,25 +107,43 @@ def write_placeholders(workspace: Path, target_name: str, only_missing: bool = T
     return written
 
 
-def init_workspace(directory: str | Path, target_names: list[str], source: str | Path | None = None) -> Path:
-    """Create a workspace at `directory` holding copies of the bundled `target_names`."""
+def target_folder(name_or_path: str) -> tuple[str, Path]:
+    """(target name, folder to copy) for `porter init --target`: a bundled target's name, or the path of a
+    folder holding a target.toml (a target of your own; its name is the one its target.toml declares)."""
+    import tomllib
+
+    p = Path(name_or_path).expanduser()
+    if (p / "target.toml").is_file():
+        try:
+            name = tomllib.loads((p / "target.toml").read_text()).get("name")
+        except tomllib.TOMLDecodeError as exc:
+            raise PorterError(f"malformed {p / 'target.toml'}: {exc}") from exc
+        if not isinstance(name, str) or not name or "/" in name:
+            raise PorterError(f"{p / 'target.toml'} declares no usable name")
+        return name, p.resolve()
+    known = bundled_targets()
+    if name_or_path not in known:
+        raise PorterError(f"no bundled target {name_or_path!r} and no folder with a target.toml there "
+                          f"(bundled: {', '.join(known) or 'none'})")
+    return name_or_path, bundled_targets_dir() / name_or_path
+
+
+def init_workspace(directory: str | Path, targets: list[str], source: str | Path | None = None) -> Path:
+    """Create a workspace at `directory` holding copies of `targets` (bundled names or target folders)."""
     dest = Path(directory).expanduser().resolve()
     if dest.exists() and not dest.is_dir():
         raise PorterError(f"{dest} exists and is not a directory")
     if dest.exists() and any(dest.iterdir()):
         raise PorterError(f"{dest} is not empty; `porter init` makes a workspace in a new or empty directory")
-    src_root = bundled_targets_dir()
-    known = bundled_targets()
-    for name in target_names:
-        if name not in known:
-            raise PorterError(f"no bundled target {name!r} (bundled: {', '.join(known) or 'none'})")
+    folders = dict(target_folder(t) for t in targets)
+    target_names = list(folders)
 
     existed = dest.exists()
     dest.mkdir(parents=True, exist_ok=True)
     try:
         gitops.init_repo(dest)
         for name in target_names:
-            shutil.copytree(src_root / name, dest / "targets" / name, ignore=shutil.ignore_patterns(*_NOT_COPIED))
+            shutil.copytree(folders[name], dest / "targets" / name, ignore=shutil.ignore_patterns(*_NOT_COPIED))
         (dest / "ledger").mkdir()
         (dest / "ledger" / "README.md").write_text(LEDGER_README)
         (dest / "runs").mkdir()

@@ -65,7 +65,7 @@ def chunk_units(target, chunk: str, units: list[str] | None = None) -> list[str]
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-C", dest="workspace", default=".")
-    ap.add_argument("--target", default="ds4")
+    ap.add_argument("--target", required=True)
     ap.add_argument("--source", default=None)
     ap.add_argument("--weights", action="store_true", help="print each chunk's units and work instead")
     ap.add_argument("chunk", help="i/n: the i-th of n chunks")

@@ -34,7 +34,7 @@ TRACE_ENV = "PORTER_LAUNCH_TRACE"  # the file the interposer appends kernel name
 INTERPOSER_C = r"""
 /* porter's kernel-launch trace: every launch of a library linked with the shared CUDA runtime appends
    the kernel's (mangled) name to $PORTER_LAUNCH_TRACE, then goes on.  nvcc 13's <<<>>> stubs call
-   __cudaLaunchKernel(cudaKernel_t, ...) (measured: upstream ds4 imports it, not cudaLaunchKernel);
+   __cudaLaunchKernel(cudaKernel_t, ...) (measured: the first target's upstream backend imports it, not cudaLaunchKernel);
    explicit launches call cudaLaunchKernel(const void *func, ...). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m porter.calibration.trace", description=__doc__.split("\n\n")[0])
     ap.add_argument("-C", dest="workspace", default=".")
-    ap.add_argument("--target", default="ds4")
+    ap.add_argument("--target", required=True)
     ap.add_argument("--source", default=None)
     ap.add_argument("--unit", action="append", help="only this unit (repeatable; default: every op spec)")
     ap.add_argument("--chunk", metavar="I/N", help="only the I-th of N parts of those units, balanced by runs")

@@ -52,9 +52,9 @@ def bench(target, repeats: int = 3) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m porter.scan.bench", description=__doc__.splitlines()[0])
-    ap.add_argument("--target", default="ds4")
+    ap.add_argument("--target", required=True)
     ap.add_argument("--source", metavar="DIR", help="the target's source checkout (default: PORTER_<T>_SOURCE, "
-                                                     "then external/ds4 for ds4)")
+                                                     "then external/<target> of this repository)")
     ap.add_argument("-C", dest="workspace", default=None, help="workspace (default: this repository)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", action="store_true")
@@ -63,10 +63,11 @@ def main(argv=None) -> int:
 
     ws = Path(a.workspace) if a.workspace else Path(__file__).resolve().parents[2]
     source = a.source
-    if source is None and a.target == "ds4" and (ws / "external" / "ds4" / "ds4_gpu.h").is_file():
+    if source is None and (ws / "external" / a.target).is_dir():
+        from porter.target import _env_source_var
         import os
 
-        source = os.environ.get("PORTER_DS4_SOURCE") or str(ws / "external" / "ds4")
+        source = os.environ.get(_env_source_var(a.target)) or str(ws / "external" / a.target)
     try:
         target = load_target(ws, a.target, source)
         res = bench(target, a.repeats)

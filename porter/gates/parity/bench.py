@@ -40,18 +40,19 @@ from porter.gates import parity
 from porter.gates.driver import Candidate, GateContext, ParityOptions, refusal, run_gates
 from porter.gates.parity import pool
 from porter.target import load_target
+from porter.workspace import example_target
 
 REPO = Path(__file__).resolve().parents[3]
 
 
-def _workspace(repo: Path, tmp: Path) -> Path:
+def _workspace(repo: Path, tmp: Path, name: str) -> Path:
     ws = tmp / "ws"
-    shutil.copytree(repo / "targets" / "minimoe", ws / "targets" / "minimoe",
+    shutil.copytree(repo / "targets" / name, ws / "targets" / name,
                     ignore=shutil.ignore_patterns("ported", "__pycache__"))
-    fx = repo / "runs" / "fixtures" / "minimoe.gguf"
-    if fx.is_file():
+    fx = load_target(repo, name).fixture_path
+    if fx is not None and fx.is_file():
         (ws / "runs" / "fixtures").mkdir(parents=True)
-        shutil.copy(fx, ws / "runs" / "fixtures" / "minimoe.gguf")
+        shutil.copy(fx, ws / "runs" / "fixtures" / fx.name)
     return ws
 
 
@@ -106,8 +107,9 @@ def main(argv=None) -> int:
         print(f"bench: parity unavailable: {why}", file=sys.stderr)
         return 2
     tmp = Path(tempfile.mkdtemp(prefix="porter-bench-"))
-    ws = _workspace(REPO, tmp)
-    target = load_target(ws, "minimoe")
+    name = example_target()
+    ws = _workspace(REPO, tmp, name)
+    target = load_target(ws, name)
     good, _ = sources_from(target, "scripted")
     target.ported_dir.mkdir(parents=True, exist_ok=True)
     for u, src in good.items():
