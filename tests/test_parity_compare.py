@@ -539,6 +539,9 @@ def test_evaluate_names_stream_failures(target):
                                                   dict(base, **{"pass": 1, "settle_changed": ["out"]})]}]}
     fails, _ = evaluate(spec, [case], results, outputs)
     assert [f.check for f in fails] == ["stream", "stream"]
+    # the texts name the stream the target declares ([cuda] stream), never another target's
+    fails, _ = evaluate(spec, [case], results, outputs, stream="the legacy default stream (0)")
+    assert all("the legacy default stream (0)" in f.detail and "mini_cuda_stream" not in f.detail for f in fails), fails
     results["cases"][0]["passes"][0]["probe"] = {"status": "clean", "changed": []}
     results["cases"][0]["passes"][1]["settle_changed"] = []
     assert evaluate(spec, [case], results, outputs)[0] == []
