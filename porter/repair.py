@@ -44,7 +44,7 @@ def run(args) -> int:
         print("porter: nothing to repair (status finds no tampering and no rollback)")
         return 0
     done = []
-    integ = ledger.scan().integrity
+    integ = ledger.verify()
     if integ.bad_lines:
         first = min(integ.bad_lines)
         committed = report.ledger.get("committed_records", 0)

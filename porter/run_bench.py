@@ -1,7 +1,7 @@
 """Benchmark: units per hour of `porter run` at --jobs 1 and --jobs N, with a provider that
 answers after a fixed delay (a model that thinks for a minute, without the model).
 
-    python -m porter.run_bench [--delay 60] [--jobs 1,8] [--max-units N] [--json FILE]
+    porter dev run-bench [--delay 60] [--jobs 1,8] [--max-units N] [--json FILE]
 
 Each measured run starts from a fresh minimoe workspace (porter init) with the
 scripted provider behind DelayedProvider.  A first run with no delay fills the
@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from porter.ledger import Ledger
+from porter.history import Attempt, Exhausted, History, Step
 from porter.loop import RunOptions, run
 from porter.workspace import example_target, init_workspace
 
@@ -34,15 +34,15 @@ def one_run(root: Path, name: str, jobs: int, delay: float, max_units: int | Non
     rc = run(RunOptions(ws, target, quiet=True, max_units=max_units, jobs=jobs,
                         provider={"provider": "scripted", "answer_delay_s": delay}))
     wall = time.monotonic() - t0
-    recs = Ledger(ws).records()
-    ended = {r["unit"] for r in recs if r["kind"] in ("step", "exhausted")}
-    attempts = sum(1 for r in recs if r["kind"] == "attempt")
+    recs = History.read(ws, target).mine
+    ended = {r.unit for r in recs if isinstance(r, (Step, Exhausted))}
+    attempts = sum(1 for r in recs if isinstance(r, Attempt))
     return {"jobs": jobs, "rc": rc, "wall_s": wall, "units": len(ended), "attempts": attempts,
             "units_per_hour": len(ended) / wall * 3600 if wall > 0 else None}
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="porter dev run-bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--delay", type=float, default=60.0, help="seconds before each answer (default 60)")
     ap.add_argument("--jobs", default="1,8", help="comma list of --jobs values (default 1,8)")
     ap.add_argument("--max-units", type=int, default=None, help="units per run (default: all)")
