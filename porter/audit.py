@@ -19,6 +19,7 @@ from pathlib import Path
 
 from rich.markup import escape
 
+from porter import gitops
 from porter.errors import PorterError
 from porter.digest import sha256_bytes
 from porter.scan.slice import unit_slice
@@ -85,21 +86,20 @@ def metal_side(target: Target, unit: str) -> dict:
 
 
 def commit_diff(workspace: Path, sha: str, rel: str) -> dict:
-    import git
+    root = gitops.toplevel(workspace)
+    if root is None:
+        return {"sha": sha, "message": None, "files": [], "diff": None, "note": "not a git repository"}
+
+    def show(*args: str) -> str:
+        return gitops.read(root, *args).decode(errors="replace").removesuffix("\n")
 
     try:
-        repo = git.Repo(workspace, search_parent_directories=True)
-    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
-        return {"sha": sha, "message": None, "files": [], "diff": None, "note": "not a git repository"}
-    try:
-        message = repo.git.log("-1", "--format=%B", sha)
-        files = [f for f in repo.git.show("--name-only", "--format=", sha).splitlines() if f]
-        diff = repo.git.show("--format=", "--patch", sha, "--", rel)
+        message = show("log", "-1", "--format=%B", sha)
+        files = [f for f in show("show", "--name-only", "--format=", sha).splitlines() if f]
+        diff = show("show", "--format=", "--patch", sha, "--", rel)
         return {"sha": sha, "message": message, "files": files, "diff": diff, "note": None}
-    except git.GitCommandError as exc:
-        return {"sha": sha, "message": None, "files": [], "diff": None, "note": f"git show failed: {exc.stderr.strip()[:200]}"}
-    finally:
-        repo.close()
+    except PorterError as exc:
+        return {"sha": sha, "message": None, "files": [], "diff": None, "note": str(exc)[:200]}
 
 
 # ---- ledger ------------------------------------------------------------------------

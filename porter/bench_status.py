@@ -1,6 +1,6 @@
 """Benchmark: how long `porter status` takes over a long-lived workspace.
 
-    python -m porter.bench_status [--records 10000] [--repeat 5] [--keep DIR]
+    porter dev status-bench [--records 10000] [--repeat 5] [--keep DIR]
 
 Builds (in a temporary directory) a workspace of the bundled minimoe target
 whose history looks like a long unattended run: 24 units, each attempted many
@@ -27,7 +27,6 @@ import os
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +35,7 @@ from unittest import mock
 
 from porter.evidence import store_evidence
 from porter.digest import sha256_bytes
-from porter import signing
+from porter import gitops, signing
 from porter.ledger import Ledger
 from porter.status import derive
 from porter.target import load_target
@@ -92,8 +91,8 @@ class _History:
                     out += f"M 100644 :{marks[data]} {rel}\n".encode()
                 else:
                     out += f"M 100644 inline {rel}\n".encode() + b"data %d\n" % len(data) + data + b"\n"
-        subprocess.run(["git", "fast-import", "--quiet"], cwd=root, input=bytes(out), check=True)
-        subprocess.run(["git", "checkout", "-q", "-f", "main"], cwd=root, check=True)
+        gitops.read(root, "fast-import", "--quiet", input=bytes(out))
+        gitops.read(root, "checkout", "-q", "-f", "main")
 
 
 def build_workspace(root: Path, records: int = 10_000, seed: int = 7) -> dict:
@@ -107,7 +106,7 @@ def build_workspace(root: Path, records: int = 10_000, seed: int = 7) -> dict:
     )
     (root / "runs").mkdir()
     (root / ".gitignore").write_text("runs/\n")
-    subprocess.run(["git", "init", "-q", "-b", "main", str(root)], check=True)
+    gitops.init_repo(root)
     target = load_target(root, TARGET)
     target.ported_dir.mkdir(parents=True)
     signer = signing.create_private(root)
@@ -205,7 +204,7 @@ def _count_lines(led: Ledger) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m porter.bench_status", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="porter dev status-bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--records", type=int, default=10_000)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--keep", metavar="DIR", help="build the workspace in DIR and keep it")

@@ -13,6 +13,13 @@ the ledger record it commits:
     Porter-Candidate: <sha256 of the unit file>
     Porter-Step: <hash of the "step" ledger record>
     Porter-Evidence: <sha256>            (one line per evidence file)
+
+This is the only module that reaches git (tests/test_architecture.py holds every
+other module to it), and it reaches it through the command line, not gitpython:
+gitpython's `repo.git.*` runs the same git processes, importing it costs about
+0.1 s on every `porter status`, and every porter call here is one command a
+person can retype.  `read` is for commands that only look (no identity needed);
+`git` is for those that write commits.
 """
 
 from __future__ import annotations
@@ -30,51 +37,69 @@ FALLBACK_NAME = "porter"
 FALLBACK_EMAIL = "porter@localhost"
 
 
+def _run(workspace: Path | None, args: list[str], input=None, text: bool = False) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(["git", *args], cwd=workspace, capture_output=True, input=input, text=text)
+    except FileNotFoundError as exc:
+        missing = workspace is not None and not Path(workspace).is_dir()
+        raise PorterError(f"{workspace}: no such directory" if missing else "git not found on PATH") from exc
+
+
+def _failure(args, r: subprocess.CompletedProcess) -> PorterError:
+    out = [o if isinstance(o, str) else o.decode(errors="replace") for o in (r.stderr, r.stdout)]
+    msg = (out[0].strip() or out[1].strip()).splitlines()
+    return PorterError(f"git {args[0]} failed: {msg[-1] if msg else 'exit ' + str(r.returncode)}")
+
+
+def read(workspace: Path, *args: str, input: bytes | None = None) -> bytes:
+    """stdout of a git command that must succeed (bytes in and out); a failure is a one-line PorterError."""
+    r = _run(workspace, list(args), input)
+    if r.returncode != 0:
+        raise _failure(args, r)
+    return r.stdout
+
+
 @lru_cache(maxsize=None)
 def _identity_args(cwd: str) -> tuple[str, ...]:
     args: list[str] = []
     for key, fallback in (("user.name", FALLBACK_NAME), ("user.email", FALLBACK_EMAIL)):
-        try:
-            r = subprocess.run(["git", "config", "--get", key], cwd=cwd, capture_output=True, text=True)
-        except FileNotFoundError as exc:
-            raise PorterError("git not found on PATH") from exc
+        r = _run(Path(cwd), ["config", "--get", key])
         if r.returncode != 0 or not r.stdout.strip():
             args += ["-c", f"{key}={fallback}"]
     return tuple(args)
 
 
 def git(workspace: Path, *args: str, check: bool = True, input: str | None = None) -> str:
-    """Run git in `workspace`; return stdout.  A failure is a one-line PorterError."""
-    cmd = ["git", *_identity_args(str(workspace)), *args]
-    try:
-        r = subprocess.run(cmd, cwd=workspace, capture_output=True, text=True, input=input)
-    except FileNotFoundError as exc:
-        raise PorterError("git not found on PATH") from exc
+    """Run git in `workspace` with an identity (a commit needs one); return stdout.  A failure is a one-line
+    PorterError."""
+    r = _run(workspace, [*_identity_args(str(workspace)), *args], input, text=True)
     if check and r.returncode != 0:
-        msg = (r.stderr.strip() or r.stdout.strip()).splitlines()
-        raise PorterError(f"git {args[0]} failed: {msg[-1] if msg else 'exit ' + str(r.returncode)}")
+        raise _failure(args, r)
     return r.stdout
 
 
 def toplevel(path: Path) -> Path | None:
-    try:
-        r = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=path, capture_output=True, text=True)
-    except FileNotFoundError as exc:
-        raise PorterError("git not found on PATH") from exc
-    if r.returncode != 0:
+    """The work tree holding `path`; None when `path` is missing or in no git repository."""
+    if not Path(path).is_dir():
         return None
-    return Path(r.stdout.strip())
+    r = _run(path, ["rev-parse", "--show-toplevel"])
+    return Path(r.stdout.decode().strip()) if r.returncode == 0 else None
 
 
 def init_repo(path: Path) -> None:
-    r = subprocess.run(["git", "init", "-q", "-b", "main", str(path)], capture_output=True, text=True)
+    r = _run(None, ["init", "-q", "-b", "main", str(path)])
     if r.returncode != 0:  # git < 2.28 has no -b
         git(path, "init", "-q")
 
 
+def commit_of(workspace: Path, rev: str = "HEAD") -> str | None:
+    """The commit `rev` names, or None when there is none (no HEAD yet, an unknown sha)."""
+    r = _run(workspace, ["rev-parse", "--verify", "-q", f"{rev}^{{commit}}"])
+    return r.stdout.decode().strip() or None if r.returncode == 0 else None
+
+
 def head(workspace: Path) -> str | None:
-    r = subprocess.run(["git", "rev-parse", "--verify", "-q", "HEAD"], cwd=workspace, capture_output=True, text=True)
-    return r.stdout.strip() or None
+    return commit_of(workspace)
 
 
 def check_index_unlocked(workspace: Path) -> None:
@@ -89,7 +114,7 @@ def check_index_unlocked(workspace: Path) -> None:
 
 def committed_blob(workspace: Path, rel: str) -> bytes | None:
     """The content of `rel` at HEAD, or None when HEAD has no such file."""
-    r = subprocess.run(["git", "show", f"HEAD:{rel}"], cwd=workspace, capture_output=True)
+    r = _run(workspace, ["show", f"HEAD:{rel}"])
     return r.stdout if r.returncode == 0 else None
 
 

@@ -43,15 +43,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
 import sys
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import git
-
-from porter import signing, witness
+from porter import gitops, signing, witness
 from porter.errors import PorterError
 from porter.evidence import check_evidence
 from porter.gates import static
@@ -100,9 +97,8 @@ class GitView:
     ledger_rel: str | None = None
 
     def committed_ledger(self) -> bytes:
-        """The ledger as committed at HEAD (one `git cat-file`; only needed when it is not a prefix of ours)."""
-        r = subprocess.run(["git", "cat-file", "blob", f"HEAD:{self.ledger_rel}"], cwd=self.workspace, capture_output=True)
-        return r.stdout if r.returncode == 0 else b""
+        """The ledger as committed at HEAD (one `git show`; only needed when it is not a prefix of ours)."""
+        return gitops.committed_blob(self.workspace, self.ledger_rel) or b""
 
     def committed_prefix(self, data: bytes) -> bool:
         """Whether the committed ledger is byte for byte the start of `data` (hashing, not reading, the blob)."""
@@ -114,38 +110,34 @@ class GitView:
 
 def read_git(workspace: Path, ledger_file: Path) -> GitView:
     """Porter commits (one `git log`) and the committed ledger's blob id and size (one `git ls-tree`)."""
-    try:
-        repo = git.Repo(workspace, search_parent_directories=True)
-    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+    root = gitops.toplevel(workspace)
+    if root is None:
         return GitView(False, "the workspace is not a git repository: no step can have a commit")
-    try:
-        if not repo.head.is_valid():
-            return GitView(True, "no commits yet")
-        raw = repo.git.log("--format=%H%x1f%s%x1f%(trailers:only,unfold)%x1e", "HEAD")
-        commits = []
-        for chunk in raw.split("\x1e"):
-            chunk = chunk.lstrip("\n")
-            if not chunk:
-                continue
-            sha, subject, trailer_text = (chunk.split("\x1f") + ["", ""])[:3]
-            trailers: dict[str, list[str]] = {}
-            for line in trailer_text.splitlines():
-                key, sep, value = line.partition(":")
-                if sep and key.strip().lower().startswith("porter-"):
-                    trailers.setdefault(key.strip().lower(), []).append(value.strip())
-            if trailers:
-                commits.append(Commit(sha, subject, trailers))
-        root = Path(repo.working_tree_dir).resolve()
-        rel = Path(ledger_file).resolve().relative_to(root).as_posix()
-        view = GitView(True, None, commits, workspace=root, ledger_rel=rel)
-        entry = repo.git.ls_tree("-l", "HEAD", "--", rel).strip()
-        if entry:  # "<mode> blob <id> <size>\t<path>"
-            meta = entry.split("\t", 1)[0].split()
-            if len(meta) == 4 and meta[1] == "blob":
-                view.ledger_blob, view.ledger_size = meta[2], int(meta[3])
-        return view
-    finally:
-        repo.close()
+    if gitops.head(root) is None:
+        return GitView(True, "no commits yet")
+    raw = gitops.read(root, "log", "--format=%H%x1f%s%x1f%(trailers:only,unfold)%x1e", "HEAD").decode()
+    commits = []
+    for chunk in raw.split("\x1e"):
+        chunk = chunk.lstrip("\n")
+        if not chunk:
+            continue
+        sha, subject, trailer_text = (chunk.split("\x1f") + ["", ""])[:3]
+        trailers: dict[str, list[str]] = {}
+        for line in trailer_text.splitlines():
+            key, sep, value = line.partition(":")
+            if sep and key.strip().lower().startswith("porter-"):
+                trailers.setdefault(key.strip().lower(), []).append(value.strip())
+        if trailers:
+            commits.append(Commit(sha, subject, trailers))
+    root = root.resolve()
+    rel = Path(ledger_file).resolve().relative_to(root).as_posix()
+    view = GitView(True, None, commits, workspace=root, ledger_rel=rel)
+    entry = gitops.read(root, "ls-tree", "-l", "HEAD", "--", rel).decode().strip()
+    if entry:  # "<mode> blob <id> <size>\t<path>"
+        meta = entry.split("\t", 1)[0].split()
+        if len(meta) == 4 and meta[1] == "blob":
+            view.ledger_blob, view.ledger_size = meta[2], int(meta[3])
+    return view
 
 
 # ---- the report ---------------------------------------------------------------

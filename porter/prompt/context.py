@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from porter import gitops
+from porter.errors import PorterError
 from porter.placeholder import is_placeholder
 from porter.plan import ranked_units
 from porter.scan import scan
@@ -361,19 +362,16 @@ def _committed_units(target) -> dict[str, str]:
     ws = Path(target.workspace)
     rel_dir = Path(target.ported_dir).relative_to(ws).as_posix()
     try:
-        r = subprocess.run(["git", "ls-tree", "--name-only", "HEAD", rel_dir + "/"], cwd=ws,
-                           capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    if r.returncode != 0:
+        listed = gitops.read(ws, "ls-tree", "--name-only", "HEAD", rel_dir + "/").decode()
+    except PorterError:
         return {}
     out = {}
-    for rel in r.stdout.split():
+    for rel in listed.split():
         if not rel.endswith(".cu"):
             continue
-        s = subprocess.run(["git", "show", f"HEAD:{rel}"], cwd=ws, capture_output=True, timeout=30)
-        if s.returncode == 0:
-            out[Path(rel).stem] = s.stdout.decode("utf-8", "replace")
+        blob = gitops.committed_blob(ws, rel)
+        if blob is not None:
+            out[Path(rel).stem] = blob.decode("utf-8", "replace")
     return out
 
 

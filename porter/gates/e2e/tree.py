@@ -12,9 +12,9 @@ code is committed.
 from __future__ import annotations
 
 import hashlib
-import subprocess
 from pathlib import Path
 
+from porter import gitops
 from porter.errors import PorterError
 
 
@@ -29,14 +29,6 @@ def backend_dirs(target) -> list[str]:
     return out
 
 
-def _git(workspace: Path, *args: str, input: bytes | None = None) -> str:
-    proc = subprocess.run(["git", "-C", str(workspace), *args], capture_output=True, input=input)
-    if proc.returncode != 0:
-        raise PorterError(f"git {' '.join(args[:2])} failed in {workspace}: "
-                          f"{proc.stderr.decode(errors='replace').strip().splitlines()[-1:] or ['?']}")
-    return proc.stdout.decode()
-
-
 def _digest(entries: list[tuple[str, str]]) -> str:
     body = "".join(f"{path} {blob}\n" for path, blob in sorted(entries))
     return hashlib.sha256(body.encode()).hexdigest()
@@ -44,11 +36,9 @@ def _digest(entries: list[tuple[str, str]]) -> str:
 
 def tree_hash_at(workspace: Path, dirs: list[str], commit: str = "HEAD") -> str | None:
     """The backend hash at `commit`; None when the workspace has no such commit (no HEAD yet)."""
-    probe = subprocess.run(["git", "-C", str(workspace), "rev-parse", "--verify", "-q", f"{commit}^{{commit}}"],
-                           capture_output=True)
-    if probe.returncode != 0:
+    if gitops.commit_of(workspace, commit) is None:
         return None
-    out = _git(workspace, "ls-tree", "-r", "-z", commit, "--", *dirs)
+    out = gitops.read(workspace, "ls-tree", "-r", "-z", commit, "--", *dirs).decode()
     entries = []
     for item in filter(None, out.split("\0")):
         meta, _, path = item.partition("\t")
@@ -60,14 +50,12 @@ def tree_hash_at(workspace: Path, dirs: list[str], commit: str = "HEAD") -> str 
 
 def tree_hash_worktree(workspace: Path, dirs: list[str]) -> str:
     """The backend hash of the files on disk now (tracked, and untracked ones git does not ignore)."""
-    listed = _git(workspace, "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", *dirs)
+    listed = gitops.read(workspace, "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", *dirs).decode()
     paths = sorted({p for p in listed.split("\0") if p and (Path(workspace) / p).is_file()})
     if not paths:
         return _digest([])
-    blobs = _git(workspace, "hash-object", "--stdin-paths", input="\n".join(paths).encode() + b"\n").split()
+    blobs = gitops.read(workspace, "hash-object", "--stdin-paths", input="\n".join(paths).encode() + b"\n").decode().split()
     return _digest(list(zip(paths, blobs)))
 
 
-def head_commit(workspace: Path) -> str | None:
-    probe = subprocess.run(["git", "-C", str(workspace), "rev-parse", "--verify", "-q", "HEAD"], capture_output=True)
-    return probe.stdout.decode().strip() or None if probe.returncode == 0 else None
+head_commit = gitops.head  # the e2e drivers' name for it

@@ -1,0 +1,125 @@
+"""Architecture rules, checked by walking porter's code (ast), each beside a test that shows the walk
+catching the thing it forbids:
+- git is reached through porter.gitops only (one client, the command line);
+- the ledger's records are read through porter.history only (the rules of what the past means live
+  there once); import cycles and command modules are test_pipeline.py's."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PORTER = REPO / "porter"
+
+
+def porter_sources() -> dict[str, ast.AST]:
+    out = {}
+    for p in sorted(PORTER.rglob("*.py")):
+        parts = p.relative_to(REPO).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = ast.parse(p.read_text())
+    return out
+
+
+def _allowed(module: str, allowed: dict[str, str]) -> bool:
+    return any(module == m or module.startswith(m + ".") for m in allowed)
+
+
+# ---- git through gitops -----------------------------------------------------------------
+
+GIT_MODULE = "porter.gitops"
+PROCESS_CALLS = {"run", "Popen", "call", "check_call", "check_output", "system", "popen"}
+
+
+def git_reaches(tree: ast.AST) -> list[str]:
+    """Each place `tree` reaches git by itself: an import of gitpython (`git`), an argv list starting
+    with "git", or a shell command string starting with "git " handed to a process call."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [f"line {node.lineno}: import {a.name}" for a in node.names if a.name.split(".")[0] == "git"]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "git":
+            out.append(f"line {node.lineno}: from {node.module} import ...")
+        elif isinstance(node, (ast.List, ast.Tuple)) and node.elts and isinstance(node.elts[0], ast.Constant) \
+                and node.elts[0].value == "git":
+            out.append(f"line {node.lineno}: a git argv {ast.unparse(node)[:60]}")
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
+                and isinstance(node.args[0].value, str) and node.args[0].value.split(" ")[0] == "git" \
+                and getattr(node.func, "attr", getattr(node.func, "id", None)) in PROCESS_CALLS:
+            out.append(f"line {node.lineno}: a git shell command {node.args[0].value[:60]!r}")
+    return out
+
+
+def test_only_gitops_reaches_git():
+    sources = porter_sources()
+    assert git_reaches(sources[GIT_MODULE]), "the walk sees gitops' own git calls"
+    found = {m: r for m, t in sources.items() if m != GIT_MODULE and (r := git_reaches(t))}
+    assert not found, f"git reached outside porter.gitops (add a gitops function instead): {found}"
+
+
+def test_the_git_walk_catches_each_way_in():
+    for code in ("import git\n", "import git.exc\n", "from git import Repo\n",
+                 "import subprocess\nsubprocess.run(['git', 'log'], cwd=ws)\n",
+                 "from subprocess import check_output\ncheck_output(('git', 'show', 'HEAD:x'))\n",
+                 "import os\nos.system('git status')\n", "argv = ['git', '-C', ws, 'ls-tree']\n"):
+        assert git_reaches(ast.parse(code)), code
+    for code in ("from porter import gitops\ngitops.read(ws, 'log')\n", "print('git log failed')\n",
+                 "import gitops\n", "subprocess.run(['nvcc', '--version'])\n"):
+        assert not git_reaches(ast.parse(code)), code
+
+
+# ---- ledger records through history -------------------------------------------------------
+
+# porter.ledger writes and verifies the file; porter.history types its records (History.read,
+# History.from_scan).  Everything else asks history, and may use the ledger only to append, to
+# repair it, or for its integrity verdict (Ledger.verify(): counts and problems, no records).
+LEDGER_READERS = {"porter.ledger", "porter.history"}
+# Modules that still read raw records, each with why:
+RAW_READERS_ALLOWED = {
+    # derive() makes the one pass (Ledger.scan()) that gives History.from_scan its records, the
+    # integrity verdict, the bytes compared with HEAD's ledger and the raw hash chain the witness
+    # checks: integrity is judged on the lines as written, which typed history records drop.
+    "porter.status": "integrity of the raw lines (chain, witness, committed prefix)",
+    # The run seeds provider budgets from every "usage" record (`budget.seed(ledger.records())`);
+    # issue 26 item 2 moves the run loop (porter.loop -> porter.run) onto history.
+    "porter.loop": "budget seed from raw usage records, until the run moves onto history",
+    "porter.run": "the same code after the move to porter/run/",
+}
+RAW_METHODS = {"records", "scan"}  # Ledger.records(), Ledger.scan() (Scan.entries are raw dicts)
+RAW_NAMES = {"scan_bytes", "Scan", "_complete_lines"}  # porter.ledger's raw parsing, by name
+
+
+def raw_ledger_reads(tree: ast.AST) -> list[str]:
+    """Each place `tree` reads ledger records itself: a call `x.records()` or `x.scan(...)` on
+    something other than a module called scan, or porter.ledger's raw parsers imported or named."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in RAW_METHODS \
+                and not node.args[1:] and not node.keywords \
+                and not (isinstance(node.func.value, ast.Name) and node.func.value.id == "scan"):
+            out.append(f"line {node.lineno}: {ast.unparse(node)[:60]}")
+        elif isinstance(node, ast.ImportFrom) and node.module == "porter.ledger":
+            out += [f"line {node.lineno}: imports {a.name}" for a in node.names if a.name in RAW_NAMES]
+        elif isinstance(node, ast.Attribute) and node.attr in RAW_NAMES and isinstance(node.value, ast.Name) \
+                and node.value.id == "ledger":
+            out.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return out
+
+
+def test_only_history_reads_ledger_records():
+    sources = porter_sources()
+    assert raw_ledger_reads(sources["porter.history"]), "the walk sees history's own read"
+    found = {m: r for m, t in sources.items()
+             if m not in LEDGER_READERS and not _allowed(m, RAW_READERS_ALLOWED) and (r := raw_ledger_reads(t))}
+    assert not found, f"ledger records read outside porter.history (use History.read / UnitHistory): {found}"
+
+
+def test_the_ledger_walk_catches_each_way_in():
+    for code in ("recs = Ledger(ws).records()\n", "for line, rec in ledger.scan().entries: pass\n",
+                 "from porter.ledger import scan_bytes\n", "from porter import ledger\nledger.scan_bytes(b'', None)\n",
+                 "entries = Ledger(ws, key).scan(data).entries\n"):
+        assert raw_ledger_reads(ast.parse(code)), code
+    for code in ("from porter.history import History\nHistory.read(ws, t).unit(u).attempts\n",
+                 "Ledger(ws).verify().records\n", "ledger.append('gate', ok=True)\n",
+                 "from porter.scan import scan\nscan.scan(target)\n", "result = scan(target)\n"):
+        assert not raw_ledger_reads(ast.parse(code)), code
