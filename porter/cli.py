@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -48,6 +49,18 @@ DELEGATED = {
     "repair": ("porter.repair", "accept a tampered tail or a rollback explicitly (recorded, signed), so runs can go on"),
 }
 READ_COMMANDS = {"units", "status", "audit", "plan", "prompt"}
+# `porter dev TOOL ...`: benches and by-hand steps for porter's developers; each module's main(argv) parses the
+# tool's own options (`python -m MODULE` runs the same main).
+DEV = {
+    "e2e": ("porter.gates.e2e.__main__", "the e2e gate by hand: prepare, calibrate (--write stores the rule), run, logprob"),
+    "trace": ("porter.calibration.trace", "which known-good kernels each spec's cases launch (GPU; checkout)"),
+    "chunks": ("porter.calibration.chunks", "a target's specs in n chunks of equal calibration work (--chunk i/n)"),
+    "parity-bench": ("porter.gates.parity.bench", "time from answer text to parity verdict, fresh child vs warm worker (GPU)"),
+    "run-bench": ("porter.run_bench", "units per hour of `porter run` at --jobs 1 and N with a slow scripted provider"),
+    "status-bench": ("porter.bench_status", "time of `porter status` over a 10,000-record signed ledger"),
+    "scan-bench": ("porter.scan.bench", "time of a full and a cached scan of a target's sources"),
+}
+DEV_LIST = "".join(f"  {name:<14}{help_}\n" for name, (_, help_) in DEV.items())
 
 
 def _common(json_flag: bool) -> argparse.ArgumentParser:
@@ -80,7 +93,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         description="porter ports a Metal GPU backend to CUDA one API function (unit) at a time: an LLM writes "
         "each unit, gates (static, build, parity) decide, and every verified step is one git commit with "
         "its ledger record and evidence.",
-        epilog=EPILOG,
+        epilog=EPILOG + "\ndeveloper tools (`porter dev TOOL --help`):\n" + DEV_LIST,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("-C", dest="workspace_dir", metavar="DIR",
@@ -128,6 +141,13 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
     p = add("units", "list the target's API functions: signature, runtime/op, file state (placeholder/ported)",
             epilog="example: porter units --target minimoe --json")
+
+    p = sub.add_parser("dev", help="developer tools: " + ", ".join(DEV) + " (listed below)",
+                       description="developer tools; `porter dev TOOL --help` gives a tool's options "
+                       "(with -C DIR, the tool runs in DIR)", epilog="tools:\n" + DEV_LIST,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("tool", choices=DEV, metavar="TOOL")
+    p.add_argument("tool_args", nargs=argparse.REMAINDER, metavar="...", help="the tool's own options")
 
     for name, (module, help_) in DELEGATED.items():
         p = add(name, help_)
@@ -230,6 +250,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(args) -> int:
+    if args.command == "dev":
+        if args.workspace_dir:
+            os.chdir(Path(args.workspace_dir).expanduser())
+        return int(importlib.import_module(DEV[args.tool][0]).main(args.tool_args) or 0)
     if args.command == "init":
         args.workspace = Path(args.directory).expanduser().resolve()
         return _cmd_init(args)

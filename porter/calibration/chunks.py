@@ -1,8 +1,8 @@
 """A target's specs in n chunks of about equal calibration work, for runs under a time limit.
 
     porter calibrate --target ds4 --known-good upstream --chunk 2/3
-    python -m porter.calibration.trace --target ds4 --chunk 2/3
-    python -m porter.calibration.chunks --target ds4 --weights 1/3   (each chunk's specs and work)
+    porter dev trace --target ds4 --chunk 2/3
+    porter dev chunks --target ds4 --weights 1/3   (each chunk's specs and work)
 
 A device call ends after ten minutes, and `porter calibrate --known-good upstream`
 over all of ds4 (57 specs, their env-knob variants, 134 mutants) is more than
@@ -63,7 +63,7 @@ def chunk_units(target, chunk: str, units: list[str] | None = None) -> list[str]
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="porter dev chunks", description=__doc__.split("\n\n")[0])
     ap.add_argument("-C", dest="workspace", default=".")
     ap.add_argument("--target", required=True)
     ap.add_argument("--source", default=None)

@@ -1,6 +1,6 @@
 """Which of the known-good's kernels a spec's cases launch: a kernel-launch trace.
 
-    python -m porter.calibration.trace --target ds4 [--unit U ...] [--json FILE]   (GPU, checkout)
+    porter dev trace --target ds4 [--unit U ...] [--json FILE]   (GPU, checkout)
 
 A spec is only as strong as the dispatch paths it reaches: upstream ds4 picks
 kernels by size thresholds and flags, and a mutant of a path no case reaches
@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     from porter.gates.parity.spec import load_specs
     from porter.target import load_target
 
-    ap = argparse.ArgumentParser(prog="python -m porter.calibration.trace", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="porter dev trace", description=__doc__.split("\n\n")[0])
     ap.add_argument("-C", dest="workspace", default=".")
     ap.add_argument("--target", required=True)
     ap.add_argument("--source", default=None)

@@ -1,4 +1,4 @@
-"""Scanner benchmark: `python -m porter.scan.bench [--target ds4] [--source DIR] [-C WORKSPACE]`.
+"""Scanner benchmark: `porter dev scan-bench --target NAME [--source DIR] [-C WORKSPACE]`.
 
 Prints the seconds of a full scan with an empty cache (the first one in this
 process, grammars loaded on the way, and a second one), of a cached re-scan,
@@ -51,7 +51,7 @@ def bench(target, repeats: int = 3) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m porter.scan.bench", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="porter dev scan-bench", description=__doc__.splitlines()[0])
     ap.add_argument("--target", required=True)
     ap.add_argument("--source", metavar="DIR", help="the target's source checkout (default: PORTER_<T>_SOURCE, "
                                                      "then external/<target> of this repository)")

@@ -1,4 +1,4 @@
-"""python3 -m porter.gates.e2e {calibrate,run,<driver command>} --target NAME ...
+"""porter dev e2e {calibrate,run,<driver command>} --target NAME ...   (also `python3 -m porter.gates.e2e`)
 
   calibrate  run every backend of targets/NAME/e2e/variants.toml through the target's driver
              (--mode cpu: the CPU rows where the driver has them; cuda: all rows), print the
@@ -21,7 +21,7 @@ from porter.errors import PorterError
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m porter.gates.e2e", description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="porter dev e2e", description=__doc__.split("\n\n")[0],
                                  epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("command", help="calibrate, run, or a command of the target's driver")
     ap.add_argument("--target", required=True)

@@ -1,7 +1,7 @@
 """Benchmark: time from a candidate's answer text to its parity verdict (GPU machine).
 
-    python -m porter.gates.parity.bench [--unit U] [--reps N] [--scratch-reps M] [--json FILE]
-                                        [--paths spawn,warm] [--isolation] [--workers N] [--build-only]
+    porter dev parity-bench [--unit U] [--reps N] [--scratch-reps M] [--json FILE]
+                            [--paths spawn,warm] [--isolation] [--workers N] [--build-only]
 
 A throw-away workspace holds minimoe with every unit ported (the scripted good
 answers).  Each measured attempt takes the unit's answer text with a fresh
@@ -88,7 +88,7 @@ def attempt(target, unit: str, text: str, cache: Path, workspace: Path, timeout:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="porter dev parity-bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--unit", default="mini_gpu_matmul_q8_0_tensor")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--scratch-reps", type=int, default=2)
