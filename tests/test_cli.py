@@ -12,7 +12,7 @@ from porter import cli, gitops
 from porter.placeholder import MARKER
 from porter.target import load_target
 
-COMMANDS = ["init", "run", "units", *cli.DELEGATED]
+COMMANDS = ["init", "run", "units", "dev", *cli.DELEGATED]
 
 
 def test_top_level_help_lists_every_command_with_examples(porter_cli):
@@ -36,6 +36,46 @@ def test_every_command_has_help(porter_cli, name):
     assert f"porter {name}" in r.stdout
     if name in cli.READ_COMMANDS:
         assert "--json" in r.stdout, f"porter {name} has no --json"
+
+
+def test_help_lists_every_developer_tool_with_one_line(porter_cli):
+    for args in (("--help",), ("dev", "--help")):
+        out = porter_cli(None, *args).stdout
+        for name, (_, help_) in cli.DEV.items():
+            assert f"  {name:<14}{help_}\n" in out, (args, name)
+
+
+@pytest.mark.parametrize("name", cli.DEV)
+def test_each_developer_tool_parses_its_own_options(capsys, name):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["dev", name, "--help"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.startswith(f"usage: porter dev {name} ")
+
+
+# Modules run as a script that are not developer tools: porter itself, `porter calibrate`'s twin, and
+# the child processes porter starts.
+SCRIPTS_NOT_TOOLS = {"porter.cli", "porter.__main__", "porter.calibration.__main__", "porter.gates.parity.child",
+                     "porter.gates.parity.worker"}
+
+
+def test_every_python_m_entry_point_is_a_porter_dev_tool():
+    """A module runnable with `python -m` is listed under `porter dev` (one line in --help), so no
+    developer entry point hides outside porter --help."""
+    import ast
+    from pathlib import Path
+
+    root = Path(cli.__file__).resolve().parents[1]
+    scripts = set()
+    for p in (root / "porter").rglob("*.py"):
+        parts = p.relative_to(root).with_suffix("").parts
+        guard = any(isinstance(n, ast.Compare) and ast.unparse(n) == "__name__ == '__main__'"
+                    for n in ast.walk(ast.parse(p.read_text())))
+        if guard or parts[-1] == "__main__":
+            scripts.add(".".join(parts))
+    assert "porter.gates.parity.bench" in scripts  # the walk sees the guards
+    tools = {module for module, _ in cli.DEV.values()}
+    assert scripts - SCRIPTS_NOT_TOOLS == tools
 
 
 def test_init_makes_a_workspace(workspace):
