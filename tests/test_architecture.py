@@ -123,3 +123,42 @@ def test_the_ledger_walk_catches_each_way_in():
                  "Ledger(ws).verify().records\n", "ledger.append('gate', ok=True)\n",
                  "from porter.scan import scan\nscan.scan(target)\n", "result = scan(target)\n"):
         assert not raw_ledger_reads(ast.parse(code)), code
+
+
+# ---- the failure-mode table names tests that exist --------------------------------------------
+
+DESIGN = REPO / "docs" / "DESIGN.md"
+
+
+def named_tests(text: str) -> set[tuple[str, str]]:
+    """(file, test function) for each `test_x.py::test_y[id]` in `text` (ids dropped)."""
+    import re
+
+    return {(m[0], m[1]) for m in re.findall(r"`(test_\w+\.py)::(test_\w+)(?:\[[^\]`]*\])?`", text)}
+
+
+def missing_tests(named: set[tuple[str, str]]) -> list[str]:
+    out = []
+    for file, name in sorted(named):
+        path = REPO / "tests" / file
+        defined = {n.name for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.FunctionDef)} \
+            if path.is_file() else set()
+        if name not in defined:
+            out.append(f"{file}::{name}")
+    return out
+
+
+def test_each_failure_mode_names_tests_that_exist():
+    text = DESIGN.read_text()
+    table = text[text.index("## Failure modes we exist to prevent"):text.index("## Vocabulary")]
+    rows = [ln for ln in table.splitlines() if ln.startswith("| ") and not ln.startswith("| ---")][1:]
+    assert len(rows) >= 13, "seven failures of the port and six reward hacks"
+    assert all("`test_" in row for row in rows if not row.startswith("| reward hack")), "a row covered by no test"
+    named = named_tests(table)
+    assert not missing_tests(named), missing_tests(named)
+
+
+def test_a_renamed_test_is_caught():
+    assert missing_tests({("test_architecture.py", "test_no_such_test"), ("test_no_such_file.py", "test_x")}) == [
+        "test_architecture.py::test_no_such_test", "test_no_such_file.py::test_x"]
+    assert named_tests("`test_a.py::test_b[x-Y]`, `test_c.py::test_d`") == {("test_a.py", "test_b"), ("test_c.py", "test_d")}
