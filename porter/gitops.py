@@ -1,9 +1,11 @@
 """The git side of a workspace: one commit per verified (or built) step.
 
-porter drives the `git` command line (not a library) so that what it does is
-exactly what a person could retype.  A step commit holds the unit file, the
-ledger and the evidence files together, and carries trailers that tie it to
-the ledger record it commits:
+porter drives the `git` command line so that what it does is exactly what a
+person could retype (gitpython's `repo.git.*` runs the same git processes, and
+importing it cost ~0.1 s on every `porter status`); no other module reaches git
+(tests/test_architecture.py).  `read` only looks; `git` may commit (it passes an
+identity).  A step commit holds the unit file, the ledger and the evidence
+files together, and carries trailers that tie it to the ledger record it commits:
 
     porter: built mini_gpu_add_tensor (attempt 2)
 
@@ -13,13 +15,6 @@ the ledger record it commits:
     Porter-Candidate: <sha256 of the unit file>
     Porter-Step: <hash of the "step" ledger record>
     Porter-Evidence: <sha256>            (one line per evidence file)
-
-This is the only module that reaches git (tests/test_architecture.py holds every
-other module to it), and it reaches it through the command line, not gitpython:
-gitpython's `repo.git.*` runs the same git processes, importing it costs about
-0.1 s on every `porter status`, and every porter call here is one command a
-person can retype.  `read` is for commands that only look (no identity needed);
-`git` is for those that write commits.
 """
 
 from __future__ import annotations
@@ -98,8 +93,7 @@ def commit_of(workspace: Path, rev: str = "HEAD") -> str | None:
     return r.stdout.decode().strip() or None if r.returncode == 0 else None
 
 
-def head(workspace: Path) -> str | None:
-    return commit_of(workspace)
+head = commit_of  # of HEAD, its default
 
 
 def check_index_unlocked(workspace: Path) -> None:

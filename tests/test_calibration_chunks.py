@@ -55,16 +55,17 @@ def test_the_command_prints_unit_flags_for_minimoe(capsys):
 def test_porter_calibrate_chunk_runs_that_chunk_of_the_specs(monkeypatch, capsys):
     import porter.calibration.command as command
     from porter.calibration.chunks import chunk_units
+    from porter.cli import main
     from porter.target import load_target
 
     seen = []
     monkeypatch.setattr(command, "calibrate", lambda target, libs, opts, out=print: seen.append(opts.units) or
                         {"rows": [], "seconds": 0.0})
-    args = ["-C", str(REPO), "--target", "minimoe", "--mode", "host", "--no-ledger"]
-    assert command.main(args + ["--chunk", "2/3"]) == 0
+    args = ["-C", str(REPO), "calibrate", "--target", "minimoe", "--mode", "host", "--no-ledger"]
+    assert main(args + ["--chunk", "2/3"]) == 0
     assert seen == [chunk_units(load_target(REPO, "minimoe"), "2/3")] and seen[0]
-    assert command.main(args + ["--chunk", "3/2"]) == 2
+    assert main(args + ["--chunk", "3/2"]) == 2
     assert "expected i/n" in capsys.readouterr().err
     # with --unit: the chunk is taken of those units only
-    assert command.main(args + ["--unit", "mini_gpu_add_tensor", "--chunk", "1/1"]) == 0
+    assert main(args + ["--unit", "mini_gpu_add_tensor", "--chunk", "1/1"]) == 0
     assert seen[-1] == ["mini_gpu_add_tensor"]

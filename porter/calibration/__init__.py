@@ -7,7 +7,7 @@ refused each of its mutants by the check named for it (DESIGN.md).
     libraries.py   the one library builder: known-good and mutant backends from unit sources
                    (the build gate's way), from the target's upstream checkout, or prebuilt
     calibrator.py  runs every spec against them and appends "calibration" records
-    command.py     `porter calibrate` (also `python -m porter.calibration`)
+    command.py     `porter calibrate`
 
 A spec is "calibrated" only when its known-good passed and it has mutants, each
 rejected by its named check; the parity gate and perf read that through

@@ -95,23 +95,3 @@ def run(args) -> int:
         print(f"\n{len(report['rows']) - len(bad)} of {len(report['rows'])} behaved as they must"
               + (f"; {len(bad)} did not" if bad else "") + f" ({report['seconds']} s)")
     return 1 if bad else 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m porter.calibration ...` without the porter CLI."""
-    p = argparse.ArgumentParser(prog="porter calibrate", description=__doc__.split("\n\n")[0])
-    p.add_argument("-C", dest="workspace", default=".", help="workspace (default: .)")
-    p.add_argument("--target", default=None, help="default: the workspace's only target")
-    p.add_argument("--source", default=None)
-    add_arguments(p)
-    args = p.parse_args(argv)
-    args.workspace = Path(args.workspace).resolve()
-    try:
-        if args.target is None:
-            from porter.workspace import default_target
-
-            args.target = default_target(args.workspace)
-        return run(args)
-    except PorterError as exc:
-        print(f"porter: error: {exc}", file=sys.stderr)
-        return exc.exit_code

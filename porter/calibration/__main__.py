@@ -1,5 +1,0 @@
-import sys
-
-from porter.calibration.command import main
-
-sys.exit(main())
