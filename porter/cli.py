@@ -49,8 +49,7 @@ DELEGATED = {
     "repair": ("porter.repair", "accept a tampered tail or a rollback explicitly (recorded, signed), so runs can go on"),
 }
 READ_COMMANDS = {"units", "status", "audit", "plan", "prompt"}
-# `porter dev TOOL ...`: benches and by-hand steps for porter's developers; each module's main(argv) parses the
-# tool's own options (`python -m MODULE` runs the same main).
+# `porter dev TOOL ...`: each module's main(argv) parses the tool's own options (`python -m MODULE` runs it too)
 DEV = {
     "e2e": ("porter.gates.e2e.__main__", "the e2e gate by hand: prepare, calibrate (--write stores the rule), run, logprob"),
     "trace": ("porter.calibration.trace", "which known-good kernels each spec's cases launch (GPU; checkout)"),

@@ -75,10 +75,8 @@ def git(workspace: Path, *args: str, check: bool = True, input: str | None = Non
 
 def toplevel(path: Path) -> Path | None:
     """The work tree holding `path`; None when `path` is missing or in no git repository."""
-    if not Path(path).is_dir():
-        return None
-    r = _run(path, ["rev-parse", "--show-toplevel"])
-    return Path(r.stdout.decode().strip()) if r.returncode == 0 else None
+    r = _run(path, ["rev-parse", "--show-toplevel"]) if Path(path).is_dir() else None
+    return Path(r.stdout.decode().strip()) if r is not None and r.returncode == 0 else None
 
 
 def init_repo(path: Path) -> None:

@@ -113,9 +113,12 @@ def read_git(workspace: Path, ledger_file: Path) -> GitView:
     root = gitops.toplevel(workspace)
     if root is None:
         return GitView(False, "the workspace is not a git repository: no step can have a commit")
-    if gitops.head(root) is None:
-        return GitView(True, "no commits yet")
-    raw = gitops.read(root, "log", "--format=%H%x1f%s%x1f%(trailers:only,unfold)%x1e", "HEAD").decode()
+    try:  # asked first, not after a HEAD probe: one git process fewer on every status
+        raw = gitops.read(root, "log", "--format=%H%x1f%s%x1f%(trailers:only,unfold)%x1e", "HEAD").decode()
+    except PorterError:
+        if gitops.head(root) is None:
+            return GitView(True, "no commits yet")
+        raise
     commits = []
     for chunk in raw.split("\x1e"):
         chunk = chunk.lstrip("\n")
