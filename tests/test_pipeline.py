@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 PORTER = REPO / "porter"
 # Modules that parse a command line or print for one: nothing below them may import them.
 COMMAND_MODULES = {"porter.cli", "porter.loop", "porter.status", "porter.audit", "porter.plan", "porter.reverify",
-                   "porter.prompt.cli", "porter.calibration.command", "porter.calibration.__main__"}
+                   "porter.prompt.cli", "porter.calibration.command"}
 
 
 def module_name(path: Path) -> str:
