@@ -235,6 +235,7 @@ def _bwrap(argv, *, ro, rw, devices, gpu, env, limits, cwd, tmp, python) -> Wrap
             args += ["--symlink", os.readlink(p), p]
         elif os.path.isdir(p):
             args += ["--ro-bind", p, p]
+    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]  # first: a bind below /tmp stays visible
     ro_all = [p for p in SYSTEM_RO if os.path.exists(p)]
     if python:
         ro_all += python_ro()
@@ -246,8 +247,7 @@ def _bwrap(argv, *, ro, rw, devices, gpu, env, limits, cwd, tmp, python) -> Wrap
         _check_bind(p, forbidden, writable=False)
         args += ["--ro-bind", p, p]
         binds.append(("ro", p))
-    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
-    for p in [str(x) for x in rw]:  # after /tmp: a writable folder under /tmp stays visible
+    for p in [str(x) for x in rw]:
         _check_bind(p, forbidden, writable=True)
         args += ["--bind", p, p]
         binds.append(("rw", p))

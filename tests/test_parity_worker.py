@@ -1,8 +1,8 @@
-"""The warm parity worker keeps the fresh child's isolation (host mode, no GPU needed).
+"""The pre-started parity workers keep the fresh child's isolation (host mode, no GPU needed).
 
-A crash, a hang, an abort or a CUDA error left by one candidate is recorded as
-that candidate's failure, and the candidates after it run in a new worker; good
-candidates in a row share one worker; no static state survives between jobs.
+A crash, a hang or an abort by one candidate is recorded as that candidate's
+failure; every plan runs in its own sandboxed process, so no state of one
+candidate survives into the next.
 """
 
 from __future__ import annotations
@@ -62,19 +62,16 @@ def test_bad_candidates_between_good_ones_are_recorded_and_replaced(tmp_path, ti
                 assert o.results["rc"] == 7
             else:
                 assert "step 'call'" in o.detail  # the progress file still names where it died
-        # one replacement per bad candidate, none for good ones
-        assert p.respawns == 3, seen
+        assert p.started == len(seq) + 1  # one process per plan, good or bad, and the spare for the next
     finally:
         p.close()
 
 
-def test_good_candidates_share_one_worker_and_no_static_state(tmp_path, tiny_lib):
+def test_no_static_state_survives_from_one_plan_to_the_next(tmp_path, tiny_lib):
     p = pool.WarmPool("host", 1)
     try:
         rcs = [p.run(_plan(tmp_path, tiny_lib, "counter", i), timeout=10).results["rc"] for i in range(3)]
-        assert p.respawns == 0
-        # each job dlopens a private copy: a static counter starts from zero every time
-        assert rcs == [1, 1, 1]
+        assert rcs == [1, 1, 1]  # a static counter starts from zero every time: a new process each plan
     finally:
         p.close()
 
@@ -100,9 +97,10 @@ def test_a_worker_that_cannot_start_falls_back_to_a_fresh_child(tmp_path, tiny_l
 
 
 def test_worker_exits_when_its_parent_is_killed(tmp_path, tiny_lib):
-    """kill -9 of porter must not leave a worker behind (its stdin closes; a hung one watches its parent)."""
-    code = ("import sys, time; sys.path.insert(0, %r); from porter.gates.parity import pool;"
-            "w = pool.WarmWorker('host', None); assert w.ready(); print(w.proc.pid, flush=True); time.sleep(60)")
+    """kill -9 of porter must not leave a worker behind (bwrap --die-with-parent)."""
+    code = ("import sys, time, tempfile; sys.path.insert(0, %r); from porter.gates.parity import pool;"
+            "w = pool.Standby('host', None, tempfile.mkdtemp(), []); assert w.ready(); print(w.proc.pid, flush=True);"
+            "time.sleep(60)")
     import os
     import signal
 

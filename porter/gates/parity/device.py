@@ -113,6 +113,9 @@ class Device:
     def reserve(self, n: int) -> None:
         """Make reads of up to n bytes allocation-free (the stream probe must not block)."""
 
+    def prewarm(self) -> None:
+        """What can be made ready before a candidate is loaded (pre-started workers)."""
+
     def hold(self, stream: int, ns: int):
         return None
 
@@ -123,7 +126,7 @@ class Device:
         return self.read(ptr, n)
 
     def free_fraction(self) -> float:
-        """Share of device memory still free (a warm worker retires when candidates' leftovers pile up)."""
+        """Share of device memory still free."""
         return 1.0
 
     def flush_l2(self, stream: int) -> None:
@@ -248,6 +251,14 @@ class CudaDevice(Device):
     def read_side(self, ptr: int, n: int) -> bytes:
         """Copy on a private non-blocking stream: ordered after nothing the unit enqueued."""
         return self._read_on(ptr, n, self.side)
+
+    def prewarm(self) -> None:
+        """Compile the hold kernel before any candidate is loaded: a pre-started worker's cupy
+        cache is private to it (nothing compiled for one candidate is there for the next), so
+        without this every verdict would pay NVRTC on its first probed call."""
+        if self._hold is None:
+            self._hold = self.cp.RawKernel(_HOLD_SRC, "porter_parity_hold")
+        self._hold.compile()
 
     def hold(self, stream: int, ns: int):
         """Occupy `stream` with a kernel that spins for `ns` nanoseconds; returns an event

@@ -2,20 +2,25 @@
 
     executor(mode).run(plan_dir, timeout) -> runner.ChildOutcome
 
-SpawnExecutor starts a fresh child per plan (runner.run_child: the slow, simple
-path; compute-sanitizer runs always use it).  WarmPool keeps one warm worker
-(worker.py) per visible GPU and hands each plan to a free one; a worker that
-crashed, hung, hit a CUDA error or reached its job limit is replaced at once,
-so its successor starts while the next candidate is still being built.  Both
-give the same ChildOutcome for the same behaviour of a candidate; only the
-time to a verdict differs.  Callers may run plans from several threads (porter
-run --jobs N): WarmPool blocks until a worker is free.
+Both run every plan in a sandboxed process (porter.sandbox) that serves that
+one plan only.  SpawnExecutor starts the child when the plan arrives
+(runner.run_child: the slow, simple path; compute-sanitizer runs always use
+it).  WarmPool keeps one pre-started worker (worker.py) per visible GPU that
+has already paid for the interpreter, imports and CUDA context, hands it the
+plan, and starts the next spare at once, so it warms up while the next
+candidate is still being built.  Both give the same ChildOutcome for the same
+behaviour of a candidate; only the time to a verdict differs.  Callers may run
+plans from several threads (porter run --jobs N): WarmPool blocks until a GPU
+is free.
 
-An engine that spreads plans over several hosts would be one more class with
-this run() method; the plan folder is the whole job.
+A spare is started before its plan exists, so what it can see is fixed then:
+a writable slot folder beside the previous plan (the plan folder is moved in
+for the job and back after it) and, read-only, the files the previous plan
+named outside its folder (a fixture GGUF, weight maps).  A plan that needs
+other files, or lies on another file system, gets a worker started for it.
 
 $PORTER_PARITY_EXECUTOR: "warm" (default) or "spawn".  $PORTER_PARITY_WORKERS:
-how many warm workers (default: one per visible CUDA device, one in host mode).
+how many workers (default: one per visible CUDA device, one in host mode).
 """
 
 from __future__ import annotations
@@ -25,9 +30,11 @@ import json
 import os
 import queue
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -50,49 +57,54 @@ class SpawnExecutor:
         return runner.run_child(Path(plan_dir), timeout)
 
 
-class WarmWorker:
-    """One worker process (parent side).  Started on construction; ready() waits for its hello."""
+class Standby:
+    """One pre-started sandboxed worker (parent side): started on construction, runs one plan."""
 
-    def __init__(self, mode: str, device_index: int | None, python: str | None = None):
-        env = dict(os.environ)
-        if device_index is not None:
-            env["CUDA_VISIBLE_DEVICES"] = str(device_index)
-        self.mode, self.device_index = mode, device_index
+    def __init__(self, mode: str, device_index: int | None, base: Path, ro: list[str], python: str | None = None):
+        self.mode, self.device_index, self.ro = mode, device_index, sorted(ro)
+        self.base = Path(base)
+        self.slot = Path(tempfile.mkdtemp(prefix=".slot-", dir=self.base))
         self.argv = [python or sys.executable, str(WORKER), mode]
+        env = {"CUDA_VISIBLE_DEVICES": str(device_index)} if device_index is not None else {}
+        self.wrapped = runner.sandboxed(self.argv, self.slot, mode, ro=self.ro, env=env)
         self.started = time.monotonic()
-        self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, start_new_session=True, env=env)
+        with open(self.slot / "worker.stderr", "wb") as err:
+            self.proc = subprocess.Popen(self.wrapped.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+                                         close_fds=True, start_new_session=True, env=self.wrapped.env,
+                                         preexec_fn=self.wrapped.preexec)
         self.hello: dict | None = None
-        self.jobs = 0
-
-    def _read_line(self, timeout: float) -> dict | None:
-        """One reply line, or None on EOF/timeout (then self.timed_out says which)."""
-        sel = selectors.DefaultSelector()
-        sel.register(self.proc.stdout, selectors.EVENT_READ)
-        try:
-            self.timed_out = not sel.select(timeout)
-        finally:
-            sel.close()
-        if self.timed_out:
-            return None
-        line = self.proc.stdout.readline()
-        if not line:
-            return None
-        try:
-            return json.loads(line)
-        except ValueError:
-            return None
 
     def ready(self) -> bool:
         if self.hello is None:
-            self.hello = self._read_line(READY_TIMEOUT_S) or {"ready": False}
+            self.hello = self._hello(READY_TIMEOUT_S) or {"ready": False}
+            self.proc.stdout.close()  # the one line this channel carries was read: the candidate gets no say
         return bool(self.hello.get("ready"))
 
-    def alive(self) -> bool:
-        return self.proc.poll() is None
+    def _hello(self, timeout: float) -> dict | None:
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        try:
+            if not sel.select(timeout):
+                return None
+        finally:
+            sel.close()
+        try:
+            return json.loads(self.proc.stdout.readline(4096))
+        except ValueError:
+            return None
+
+    def fits(self, plan_dir: Path) -> bool:
+        """This spare can run the plan: it sees every outside file the plan names, and its slot is
+        on the plan's file system (the plan folder is moved, not copied)."""
+        try:
+            same_fs = os.stat(self.slot).st_dev == os.stat(plan_dir).st_dev
+        except OSError:
+            return False
+        return same_fs and set(outside_files(plan_dir)) <= set(self.ro)
 
     def kill(self) -> None:
-        """SIGKILL this worker's own process group (only what this object started)."""
+        """SIGKILL this worker's own process group (only what this object started): bwrap and with it
+        the sandbox's pid namespace."""
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -102,98 +114,105 @@ class WarmWorker:
         except subprocess.TimeoutExpired:
             pass
 
-    def run(self, plan_dir: Path, timeout: float) -> tuple[runner.ChildOutcome, bool]:
-        """(outcome, keep): keep is False when this worker must not take another job."""
+    def discard(self) -> None:
+        self.kill()
+        shutil.rmtree(self.slot, ignore_errors=True)
+
+    def run(self, plan_dir: Path, timeout: float) -> runner.ChildOutcome:
         plan_dir = Path(plan_dir)
         runner.clear_outputs(plan_dir)
-        argv = self.argv + [str(plan_dir)]
+        library = _library(plan_dir)
+        staged = self.slot / "job"
+        # the worker sees no file of the user's: the library comes in as a copy in the plan folder
+        private = plan_dir / ("candidate" + (Path(library).suffix or ".so") if library else "candidate.so")
+        if library:
+            shutil.copyfile(library, private)
+        os.rename(plan_dir, staged)
         t0 = time.monotonic()
+        timed_out = False
         try:
-            self.proc.stdin.write((json.dumps({"plan_dir": str(plan_dir), "deadline_s": timeout}) + "\n").encode())
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
+            job = {"plan_dir": str(plan_dir), "staged": str(staged), "library": str(private)}
+            self.proc.stdin.write((json.dumps(job) + "\n").encode())
+            self.proc.stdin.close()
+        except OSError:
+            pass  # it died: its exit status says how
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
             self.kill()
-            return runner.ChildOutcome("harness", None, 0.0, "the warm parity worker was gone", argv=argv), False
-        reply = self._read_line(timeout)
+            rc = self.proc.returncode
         elapsed = time.monotonic() - t0
-        self.jobs += 1
-        if reply is None:
-            timed_out = self.timed_out
-            if timed_out:
-                self.kill()
-            try:
-                rc = self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.kill()
-                rc = self.proc.returncode
-            return runner.classify(plan_dir, rc, elapsed, timed_out, timeout, argv), False
-        o = runner.classify(plan_dir, int(reply["rc"]), elapsed, False, timeout, argv)
-        keep = not reply.get("retire")
-        if not keep:
-            try:
-                self.proc.stdin.close()
-                self.proc.wait(timeout=10)
-            except (OSError, subprocess.TimeoutExpired):
-                self.kill()
-        return o, keep
+        os.rename(staged, plan_dir)
+        shutil.rmtree(self.slot, ignore_errors=True)
+        runner.scrub(plan_dir)
+        o = runner.classify(plan_dir, runner.signalled(rc, self.wrapped), elapsed, timed_out, timeout,
+                            self.argv + [str(plan_dir)])
+        o.sandbox = self.wrapped.label
+        return o
+
+
+def _library(plan_dir: Path) -> str | None:
+    try:
+        return json.loads((plan_dir / "plan.json").read_text()).get("library")
+    except (OSError, ValueError):
+        return None
+
+
+def outside_files(plan_dir: Path) -> list[str]:
+    """What a worker must see read-only for this plan besides its own folder (the library comes as a copy)."""
+    return sorted(set(runner.external_files(plan_dir)) - {_library(plan_dir)})
 
 
 class WarmPool:
-    """One warm worker per slot (per GPU); run() blocks until a worker is free."""
+    """One pre-started worker per slot (per GPU); run() blocks until a slot is free."""
 
     def __init__(self, mode: str, n_workers: int, device_indices: list[int | None] | None = None):
         self.mode = mode
         self.slots = device_indices or [None] * n_workers
-        self.idle: queue.Queue = queue.Queue()
+        self.free: queue.Queue = queue.Queue()
+        for i in range(len(self.slots)):
+            self.free.put(i)
+        self.spares: dict[int, Standby | None] = {i: None for i in range(len(self.slots))}
         self._lock = threading.Lock()
-        self._all: set[WarmWorker] = set()
-        self.respawns = 0
-        for idx in self.slots:
-            self.idle.put(self._spawn(idx))
+        self.started = 0  # workers started (one per plan, plus spares that did not fit a plan)
 
-    def _spawn(self, idx) -> WarmWorker:
-        w = WarmWorker(self.mode, idx)
+    def _start(self, i: int, base: Path, ro: list[str]) -> Standby:
         with self._lock:
-            self._all.add(w)
-        return w
+            self.started += 1
+        return Standby(self.mode, self.slots[i], base, ro)
 
     def run(self, plan_dir: Path, timeout: float) -> runner.ChildOutcome:
-        w: WarmWorker = self.idle.get()
-        replaced = False
+        plan_dir = Path(plan_dir)
+        i = self.free.get()
         try:
-            if not w.alive() or not w.ready():
+            w = self.spares[i]
+            self.spares[i] = None
+            if w is None or not w.fits(plan_dir):
+                if w is not None:
+                    w.discard()
+                w = self._start(i, plan_dir.parent, outside_files(plan_dir))
+            if not w.ready():
                 err = (w.hello or {}).get("error") or "it did not start"
-                w.kill()
-                w, replaced = self._spawn(w.device_index), True
-                if not w.ready():
-                    # no warm worker here: one fresh child keeps the gate honest, and says why in its detail
-                    o = runner.run_child(Path(plan_dir), timeout)
-                    o.detail += f" (fresh child: warm worker unavailable: {err})"
-                    return o
-            o, keep = w.run(plan_dir, timeout)
-            if not keep:
-                with self._lock:
-                    self._all.discard(w)
-                w, replaced = self._spawn(w.device_index), True  # starts now, overlapping the next build
+                w.discard()
+                # no pre-started worker here: one fresh child keeps the gate honest, and says why in its detail
+                o = runner.run_child(plan_dir, timeout)
+                o.detail += f" (fresh child: warm worker unavailable: {err})"
+                return o
+            ro = outside_files(plan_dir)
+            o = w.run(plan_dir, timeout)
+            # the next plan's worker warms up now, overlapping the next build (not this verdict's timings)
+            self.spares[i] = self._start(i, plan_dir.parent, ro)
             return o
         finally:
-            if replaced:
-                self.respawns += 1
-            self.idle.put(w)
+            self.free.put(i)
 
     def close(self) -> None:
         with self._lock:
-            workers, self._all = list(self._all), set()
-        for w in workers:
-            try:
-                w.proc.stdin.close()
-            except OSError:
-                pass
-        for w in workers:
-            try:
-                w.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                w.kill()
+            spares = [w for w in self.spares.values() if w is not None]
+            self.spares = {i: None for i in self.spares}
+        for w in spares:
+            w.discard()
 
 
 _executors: dict[str, Executor] = {}

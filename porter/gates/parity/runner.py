@@ -1,11 +1,17 @@
-"""Runs the parity child in its own process group with a time limit.
+"""Runs the parity child in a sandbox, in its own process group, with a time limit.
 
 A candidate may hang (an endless kernel, a deadlock), segfault in host code,
 abort, or kill its CUDA context; none of that may take the harness down.  The
-child runs as `python child.py PLAN_DIR` in a new session; on timeout the
-whole process group is killed (SIGKILL) -- only the processes this module
-started.  The outcome says what happened in one line, naming the case and the
-step the child had reached (from its progress file).
+child runs as `python child.py PLAN_DIR` inside porter.sandbox (bubblewrap),
+which shows it the plan folder (writable), the files the plan names and the
+child's own folder (read-only) and nothing of the user; on timeout the whole
+process group is killed (SIGKILL), and with it the sandbox's pid namespace.
+The outcome says what happened in one line, naming the case and the step the
+child had reached (from its progress file).
+
+Everything in the plan folder afterwards is the candidate's writing: scrub()
+drops links and special files before the parent reads any of it, and reads
+are bounded.
 """
 
 from __future__ import annotations
@@ -14,16 +20,21 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from porter import sandbox
+
 CHILD = Path(__file__).resolve().parent / "child.py"
 
 SANITIZER_EXIT = 86  # --error-exitcode given to compute-sanitizer
 EXIT_MEANING = {2: "bad plan", 3: "CUDA error", 4: "library did not load", 5: "harness error in the child"}
+# the child's environment is built from nothing: these are the variables of ours it still reads
+PASSED_ENV = ("PORTER_PARITY_HOST_PEAK_GBPS", "PORTER_LAUNCH_TRACE", "LD_PRELOAD")
 
 
 @dataclass
@@ -37,21 +48,80 @@ class ChildOutcome:
     stdout_tail: str = ""
     stderr_tail: str = ""
     argv: list[str] = field(default_factory=list)
+    sandbox: str = "none"  # what the child ran in: the bwrap version, or "none" (--unsafe-no-sandbox)
 
 
 def _tail(path: Path, limit: int = 4000) -> str:
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - limit))  # a candidate may write gigabytes
+            data = f.read(limit)
     except OSError:
         return ""
-    return data[-limit:].decode("utf-8", "replace")
+    return data.decode("utf-8", "replace")
+
+
+def scrub(plan_dir: Path) -> None:
+    """Remove what a candidate may have planted in its writable folder for the parent to trip on:
+    a symlink (results.json -> the signing key, read into diagnostics) or a FIFO (a read that
+    never returns).  Called once the sandbox is gone; the parent reads only regular files after."""
+    for root, dirs, files in os.walk(plan_dir):
+        for name in dirs + files:
+            p = os.path.join(root, name)
+            try:
+                st = os.lstat(p)
+            except OSError:
+                continue
+            if stat.S_ISLNK(st.st_mode) or not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+                os.unlink(p)
+
+
+def external_files(plan_dir: Path) -> list[str]:
+    """Files outside the plan folder the plan names (library, weight maps, a fixture GGUF) and the
+    preloaded libraries: what the child must see read-only.  Read before the child starts."""
+    try:
+        plan = json.loads((plan_dir / "plan.json").read_text())
+    except (OSError, ValueError):
+        return []
+    found: set[str] = set()
+
+    def walk(v):
+        if isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, list):
+            for x in v:
+                walk(x)
+        elif isinstance(v, str) and v.startswith("/") and not v.startswith(str(plan_dir) + "/") and os.path.isfile(v):
+            found.add(v)
+
+    walk(plan)
+    walk(os.environ.get("LD_PRELOAD", "").split())
+    return sorted(found)
+
+
+def child_env() -> dict:
+    return {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
+
+
+def sandboxed(argv: list[str], plan_dir: Path, mode: str, *, rw: list | None = None, ro: list | None = None,
+              env: dict | None = None) -> sandbox.Wrapped:
+    """argv in the parity sandbox: the child's folder and `ro` read-only, `rw` (default: the plan
+    folder) writable, the GPU when mode is cuda; TMPDIR and cupy's kernel cache inside the writable
+    folder, so nothing compiled for one candidate is there for the next."""
+    rw = rw or [str(plan_dir)]
+    tmp = os.path.join(rw[0], ".tmp")
+    os.makedirs(tmp, exist_ok=True)
+    inside = {**child_env(), "CUPY_CACHE_DIR": os.path.join(tmp, "cupy"), **(env or {})}
+    ro_all = [str(CHILD.parent)] + list(ro if ro is not None else external_files(plan_dir))
+    return sandbox.wrap(argv, ro=ro_all, rw=rw, gpu=mode == "cuda", env=inside, tmp=tmp, cwd=str(rw[0]))
+
+
+RESULTS_MAX_BYTES = 256 << 20  # results.json is facts per call; more than this is not the child's honest writing
 
 
 def last_progress(plan_dir: Path) -> dict | None:
-    try:
-        lines = (plan_dir / "progress.jsonl").read_text().splitlines()
-    except OSError:
-        return None
+    lines = _tail(plan_dir / "progress.jsonl", 64 << 10).splitlines()
     for line in reversed(lines):
         try:
             return json.loads(line)
@@ -95,11 +165,13 @@ def run_child(plan_dir: Path, timeout: float, *, argv: list[str] | None = None,
     argv = argv or child_argv(plan_dir)
     out_path, err_path = plan_dir / "child.stdout", plan_dir / "child.stderr"
     clear_outputs(plan_dir)
+    mode = _plan_mode(plan_dir)
+    w = sandboxed(argv, plan_dir, mode, env=env)  # SandboxUnavailable: the gate refuses, the candidate is not blamed
     t0 = time.monotonic()
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
         try:
-            proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                    start_new_session=True, env=env, cwd=plan_dir)
+            proc = subprocess.Popen(w.argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, close_fds=True,
+                                    start_new_session=True, env=w.env, preexec_fn=w.preexec, cwd=plan_dir)
         except OSError as exc:
             return ChildOutcome("harness", None, 0.0, f"cannot start the parity child: {exc.strerror}", argv=argv)
         timed_out = False
@@ -112,7 +184,24 @@ def run_child(plan_dir: Path, timeout: float, *, argv: list[str] | None = None,
             except ProcessLookupError:
                 pass
             rc = proc.wait()
-    return classify(plan_dir, rc, time.monotonic() - t0, timed_out, timeout, argv)
+    scrub(plan_dir)
+    o = classify(plan_dir, signalled(rc, w), time.monotonic() - t0, timed_out, timeout, argv)
+    o.sandbox = w.label
+    return o
+
+
+def _plan_mode(plan_dir: Path) -> str:
+    try:
+        return json.loads((plan_dir / "plan.json").read_text()).get("mode", "cuda")
+    except (OSError, ValueError):
+        return "cuda"
+
+
+def signalled(rc: int | None, w: sandbox.Wrapped) -> int | None:
+    """bwrap reports a child killed by signal N as exit status 128+N: back to Popen's -N."""
+    if rc is not None and w.label != "none" and 128 < rc < 128 + 65:
+        return 128 - rc
+    return rc
 
 
 def clear_outputs(plan_dir: Path) -> None:
@@ -127,8 +216,12 @@ def classify(plan_dir: Path, rc: int | None, elapsed: float, timed_out: bool, ti
     step = last_progress(plan_dir)
     results = None
     try:
-        results = json.loads((plan_dir / "results.json").read_text())
-    except (OSError, ValueError):
+        path = plan_dir / "results.json"
+        if path.stat().st_size <= RESULTS_MAX_BYTES:
+            results = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError):
+        results = None
+    if not isinstance(results, dict):
         results = None
     o = ChildOutcome("done", rc, elapsed, "", results, step, _tail(out_path), _tail(err_path), argv)
     if timed_out:
