@@ -31,6 +31,10 @@ Per unit the state is the first that holds of:
   verified (perf unmeasured)
              the same, but no passing perf evidence for the file (perf skipped
              or turned off): correct, speed never judged
+  verified (unsandboxed)
+             the same, but its parity evidence says the candidate ran outside
+             the sandbox ("sandbox": "none", --unsafe-no-sandbox): it could
+             have written anything, this status included
   built      the same with a passing build gate
   exhausted  its attempts ran out (an "exhausted" record after the last attempt)
   failing    attempts were made, none produced a step
@@ -64,7 +68,8 @@ from porter.reverify import contradicted, render_lines, reverify
 from porter.target import Target, load_target
 
 PERF_UNMEASURED = "verified (perf unmeasured)"
-STATES = ("verified", PERF_UNMEASURED, "built", "stale", "tampered", "failing", "exhausted", "unported")
+UNSANDBOXED = "verified (unsandboxed)"
+STATES = ("verified", PERF_UNMEASURED, UNSANDBOXED, "built", "stale", "tampered", "failing", "exhausted", "unported")
 CRITICAL_TIERS = ("runtime", "prefill")
 # The gate whose passing evidence makes a step of each state true.
 STATE_GATE = {"verified": "parity", "built": "build"}
@@ -526,6 +531,8 @@ def _from_step(uh: UnitHistory, step: Step, f: UnitFile, evidence, committed: se
         reason += f"; {len(later)} later attempt{'s' if len(later) != 1 else ''} without a step"
     if step.hash not in committed:
         reason += "; not committed yet (run in progress or interrupted)"
+    if state == "verified" and evidence(proof)[0].get("sandbox") == "none":
+        return UNSANDBOXED, reason + "; the candidate ran outside the sandbox (--unsafe-no-sandbox)"
     if state == "verified" and not any((ev := evidence(sha)[0]) and ev.get("gate") == "perf" and ev.get("ok") is True
                                        and not ev.get("skipped") and ev.get("candidate_sha256") == f.sha256
                                        for sha in step.evidence):
@@ -602,6 +609,7 @@ def derive(
 _STYLE = {
     "verified": "bold green",
     PERF_UNMEASURED: "green",
+    UNSANDBOXED: "yellow",
     "built": "green",
     "stale": "yellow",
     "tampered": "bold red",

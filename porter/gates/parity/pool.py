@@ -121,13 +121,15 @@ class Standby:
     def run(self, plan_dir: Path, timeout: float) -> runner.ChildOutcome:
         plan_dir = Path(plan_dir)
         runner.clear_outputs(plan_dir)
-        library = _library(plan_dir)
-        staged = self.slot / "job"
+        library, expected = _library(plan_dir), runner.expected_results(plan_dir)
+        # unsandboxed (--unsafe-no-sandbox) the worker sees the plan folder where it is
+        staged = self.slot / "job" if self.wrapped.label != "none" else plan_dir
         # the worker sees no file of the user's: the library comes in as a copy in the plan folder
         private = plan_dir / ("candidate" + (Path(library).suffix or ".so") if library else "candidate.so")
         if library:
             shutil.copyfile(library, private)
-        os.rename(plan_dir, staged)
+        if staged != plan_dir:
+            os.rename(plan_dir, staged)
         t0 = time.monotonic()
         timed_out = False
         try:
@@ -143,11 +145,12 @@ class Standby:
             self.kill()
             rc = self.proc.returncode
         elapsed = time.monotonic() - t0
-        os.rename(staged, plan_dir)
+        if staged != plan_dir:
+            os.rename(staged, plan_dir)
         shutil.rmtree(self.slot, ignore_errors=True)
         runner.scrub(plan_dir)
         o = runner.classify(plan_dir, runner.signalled(rc, self.wrapped), elapsed, timed_out, timeout,
-                            self.argv + [str(plan_dir)])
+                            self.argv + [str(plan_dir)], expected)
         o.sandbox = self.wrapped.label
         return o
 

@@ -100,6 +100,32 @@ def external_files(plan_dir: Path) -> list[str]:
     return sorted(found)
 
 
+def expected_results(plan_dir: Path) -> dict:
+    """{case id: number of calls (None: a scenario's)} of the plan, read before the child starts (after,
+    plan.json is the candidate's to rewrite): what a complete run must have reported."""
+    try:
+        plan = json.loads((plan_dir / "plan.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return {c.get("id"): (len(c["passes"]) if isinstance(c.get("passes"), list) else None)
+            for c in plan.get("cases", []) if isinstance(c, dict)}
+
+
+def unreported(results: dict, expected: dict) -> str | None:
+    """The first case or call of the plan a 'complete' results file has no record of."""
+    got = {c.get("id"): c for c in results.get("cases", []) if isinstance(c, dict)} \
+        if isinstance(results.get("cases"), list) else {}
+    for cid, n in expected.items():
+        if cid not in got:
+            return f"case {cid}"
+        passes = got[cid].get("passes")
+        if n is not None and (not isinstance(passes, list)
+                              or sorted(str(p.get("pass")) for p in passes if isinstance(p, dict))
+                              != sorted(str(i) for i in range(n))):
+            return f"the calls of case {cid}"
+    return None
+
+
 def child_env() -> dict:
     return {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
 
@@ -165,7 +191,7 @@ def run_child(plan_dir: Path, timeout: float, *, argv: list[str] | None = None,
     argv = argv or child_argv(plan_dir)
     out_path, err_path = plan_dir / "child.stdout", plan_dir / "child.stderr"
     clear_outputs(plan_dir)
-    mode = _plan_mode(plan_dir)
+    mode, expected = _plan_mode(plan_dir), expected_results(plan_dir)
     w = sandboxed(argv, plan_dir, mode, env=env)  # SandboxUnavailable: the gate refuses, the candidate is not blamed
     t0 = time.monotonic()
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
@@ -185,7 +211,7 @@ def run_child(plan_dir: Path, timeout: float, *, argv: list[str] | None = None,
                 pass
             rc = proc.wait()
     scrub(plan_dir)
-    o = classify(plan_dir, signalled(rc, w), time.monotonic() - t0, timed_out, timeout, argv)
+    o = classify(plan_dir, signalled(rc, w), time.monotonic() - t0, timed_out, timeout, argv, expected)
     o.sandbox = w.label
     return o
 
@@ -210,8 +236,10 @@ def clear_outputs(plan_dir: Path) -> None:
 
 
 def classify(plan_dir: Path, rc: int | None, elapsed: float, timed_out: bool, timeout: float,
-             argv: list[str]) -> ChildOutcome:
-    """What happened to one run of the child code, from its exit status and its files (fresh or warm)."""
+             argv: list[str], expected: dict | None = None) -> ChildOutcome:
+    """What happened to one run of the child code, from its exit status and its files (fresh or warm).
+    `expected`: expected_results() from before the run; a run that says it completed without a
+    record of each of them is a crash (a candidate can write results.json and exit 0)."""
     out_path, err_path = plan_dir / "child.stdout", plan_dir / "child.stderr"
     step = last_progress(plan_dir)
     results = None
@@ -237,6 +265,10 @@ def classify(plan_dir: Path, rc: int | None, elapsed: float, timed_out: bool, ti
     elif rc < 0:
         o.status = "crash"
         o.detail = f"the child died of {signal_name(-rc)} {describe_step(step)}"
+    elif rc == 0 and results is not None and results.get("complete") and (
+            missing := unreported(results, expected or {})):
+        o.status = "crash"
+        o.detail = f"the child said it completed, but reported nothing for {missing}: not believed"
     elif rc == 0 and results is not None and results.get("complete"):
         o.status = "done"
         o.detail = f"completed in {elapsed:.2f} s"

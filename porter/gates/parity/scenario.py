@@ -773,7 +773,7 @@ def _result(target, scenario: Scenario, library, runs, seeds, outcome, failures,
     evidence = {
         "target": target.name, "unit": scenario.unit, "gate": "parity", "kind": KIND, "ok": ok,
         "candidate_sha256": candidate_sha256, "mode": mode,
-        "library": {"path": str(library), "sha256": sha256_file(library)},
+        "library": {"path": str(library), "sha256": sha256_file(library)}, "sandbox": outcome.sandbox,
         "toolchain": {"nvcc": gate.nvcc_version(), "gpu": dev.get("name") or drv.get("gpu"),
                       "driver": drv.get("driver"), "driver_api_version": dev.get("driver_api_version"),
                       "cuda_runtime": dev.get("runtime_version"), "cupy": dev.get("cupy"),

@@ -60,6 +60,7 @@ def main(argv: list[str]) -> int:
     if plan_dir != staged:
         plan_dir.parent.mkdir(parents=True, exist_ok=True)  # in the sandbox's own root, not the user's disk
         plan_dir.symlink_to(staged)
+    os.chdir(plan_dir)  # as the fresh child, which starts in its plan folder
     _redirect(plan_dir)
     return childmod.run_plan(plan_dir, dev=dev, library=job["library"])
 
