@@ -68,6 +68,9 @@ def _common(json_flag: bool) -> argparse.ArgumentParser:
     p.add_argument("--source", metavar="DIR", help="the target's source checkout (default: target.toml / PORTER_<T>_SOURCE)")
     if json_flag:
         p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--unsafe-no-sandbox", action="store_true",
+                   help="run candidate code without the sandbox (where bwrap or user namespaces are missing); "
+                        "recorded in the evidence, and such units show as 'verified (unsandboxed)'")
     return p
 
 
@@ -257,7 +260,10 @@ def _dispatch(args) -> int:
         args.workspace = Path(args.directory).expanduser().resolve()
         return _cmd_init(args)
 
+    from porter import sandbox
     from porter.workspace import default_target, find_workspace
+
+    sandbox.allow_unsafe(getattr(args, "unsafe_no_sandbox", False))
 
     args.workspace = find_workspace(args.workspace_dir)
     if not getattr(args, "target", None):

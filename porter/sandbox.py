@@ -71,6 +71,14 @@ class Wrapped:
     binds: list[tuple[str, str]] = field(default_factory=list)  # (kind, path), for tests and messages
 
 
+def allow_unsafe(flag: bool) -> None:
+    """--unsafe-no-sandbox: for this process and every child it starts (calibration, benches)."""
+    if flag:
+        os.environ[UNSAFE_ENV] = "1"
+        print("porter: warning: --unsafe-no-sandbox: candidate code runs with your rights; "
+              "evidence records \"sandbox\": \"none\"", file=sys.stderr)
+
+
 def unsafe() -> bool:
     return os.environ.get(UNSAFE_ENV, "") not in ("", "0")
 

@@ -86,3 +86,21 @@ def test_unavailable_says_what_is_missing_in_one_line(monkeypatch):
         assert sandbox.wrap(["true"]).argv == ["true"] and sandbox.label() == "none"
     finally:
         sandbox.available.cache_clear()
+
+
+def test_parity_refuses_in_one_line_without_the_sandbox(monkeypatch):
+    """The harness's lack is a refusal that names the fix, never a verdict on the candidate."""
+    from types import SimpleNamespace
+
+    from porter.gates import parity
+
+    monkeypatch.setattr(sandbox, "bwrap_path", lambda: None)
+    sandbox.available.cache_clear()
+    try:
+        ctx = SimpleNamespace(target=None, parity=SimpleNamespace(mode="host"), library="/nonexistent/lib.so")
+        res = parity.run(SimpleNamespace(unit="u"), ctx)
+    finally:
+        sandbox.available.cache_clear()
+    assert res.skipped and not res.ok
+    assert res.summary == ("parity refused: cannot sandbox candidate code: bwrap not found: "
+                           "apt-get install bubblewrap (or pass --unsafe-no-sandbox)")

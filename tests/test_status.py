@@ -73,7 +73,7 @@ def test_each_state(ws):
     s, why = state(r, "mini_gpu_tensor_free")
     assert s == "unported" and "hand-written: unverified" in why
     assert state(r, "mini_gpu_init") == ("unported", "no unit file, no attempt")
-    assert r.counts == {"verified": 1, "verified (perf unmeasured)": 0, "built": 1, "stale": 0, "tampered": 0, "failing": 1, "exhausted": 1,
+    assert r.counts == {"verified": 1, "verified (perf unmeasured)": 0, "verified (unsandboxed)": 0, "built": 1, "stale": 0, "tampered": 0, "failing": 1, "exhausted": 1,
                         "unported": 20, "total": 24}
     assert r.exit_code == 0
 
@@ -267,3 +267,14 @@ def test_benchmark_runs_small(capsys):
     assert bench_status.main(["--records", "300", "--repeat", "1"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("status over ") and "target < 0.5 s" in out and "signed (Ed25519 SHA256:" in out
+
+
+def test_a_unit_verified_outside_the_sandbox_is_never_plain_verified(ws):
+    """--unsafe-no-sandbox: the candidate could have written anything, so its parity evidence says
+    "sandbox": "none" and status says so (with perf evidence too, it is not 'verified')."""
+    ws.port("mini_gpu_synchronize", sandbox="none")
+    ws.port("mini_gpu_tensor_bytes")
+    r = derive(ws.root, TARGET)
+    s, why = state(r, "mini_gpu_synchronize")
+    assert s == "verified (unsandboxed)" and "outside the sandbox" in why
+    assert state(r, "mini_gpu_tensor_bytes")[0] == "verified"

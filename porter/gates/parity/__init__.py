@@ -9,10 +9,11 @@ How (details in the modules):
   spec.py     targets/<t>/parity/<unit>.py: inputs, shapes, reference, tolerances
   gate.py     inputs + references in this process (two fresh os.urandom seeds),
               the verdict check by check (compare.CHECK_ORDER)
-  runner.py   the fresh child process: time limit, crash and hang containment
-  pool.py     where plans run: warm workers (one per GPU, replaced after any
-              crash, hang or CUDA error) or a fresh child per plan
-  worker.py   the warm worker process: numpy, cupy and a CUDA context kept open
+  runner.py   the sandboxed child process: time limit, crash and hang containment
+  pool.py     where plans run: a pre-started sandboxed worker per GPU, or a
+              fresh child per plan; either serves one plan only
+  worker.py   the pre-started worker: numpy, cupy and a CUDA context opened
+              before the candidate exists, then one plan, then exit
   child.py    loads the library with ctypes and calls the unit on fenced cupy
               buffers (sentinel-filled outputs, guard bytes, const hashes,
               stream probe, second call in the same buffers, CUDA-event timing
@@ -36,6 +37,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+from porter import sandbox
 from porter.cparse import calls_to
 from porter.gates.parity.gate import prepare_cases, run_spec
 from porter.gates.parity.scenario import blocked_by, placeholders_among
@@ -122,6 +124,10 @@ def run(candidate, ctx) -> GateResult:
             return GateResult("parity", False, f"parity skipped: {why}", skipped=True)
     if ctx.library is None:
         return GateResult("parity", False, "parity skipped: no backend library was built", skipped=True)
+    try:
+        sandbox.require()
+    except sandbox.SandboxUnavailable as exc:  # the harness's lack, never the candidate's failure
+        return GateResult("parity", False, f"parity refused: {exc}", skipped=True)
     try:
         spec = load_spec(target, candidate.unit)
     except SpecError as exc:

@@ -1,7 +1,7 @@
 """Benchmark: time from a candidate's answer text to its parity verdict (GPU machine).
 
     porter dev parity-bench [--unit U] [--reps N] [--scratch-reps M] [--json FILE]
-                            [--paths spawn,warm] [--isolation] [--workers N] [--build-only]
+                            [--paths spawn,warm] [--sandbox on|off|both] [--isolation] [--workers N] [--build-only]
 
 A throw-away workspace holds minimoe with every unit ported (the scripted good
 answers).  Each measured attempt takes the unit's answer text with a fresh
@@ -10,9 +10,10 @@ extract -> static gate -> build gate (this unit compiled alone, everything else
 linked from cached objects) -> parity gate.  "scratch" does the same with an
 empty build cache: the whole backend is compiled before the link.
 
---paths: "spawn" runs each plan in a fresh child process (before the warm
-workers), "warm" through the warm worker pool (pool.py); both on the same
-machine in one run.  --isolation then sends a crashing, a hanging and an
+--paths: "spawn" starts a sandboxed child when the plan arrives, "warm" hands
+it to a pre-started sandboxed worker (pool.py); both on the same machine in one
+run.  --sandbox both: each path also without the sandbox, in the same run.
+--isolation then sends a crashing, a hanging and an
 illegal-address candidate (the adversarial corpus) between good ones through
 the warm pool: each must be refused by its check, and the good ones stay fast.
 --workers N: the throughput of N warm workers (one per GPU) on one queue of
@@ -33,6 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from porter import sandbox
 from porter.calibration.libraries import sources_from
 from porter.calibration.mutants import scripted_answers
 from porter.extract import extract_unit_source
@@ -100,6 +102,9 @@ def main(argv=None) -> int:
                     "without the conventions header, and with host -O0")
     ap.add_argument("--build-only", action="store_true", help="no GPU needed: candidate text -> build verdict, "
                     "with the host compile's precompiled prefix on and off, alternating")
+    ap.add_argument("--sandbox", choices=("on", "off", "both"), default="on",
+                    help="candidate code in the sandbox (on), without it (off: --unsafe-no-sandbox), or each path "
+                    "both ways in turn: what the sandbox costs a verdict")
     a = ap.parse_args(argv)
 
     ok, why = parity.available()
@@ -152,13 +157,20 @@ def main(argv=None) -> int:
     print(f"warm-up (cold cache, whole backend compiled): {time.monotonic() - t0:.1f} s, parity ok={first['ok']}")
     res: dict = {"unit": a.unit, "cold_first_s": first["total"], "paths": {}, "rows": {}}
     print(f"unit {a.unit}: candidate text -> parity verdict (unit compiled alone + link from cached objects)")
+    res["sandbox"] = sandbox.version()
     for path in [x.strip() for x in a.paths.split(",") if x.strip()]:
-        os.environ["PORTER_PARITY_EXECUTOR"] = path
-        pool.shutdown()
-        attempt(target, a.unit, with_nonce(-2), warm, ws)  # starts the pool outside the measurement
-        rows = [attempt(target, a.unit, with_nonce(100 * len(res["paths"]) + i), warm, ws) for i in range(a.reps)]
-        res["paths"][path], res["rows"][path] = summary(rows), rows
-        show(f"{path:<5}", res["paths"][path])
+        for unsafe in {"on": [False], "off": [True], "both": [False, True]}[a.sandbox]:
+            os.environ["PORTER_PARITY_EXECUTOR"] = path
+            os.environ.pop(sandbox.UNSAFE_ENV, None)
+            if unsafe:
+                os.environ[sandbox.UNSAFE_ENV] = "1"
+            name = path + (" (no sandbox)" if unsafe else "")
+            pool.shutdown()
+            attempt(target, a.unit, with_nonce(-2), warm, ws)  # starts the pool outside the measurement
+            rows = [attempt(target, a.unit, with_nonce(100 * len(res["paths"]) + i), warm, ws) for i in range(a.reps)]
+            res["paths"][name], res["rows"][name] = summary(rows), rows
+            show(f"{name:<5}", res["paths"][name])
+    os.environ.pop(sandbox.UNSAFE_ENV, None)
     scratch = [attempt(target, a.unit, with_nonce(1000 + i), tmp / f"cache-scratch-{i}", ws)
                for i in range(a.scratch_reps)]
     if scratch:
