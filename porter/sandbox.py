@@ -45,7 +45,7 @@ SYSTEM_RO = ("/usr", "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d",
 MERGED_USR = ("bin", "sbin", "lib", "lib32", "lib64")  # /bin -> usr/bin on merged-/usr systems, real dirs elsewhere
 GPU_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset", "/dev/dri")
 CUDA_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_MODULE_LOADING", "CUDA_LAUNCH_BLOCKING",
-            "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES")
+            "CUDA_PATH", "CUDA_HOME", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES")
 
 
 class SandboxUnavailable(RuntimeError):
@@ -145,7 +145,12 @@ def python_ro() -> list[str]:
 
 
 def cuda_ro() -> list[str]:
-    """CUDA toolkit and driver libraries outside /usr: where ldconfig and $LD_LIBRARY_PATH find them."""
+    """The CUDA folders to show beyond /usr (which is shown whole)."""
+    return [d for d in cuda_dirs() if not d.startswith("/usr/")]
+
+
+def cuda_dirs() -> list[str]:
+    """CUDA toolkit and driver library folders: where ldconfig and $LD_LIBRARY_PATH find them."""
     dirs = set()
     try:
         out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10).stdout
@@ -160,7 +165,7 @@ def cuda_ro() -> list[str]:
     for home in ("/usr/local/cuda", os.environ.get("CUDA_HOME") or "", os.environ.get("CUDA_PATH") or ""):
         if home and os.path.isdir(home):
             dirs.add(os.path.realpath(home))
-    return sorted(d for d in dirs if not d.startswith("/usr/"))
+    return sorted(dirs)
 
 
 def gpu_devices() -> list[str]:
@@ -227,7 +232,8 @@ def _bwrap(argv, *, ro, rw, devices, gpu, env, limits, cwd, tmp, python) -> Wrap
                   "LANG": "C.UTF-8"}
     if gpu:
         inside_env.update({k: os.environ[k] for k in CUDA_ENV if k in os.environ})
-        ld = [d for d in cuda_ro() if os.path.isdir(d)]
+        ld = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d and os.path.isdir(d)]
+        ld += [d for d in cuda_dirs() if d not in ld]
         if ld:
             inside_env["LD_LIBRARY_PATH"] = ":".join(ld)
     inside_env.update(env or {})

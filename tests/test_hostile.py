@@ -161,3 +161,17 @@ def test_without_the_sandbox_it_works(technique, target, fixture_ctx, tmp_path, 
         assert planted["key"].encode() in loot  # and so was the signing key
     if technique == "daemon_outlives_job":
         assert _daemons(), "unsandboxed, the daemon outlives its job"
+
+
+@pytest.mark.parametrize("scrubbed", [True, False])
+def test_a_link_left_in_the_plan_folder_is_not_followed(scrubbed, target, fixture_ctx, tmp_path, planted, monkeypatch):
+    """The sandbox cannot stop this one: the link is made where the candidate may write, and followed
+    by the parent outside.  runner.scrub does: without it the key lands in the gate's summary."""
+    from porter.gates.parity import runner
+
+    if not scrubbed:
+        monkeypatch.setattr(runner, "scrub", lambda plan_dir: None)
+    res = _parity(target, fixture_ctx, _build(tmp_path, "symlink_to_secret", planted), tmp_path / "ws")
+    assert not res.ok
+    leaked = planted["key"].encode() in res.summary.encode() + (res.diagnostics or "").encode()
+    assert leaked != scrubbed, res.summary
