@@ -175,3 +175,18 @@ def test_a_link_left_in_the_plan_folder_is_not_followed(scrubbed, target, fixtur
     assert not res.ok
     leaked = planted["key"].encode() in res.summary.encode() + (res.diagnostics or "").encode()
     assert leaked != scrubbed, res.summary
+
+
+@pytest.mark.parametrize("guarded", [True, False])
+def test_a_plan_folder_swapped_for_a_link_is_not_taken_back(guarded, target, fixture_ctx, tmp_path, planted,
+                                                            monkeypatch):
+    """The pre-started worker's plan folder sits in a slot the candidate may write; a link it leaves in
+    the folder's place must not become the gate's plan folder (the parent would read and write through it)."""
+    if not guarded:
+        monkeypatch.setattr(pool.Standby, "_unstage", staticmethod(lambda staged, plan_dir, moved:
+                                                                   os.rename(staged, plan_dir)))
+    ws = tmp_path / "ws"
+    res = _parity(target, fixture_ctx, _build(tmp_path, "replace_plan_folder", planted), ws)
+    assert not res.ok
+    links = [p.name for p in (ws / "runs" / "parity").iterdir() if p.is_symlink()]
+    assert (links == []) == guarded, links

@@ -244,8 +244,10 @@ def tiny_lib(tmp_path_factory):
     ("die", "crash", "SIGABRT"),
 ])
 def test_runner_contains_the_child(tmp_path, tiny_lib, symbol, status, detail):
-    (tmp_path / "plan.json").write_text(json.dumps({"mode": "call", "library": str(tiny_lib), "symbol": symbol}))
-    o = runner.run_child(tmp_path, timeout=3)
+    plan = tmp_path / "plan"  # not tmp_path: it holds this test's $PORTER_HOME, which no sandbox may see
+    plan.mkdir()
+    (plan / "plan.json").write_text(json.dumps({"mode": "call", "library": str(tiny_lib), "symbol": symbol}))
+    o = runner.run_child(plan, timeout=3)
     assert o.status == status, o
     assert detail in o.detail
     if symbol == "ok":

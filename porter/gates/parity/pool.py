@@ -32,6 +32,7 @@ import queue
 import selectors
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -128,6 +129,7 @@ class Standby:
         private = plan_dir / ("candidate" + (Path(library).suffix or ".so") if library else "candidate.so")
         if library:
             shutil.copyfile(library, private)
+        moved = os.lstat(plan_dir).st_ino
         if staged != plan_dir:
             os.rename(plan_dir, staged)
         t0 = time.monotonic()
@@ -146,13 +148,27 @@ class Standby:
             rc = self.proc.returncode
         elapsed = time.monotonic() - t0
         if staged != plan_dir:
-            os.rename(staged, plan_dir)
+            self._unstage(staged, plan_dir, moved)
         shutil.rmtree(self.slot, ignore_errors=True)
         runner.scrub(plan_dir)
         o = runner.classify(plan_dir, runner.signalled(rc, self.wrapped), elapsed, timed_out, timeout,
                             self.argv + [str(plan_dir)], expected)
         o.sandbox = self.wrapped.label
         return o
+
+
+    @staticmethod
+    def _unstage(staged: Path, plan_dir: Path, moved: int) -> None:
+        """The plan folder back where the gate expects it, if it is still the folder moved in: the slot
+        was the candidate's to write, and a link put in its place would point the parent anywhere."""
+        try:
+            st = os.lstat(staged)
+        except OSError:
+            st = None
+        if st is not None and stat.S_ISDIR(st.st_mode) and st.st_ino == moved:
+            os.rename(staged, plan_dir)
+        else:
+            plan_dir.mkdir()  # empty: no results, so the outcome is a crash without results
 
 
 def _library(plan_dir: Path) -> str | None:

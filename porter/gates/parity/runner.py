@@ -191,6 +191,8 @@ def run_child(plan_dir: Path, timeout: float, *, argv: list[str] | None = None,
     argv = argv or child_argv(plan_dir)
     out_path, err_path = plan_dir / "child.stdout", plan_dir / "child.stderr"
     clear_outputs(plan_dir)
+    if shutil.which(argv[0]) is None:  # inside the sandbox bwrap would say it, as the child's own exit status
+        return ChildOutcome("harness", None, 0.0, f"cannot start the parity child: no program {argv[0]}", argv=argv)
     mode, expected = _plan_mode(plan_dir), expected_results(plan_dir)
     w = sandboxed(argv, plan_dir, mode, env=env)  # SandboxUnavailable: the gate refuses, the candidate is not blamed
     t0 = time.monotonic()
