@@ -271,7 +271,7 @@ def _dispatch(args) -> int:
     if args.command == "units":
         return _cmd_units(args)
     if args.command == "run":
-        from porter.loop import RunOptions, run
+        from porter.run import RunOptions, run
 
         keys = ("provider", "model", "base_url", "price_input", "price_output", "budget_run_usd", "budget_unit_usd",
                 "budget_run_tokens", "budget_unit_tokens", "flaws")

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
 
+from porter.gates import registry
 from porter.ledger import Ledger, Scan
 
 
@@ -169,7 +170,7 @@ class UnitHistory:
         if step is None:
             return None
         return next((f for f in reversed(self.failures) if f.line > step.line and f.attempt == step.attempt
-                     and f.gate in ("parity", "perf")), None)
+                     and f.gate in registry.runs_candidate()), None)
 
     def step_for(self, candidate_sha256: str | None) -> Step | None:
         """The newest live step whose candidate is this file content."""

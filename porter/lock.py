@@ -4,6 +4,9 @@ The kernel drops the lock when the holder exits, however it exits (SIGKILL
 included), so a crashed run never leaves a stale lock behind.  A second run
 finds the lock held, prints who holds it and exits 0: a cron job that starts
 while the previous one is still going is not an error.
+
+    with RunLock(workspace):   # raises RunActive(pid) when another run holds it
+        ...
 """
 
 from __future__ import annotations
@@ -13,6 +16,14 @@ import os
 from pathlib import Path
 
 LOCK_NAME = "porter.lock"
+
+
+class RunActive(Exception):
+    """Another process holds the run lock."""
+
+    def __init__(self, pid: int | None):
+        super().__init__(f"another porter run is active (pid {pid if pid else '?'})")
+        self.pid = pid
 
 
 class RunLock:
@@ -47,6 +58,8 @@ class RunLock:
             self.fd = None
 
     def __enter__(self) -> "RunLock":
+        if not self.acquire():
+            raise RunActive(self.holder())
         return self
 
     def __exit__(self, *exc) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from porter.errors import PorterError
+from porter.gates import registry
 from porter.gates.driver import Candidate, GateContext, refusal, run_gates, verdict_word
 from porter.placeholder import is_placeholder
 
@@ -38,7 +39,7 @@ def reverify(target, build_dir=None) -> list[Reverdict]:
             out.append(Reverdict(unit, [], None, "placeholder: nothing to check"))
             continue
         results = run_gates(Candidate.of(unit, source), GateContext(target, build_cache=build_dir),
-                            gates=("static", "build", "parity"))
+                            gates=registry.rechecked())
         refused = refusal(results)
         last = refused or results[-1]
         out.append(Reverdict(unit, [verdict_word(r) for r in results], refused is None, last.summary))

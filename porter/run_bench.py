@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from porter.history import Attempt, Exhausted, History, Step
-from porter.loop import RunOptions, run
+from porter.run import RunOptions, run
 from porter.workspace import example_target, init_workspace
 
 

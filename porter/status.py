@@ -548,6 +548,7 @@ def derive(
     use_static: bool = True,
     target: Target | None = None,
     rank: bool = True,
+    prefill: bool = True,
 ) -> StatusReport:
     """Derive every unit's state from the ledger, evidence, git history and current files."""
     workspace = Path(workspace).resolve()
@@ -597,11 +598,23 @@ def derive(
     ledger_info = {"records": li.records, "ok": not integ.ledger_problems, "keyed": li.keyed, "key": key_line,
                    "fingerprint": keys.fingerprint, "rolled_back": rolled,
                    "problems": integ.ledger_problems, "notes": list(li.notes), "committed_records": integ.committed_lines}
-    e2e_records = [r.raw for r in history.mine if isinstance(r, GateRecord) and r.gate == "e2e"]
-    p_state, p_commit, p_reason = prefill_status(workspace, target, e2e_records)
+    p_state, p_commit, p_reason = (prefill_status(workspace, target, history.mine) if prefill
+                                   else ("unverified", None, "not derived"))
     return StatusReport(target=target.name, units=results, counts=_count(results), critical_path=critical,
                         ledger=ledger_info, notes=notes, problems=integ.problems,
                         prefill={"state": p_state, "commit": p_commit, "reason": p_reason})
+
+
+def tamper_check(workspace: Path, target: Target, key) -> tuple[str, str] | None:
+    """What `porter run` asks before it appends to the ledger: None, or ('tampered' | 'rolled back', the
+    first problem).  The ledger, git, the witness and each unit's records, without the static scan,
+    the ranking or the prefill line (none of them can make a workspace tampered)."""
+    report = derive(workspace, key=key, use_static=False, target=target, rank=False, prefill=False)
+    if not report.tampered:
+        return None
+    led = report.ledger
+    first = (led["problems"] + report.problems + [f"{u.unit}: {u.reason}" for u in report.units if u.state == "tampered"])[0]
+    return ("rolled back" if led.get("rolled_back") else "tampered"), first
 
 
 # ---- CLI ------------------------------------------------------------------------

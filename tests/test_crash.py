@@ -1,7 +1,7 @@
 """SIGKILL `porter run` after each durable write; the next run repairs, goes on and finishes.
 
 PORTER_TEST_KILL_AT=<point>[:<n>] makes the loop kill itself right after the
-n-th write named <point> (porter.loop.KILL_POINTS).  After every kill the next
+n-th write named <point> (porter.run.kill.KILL_POINTS).  After every kill the next
 run must leave: an intact ledger chain, no step lost or committed twice, every
 attempt with a verdict or an explicit "reconcile" record, a clean work tree,
 the unit built, and `porter status` reporting nothing tampered.
@@ -17,7 +17,7 @@ import pytest
 
 from porter import gitops
 from porter.ledger import Ledger
-from porter.loop import KILL_POINTS
+from porter.run.kill import KILL_POINTS
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None,
                                 reason="nvcc not on PATH: porter run needs the CUDA toolkit for the build gate")

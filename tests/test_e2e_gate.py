@@ -26,6 +26,7 @@ from porter.gates.e2e.compare import PrefillOutputs, compare
 from porter.gates.e2e.gate import E2EOptions, run_e2e
 from porter.gates.e2e.rule import decide
 from porter.gates.e2e.state import e2e_due, e2e_records_from_ledger, prefill_line, prefill_state
+from porter.history import typed
 from porter.target import load_target
 from porter.target_code import load_file
 
@@ -314,14 +315,15 @@ def test_records_from_ledger_drop_tampered_evidence(tmp_path):
     ev = {"target": "minimoe", "unit": "e2e:prefill", "gate": "e2e", "ok": True, "candidate_sha256": "x",
           "tree_hash": "T", "commit": "c"}
     sha = store_evidence(tmp_path, ev)
-    recs = [{"kind": "gate", "gate": "e2e", "target": "minimoe", "ok": True, "evidence": sha}]
+    raw = {"kind": "gate", "gate": "e2e", "target": "minimoe", "ok": True, "evidence": sha}
+    recs = [typed(1, raw)]
     assert e2e_records_from_ledger(tmp_path, "minimoe", recs) == [ev]
     p = tmp_path / "ledger" / "evidence" / f"{sha}.json"
     p.write_text(p.read_text().replace('"T"', '"U"'))
     assert e2e_records_from_ledger(tmp_path, "minimoe", recs) == []
     # a ledger record saying ok over failing evidence does not count either
     sha2 = store_evidence(tmp_path, dict(ev, ok=False))
-    assert e2e_records_from_ledger(tmp_path, "minimoe", [dict(recs[0], evidence=sha2)]) == []
+    assert e2e_records_from_ledger(tmp_path, "minimoe", [typed(1, dict(raw, evidence=sha2))]) == []
 
 
 def test_tree_hash_sees_untracked_and_uncommitted_files(tmp_path):
@@ -356,7 +358,7 @@ def test_wiring_runs_e2e_once_per_backend_tree_and_status_follows(tmp_path):
     _git(ws, "add", "-A")
     _git(ws, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "v1")
     t = load_target(ws, "minimoe")
-    ledger: list[dict] = []
+    ledger: list = []  # porter.history's typed records
     calls = []
 
     def fake_run():
@@ -369,7 +371,8 @@ def test_wiring_runs_e2e_once_per_backend_tree_and_status_follows(tmp_path):
 
     def record(res):
         sha = store_evidence(ws, res.evidence)
-        ledger.append({"kind": "gate", "gate": "e2e", "target": "minimoe", "ok": res.ok, "evidence": sha})
+        ledger.append(typed(len(ledger) + 1, {"kind": "gate", "gate": "e2e", "target": "minimoe", "ok": res.ok,
+                                              "evidence": sha}))
 
     states = {"a": "verified", "b": "verified"}
     assert prefill_status(ws, t, ledger)[0] == "unverified"
@@ -388,7 +391,7 @@ def test_wiring_runs_e2e_once_per_backend_tree_and_status_follows(tmp_path):
     state, commit, _ = prefill_status(ws, t, ledger)
     assert (state, commit) == ("verified", _git(ws, "rev-parse", "HEAD").strip())
     # a ledger record whose evidence was edited no longer counts
-    ev_path = ws / "ledger" / "evidence" / f"{ledger[-1]['evidence']}.json"
+    ev_path = ws / "ledger" / "evidence" / f"{ledger[-1].evidence}.json"
     ev_path.write_text(ev_path.read_text().replace('"ok":true', '"ok":true '))
     assert prefill_status(ws, t, ledger)[0] == "stale"
 

@@ -12,18 +12,19 @@ from pathlib import Path
 
 import pytest
 
+from porter.gates import registry
 from porter.gates.driver import Candidate, GateContext, run_gates
 from porter.gates.result import GateResult
 from porter.history import History
-from porter.loop import select_units
+from porter.run.scheduler import select_units
 from porter.status import derive
 from ws_builder import TARGET, make_workspace
 
 REPO = Path(__file__).resolve().parents[1]
 PORTER = REPO / "porter"
 # Modules that parse a command line or print for one: nothing below them may import them.
-COMMAND_MODULES = {"porter.cli", "porter.loop", "porter.status", "porter.audit", "porter.plan", "porter.reverify",
-                   "porter.prompt.cli", "porter.calibration.command"}
+COMMAND_MODULES = {"porter.cli", "porter.run", "porter.run.scheduler", "porter.run.attempt", "porter.status",
+                   "porter.audit", "porter.plan", "porter.reverify", "porter.prompt.cli", "porter.calibration.command"}
 
 
 def module_name(path: Path) -> str:
@@ -110,9 +111,8 @@ def test_importing_the_parity_gate_imports_no_command_module():
 
 
 def test_each_gate_has_the_one_shape():
-    from porter.gates import driver
-
-    for name, mod in driver.GATES.items():
+    for gate in registry.gates():
+        name, mod = gate.name, gate.load()
         assert callable(getattr(mod, "run", None)), name
         assert not hasattr(mod, "check"), f"{name}: a second entry point beside run()"
 
@@ -140,11 +140,8 @@ class Recorder:
     ({"parity": (False, False)}, ["static", "build", "parity"]),
 ])
 def test_run_gates_order_and_stops(monkeypatch, tmp_path, verdicts, ran):
-    from porter.gates import driver
-
     rec = Recorder(verdicts)
-    for name in driver.CANDIDATE_GATES:
-        monkeypatch.setitem(driver.GATES, name, rec.gate(name))
+    monkeypatch.setattr(registry, "ACTIVE", registry.with_modules(**{n: rec.gate(n) for n in registry.unit_gates()}))
     target = types.SimpleNamespace(workspace=tmp_path, name="t")
     seen = []
     # asked in the wrong order on purpose: the order lives in the driver
@@ -218,8 +215,6 @@ def test_parity_inputs_are_started_before_the_build_and_dropped_when_it_refuses(
     them to parity, and cancels them when the build refuses (parity never comes)."""
     from concurrent.futures import Future
 
-    from porter.gates import driver
-
     order, fut = [], Future()
 
     def build_run(candidate, ctx):
@@ -231,11 +226,11 @@ def test_parity_inputs_are_started_before_the_build_and_dropped_when_it_refuses(
         return GateResult("parity", True, "ok")
 
     rec = Recorder({})
-    for name in driver.CANDIDATE_GATES:
-        monkeypatch.setitem(driver.GATES, name, rec.gate(name))
-    monkeypatch.setitem(driver.GATES, "build", types.SimpleNamespace(run=build_run))
-    monkeypatch.setitem(driver.GATES, "parity", types.SimpleNamespace(
-        run=parity_run, start_ahead=lambda c, ctx: order.append(("ahead", None)) or fut))
+    stand_ins = {n: rec.gate(n) for n in registry.unit_gates()}
+    stand_ins["build"] = types.SimpleNamespace(run=build_run)
+    stand_ins["parity"] = types.SimpleNamespace(run=parity_run,
+                                                start_ahead=lambda c, ctx: order.append(("ahead", None)) or fut)
+    monkeypatch.setattr(registry, "ACTIVE", registry.with_modules(**stand_ins))
     target = types.SimpleNamespace(workspace=tmp_path, name="t")
     run_gates(Candidate.of("u", "x"), GateContext(target, build_cache=tmp_path), gates=("static", "build", "parity"))
     if build_ok:

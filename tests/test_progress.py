@@ -6,7 +6,7 @@ import io
 
 from rich.console import Console
 
-from porter.loop import Reporter
+from porter.run.progress import Reporter
 
 
 def drive(console: Console, tmp_path, quiet: bool = False) -> tuple[str, str]:

@@ -57,11 +57,11 @@ class StandInParity:
 def use_parity(monkeypatch, stand_in: StandInParity | None) -> None:
     """The parity gate the driver runs: none (no GPU here), or the stand-in."""
     import porter.gates.parity as parity
-    from porter.gates import driver
+    from porter.gates import registry
 
     monkeypatch.setattr(parity, "available", lambda: (False, "no GPU in this test") if stand_in is None
                         else (True, "stand-in"))
-    monkeypatch.setitem(driver.GATES, "parity", stand_in or parity)
+    monkeypatch.setattr(registry, "ACTIVE", registry.with_modules(parity=stand_in or parity))
 
 
 def _run(ws, *args) -> int:
@@ -105,7 +105,7 @@ def test_built_units_are_verified_or_reported_once_parity_can_run(workspace, bui
 
 @needs_nvcc
 def test_a_refuted_built_unit_is_not_rechecked_every_run(workspace, build_cache, monkeypatch):
-    import porter.loop as loop
+    import porter.run as run_package
 
     target = load_target(workspace, "minimoe")
     use_parity(monkeypatch, None)
@@ -124,7 +124,7 @@ def test_a_refuted_built_unit_is_not_rechecked_every_run(workspace, build_cache,
     assert st.state == "exhausted" and "built file (attempt 1) failed parity" in st.reason
     stand_in.calls.clear()
     # without --unit the exhausted unit is left alone: the refuted file is not re-checked
-    monkeypatch.setattr(loop, "ordered_units", lambda target, out: [ATTN, ADD])
+    monkeypatch.setattr(run_package, "ordered_units", lambda target, out: [ATTN, ADD])
     assert _run(workspace, "--max-attempts", "1") == 0
     assert [c[0] for c in stand_in.calls] == [ADD]
 

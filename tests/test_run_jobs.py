@@ -53,7 +53,7 @@ def test_jobs_must_be_positive(workspace, porter_cli):
 
 def test_answers_are_awaited_together(workspace, build_cache):
     """Two ops with a slow provider: the second one's answer arrives while the first is still in its gates."""
-    from porter.loop import RunOptions, run
+    from porter.run import RunOptions, run
 
     rc = run(RunOptions(workspace, "minimoe", units=["mini_gpu_add_tensor", "mini_gpu_tensor_bytes"][:1] + [OPS[1]],
                         quiet=True, jobs=2, provider={"provider": "scripted", "answer_delay_s": 2.0}))
@@ -90,12 +90,12 @@ def test_first_answers_are_asked_for_while_units_wait_for_their_dependencies(wor
     the ledger still shows every op's attempt after the runtime unit's step."""
     import threading
 
-    import porter.loop as loop
-    from porter.loop import RunOptions, run
+    import porter.run.attempt as attempt
+    from porter.run import RunOptions, run
     from porter.providers.delayed import DelayedProvider
 
     events, lock = [], threading.Lock()
-    real_complete, real_commit = DelayedProvider.complete, loop.commit_step
+    real_complete, real_commit = DelayedProvider.complete, attempt.commit_step
 
     def complete(self, req):
         with lock:
@@ -108,7 +108,7 @@ def test_first_answers_are_asked_for_while_units_wait_for_their_dependencies(wor
         return real_commit(ws, step)
 
     monkeypatch.setattr(DelayedProvider, "complete", complete)
-    monkeypatch.setattr(loop, "commit_step", commit_step)
+    monkeypatch.setattr(attempt, "commit_step", commit_step)
     rc = run(RunOptions(workspace, "minimoe", units=OPS + [RUNTIME], quiet=True, jobs=3,
                         provider={"provider": "scripted", "answer_delay_s": 1.0}))
     assert rc == 0

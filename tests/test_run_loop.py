@@ -24,7 +24,7 @@ from porter import gitops
 from porter.ledger import Ledger
 from porter.gates import parity
 from porter.history import History
-from porter.loop import parse_duration
+from porter.run import parse_duration
 from porter.target import load_target
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None,

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from porter.errors import PorterError
 from porter.extract import extract_unit_source
+from porter.gates import registry
 from porter.gates.parity.compare import CHECK_ORDER
 
 ADVERSARIAL_MANIFEST = Path("adversarial") / "manifest.toml"
@@ -107,11 +108,11 @@ def scripted_answers(target) -> list[dict]:
 
 
 def scripted_bad(target, skip: set[str] = frozenset()) -> list[Mutant]:
-    """Scripted bad answers that reach parity: expect 'parity' (fail it) or 'perf' (pass it), except
-    those the adversarial manifest already names with a sharper check."""
+    """Scripted bad answers that reach parity: expect a gate that runs the candidate ('parity': fail it;
+    'perf': pass it), except those the adversarial manifest already names with a sharper check."""
     out = []
     for a in scripted_answers(target):
-        if a.get("expect") not in ("parity", "perf") or a["file"] in skip:
+        if a.get("expect") not in registry.runs_candidate() or a["file"] in skip:
             continue
         try:
             src = extract_unit_source((target.scripted_dir / a["file"]).read_text(), a["unit"], target)

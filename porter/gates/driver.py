@@ -1,15 +1,14 @@
-"""The one gate driver: a Candidate meets the gates in GATE_ORDER, and the first refusal ends it.
+"""The one gate driver: a Candidate meets the gates in the registry's order, and the first refusal ends it.
 
     ctx = GateContext(target)                      # workspace, build cache, parity options
     results = run_gates(Candidate.of(unit, source), ctx, on_result=record)
 
-Every gate module exposes `run(candidate, ctx) -> GateResult`; e2e's candidate is the
-whole backend (E2E_UNIT) and its library the one the build gate linked.  The order lives
-here only (porter run, status --reverify, calibration and the benchmark all call
-run_gates): cheap gates first, so an answer that does not compile never costs a
-GPU run, and perf only judges a candidate parity measured and passed (timing a
-wrong kernel says nothing).  A gate that could not run here (no GPU, no spec)
-is `skipped`: it does not stop the chain, and it never counts as passed.
+Every gate module exposes `run(candidate, ctx) -> GateResult`; the list, the
+order and what each gate needs live in porter.gates.registry only (porter run,
+status --reverify, calibration and the benchmark all call run_gates).  e2e's
+candidate is the whole backend (E2E_UNIT) and its library the one the build gate
+linked.  A gate that could not run here (no GPU, no spec) is `skipped`: it does
+not stop the chain, and it never counts as passed.
 """
 
 from __future__ import annotations
@@ -20,13 +19,10 @@ from pathlib import Path
 from typing import Callable
 
 from porter.digest import sha256_text
-from porter.gates import build, parity, perf, static
-from porter.gates.e2e import gate as e2e
+from porter.gates import build, registry
 from porter.gates.e2e.gate import UNIT as E2E_UNIT
-from porter.gates.result import GATE_ORDER, GateResult
+from porter.gates.result import GateResult
 from porter.history import History
-
-CANDIDATE_GATES = ("static", "build", "parity", "perf")
 
 
 @dataclass(frozen=True)
@@ -63,6 +59,7 @@ class GateContext:
     library: Path | None = None  # the backend library the build gate linked (or a prebuilt one)
     results: dict[str, GateResult] = field(default_factory=dict)  # gate -> result, for the gates after it
     parity_ahead: object | None = None  # a Future of parity's inputs and references, made during the build
+    candidate: object | None = None  # what the next gate judges (extract replaces the answer by its unit)
 
     def __post_init__(self):
         self.workspace = Path(self.workspace or self.target.workspace)
@@ -75,28 +72,27 @@ class GateContext:
         return History.read(self.workspace, self.target.name)
 
 
-GATES = {"static": static, "build": build, "parity": parity, "perf": perf, "e2e": e2e}
-# e2e judges the whole backend, not one candidate: porter run asks for it once every prefill-tier unit
-# is verified, after the build gate linked the workspace's files, on a Candidate named E2E_UNIT
-
-
-def run_gates(candidate: Candidate, ctx: GateContext, gates=CANDIDATE_GATES,
+def run_gates(candidate: Candidate, ctx: GateContext, gates=None,
               on_result: Callable[[GateResult], None] | None = None) -> list[GateResult]:
-    """Run `gates` (in GATE_ORDER) until one refuses; returns every result, the refusal last."""
-    unknown = [g for g in gates if g not in GATE_ORDER]
-    if unknown:
-        raise ValueError(f"unknown gate(s) {unknown}")
+    """Run `gates` (default: the unit gates) in the registry's order until one refuses; returns
+    every result, the refusal last."""
+    chain = [registry.get(g) for g in (registry.unit_gates() if gates is None else gates)]
+    order = registry.names()
+    chain.sort(key=lambda g: order.index(g.name))
+    names = {g.name for g in chain}
+    ctx.candidate = candidate
     out: list[GateResult] = []
-    for name in sorted(gates, key=GATE_ORDER.index):
-        if name == "perf" and not passed(ctx.results.get("parity")):
-            break  # nothing measured to time
-        if name == "build" and "parity" in gates and ctx.parity_ahead is None:
+    for gate in chain:
+        if not all(passed(ctx.results.get(n)) for n in gate.needs):
+            break  # e.g. perf with nothing measured to time
+        if gate.name == "build" and "parity" in names and ctx.parity_ahead is None:
             # parity's inputs and references need no library: made while nvcc compiles
-            ahead = getattr(GATES["parity"], "start_ahead", None)
-            ctx.parity_ahead = ahead(candidate, ctx) if ahead is not None else None
-        res = GATES[name].run(candidate, ctx)
-        res.evidence.setdefault("candidate_sha256", candidate.sha256)
-        ctx.results[name] = res
+            ahead = getattr(registry.get("parity").load(), "start_ahead", None)
+            ctx.parity_ahead = ahead(ctx.candidate, ctx) if ahead is not None else None
+        judged = ctx.candidate
+        res = gate.load().run(judged, ctx)
+        res.evidence.setdefault("candidate_sha256", judged.sha256)
+        ctx.results[gate.name] = res
         out.append(res)
         if on_result is not None:
             on_result(res)

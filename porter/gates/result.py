@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# Gate names in the order a candidate meets them; a candidate is rejected by the
-# first that fails, so later (costlier) gates never run on it.
-GATE_ORDER = ("extract", "static", "build", "parity", "perf", "e2e")
+from porter.gates import registry
 
 
 @dataclass
 class GateResult:
-    gate: str  # one of GATE_ORDER
+    gate: str  # a gate of porter.gates.registry
     ok: bool
     summary: str  # one line, for status/audit and the next prompt
     diagnostics: str = ""  # longer text (compiler output, mismatch table), trimmed for prompts
@@ -21,7 +19,7 @@ class GateResult:
     check: str | None = None  # the check that refused it (parity: compare.CHECK_ORDER; build: its stage)
 
     def __post_init__(self) -> None:
-        if self.gate not in GATE_ORDER:
+        if self.gate not in registry.names():
             raise ValueError(f"unknown gate {self.gate!r}")
         if self.skipped and self.ok:
             raise ValueError("a skipped gate cannot be ok")

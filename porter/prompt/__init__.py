@@ -194,7 +194,7 @@ class _State:
                 truncate_largest("kernels", "Metal kernel"), truncate_largest("host", "host dispatch")]
 
 
-def render_prompt(target, unit: str, attempt: int, failures: list[dict] | None = None,
+def render_prompt(target, unit: str, attempt: int, failures: list | None = None,
                   max_chars: int | None = None) -> RenderedPrompt:
     """Build the prompt and say what went into it, what is missing and what was cut."""
     ctx = gather(target, unit, attempt, copy.deepcopy(failures or []))
@@ -231,12 +231,12 @@ def render_prompt(target, unit: str, attempt: int, failures: list[dict] | None =
     return RenderedPrompt(req, list(st.cut), list(ctx.missing), budget, list(ctx.quant_types), sections)
 
 
-def build_prompt(target, unit: str, attempt: int, failures: list[dict] | None = None) -> PromptRequest:
+def build_prompt(target, unit: str, attempt: int, failures: list | None = None) -> PromptRequest:
     """The PromptRequest for `unit`'s attempt number `attempt` (1-based).
 
-    `failures`: earlier "failure" ledger records of this unit, oldest first, each
-    with its diagnostics text under "diagnostics_text" (or "diagnostics" holding
-    either the text or the sha256 of runs/diagnostics/<sha>.txt).  max_tokens is
+    `failures`: earlier failures of this unit, oldest first: porter.history's typed records, or
+    dicts shaped like ledger lines with the diagnostics text under "diagnostics_text" (or
+    "diagnostics" holding either the text or the sha256 of runs/diagnostics/<sha>.txt).  max_tokens is
     left None: the provider's settings decide it.
     """
     return render_prompt(target, unit, attempt, failures).request

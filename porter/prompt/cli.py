@@ -31,7 +31,7 @@ def run(args) -> int:
     unit = args.unit
     target.api_function(unit)  # one-line error for an unknown unit
     uh = History.read(args.workspace, target.name).unit(unit)  # the same history `porter run` prompts from
-    failures = [] if args.no_failures else [f.raw for f in uh.failures_since_step]
+    failures = [] if args.no_failures else uh.failures_since_step
     attempt = args.attempt or uh.next_attempt
     r = render_prompt(target, unit, attempt, failures, max_chars=args.max_chars)
     req = r.request

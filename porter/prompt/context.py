@@ -154,11 +154,12 @@ def _diagnostics_text(rec: dict, workspace: Path | None) -> str:
     return ""
 
 
-def failures_from_records(records: list[dict], workspace: Path | None) -> list[Failure]:
+def failures_from_records(records: list, workspace: Path | None) -> list[Failure]:
+    """The prompt's failures from porter.history's typed failure records (or dicts shaped like ledger lines)."""
     out = []
     for rec in records or []:
         if not isinstance(rec, dict):
-            continue
+            rec = {k: getattr(rec, k, None) for k in ("attempt", "gate", "summary", "diagnostics")}
         out.append(Failure(
             attempt=rec.get("attempt"),
             gate=str(rec.get("gate") or "?"),
@@ -404,7 +405,7 @@ def style_examples(target, unit: str, limit: int = 2, max_chars: int = 6000) -> 
 
 # -- everything ----------------------------------------------------------------
 
-def gather(target, unit: str, attempt: int, failures: list[dict]) -> UnitContext:
+def gather(target, unit: str, attempt: int, failures: list) -> UnitContext:
     fn = target.api_function(unit)
     conv_path = Path(target.conventions_header)
     conventions = conv_path.read_text(errors="replace") if conv_path.is_file() else ""

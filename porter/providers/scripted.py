@@ -14,10 +14,14 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from porter.gates import registry
 from porter.history import History
 from porter.providers.base import Completion, PromptRequest, Provider, ProviderError
 
-EXPECTS = ("pass", "extract", "static", "build", "parity", "perf")
+
+def expects() -> tuple[str, ...]:
+    """What an answer's `expect` may say: it passes, or the gate that refuses it."""
+    return ("pass", *registry.answer_gates())
 
 
 @dataclass(frozen=True)
@@ -50,8 +54,8 @@ def load_manifest(target) -> list[Answer]:
         if e["unit"] not in known:
             raise ProviderError(f"malformed {where}: unknown unit {e['unit']!r}")
         expect = e.get("expect", "pass")
-        if expect not in EXPECTS:
-            raise ProviderError(f"malformed {where}: expect must be one of {', '.join(EXPECTS)}, not {expect!r}")
+        if expect not in expects():
+            raise ProviderError(f"malformed {where}: expect must be one of {', '.join(expects())}, not {expect!r}")
         if not (path.parent / e["file"]).is_file():
             raise ProviderError(f"malformed {where}: {e['file']} does not exist")
         n = counts.get(e["unit"], 0)

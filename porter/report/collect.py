@@ -13,6 +13,7 @@ from pathlib import Path
 
 from porter.audit import audit
 from porter.evidence import check_evidence
+from porter.gates import registry
 from porter.history import Attempt, Failure, History, Step
 from porter.ledger import load_key
 from porter.plan import TIERS, ranked_units
@@ -175,7 +176,7 @@ def collect(workspace: Path, target_name: str | None = None, source=None) -> Sit
             for f in a["failures"]:
                 refused[f["gate"]] = refused.get(f["gate"], 0) + 1
 
-    order = ("extract", "static", "build", "parity", "perf")  # the gates' own order, cheapest first
+    order = registry.names()  # the gates' own order, cheapest first
     refused = dict(sorted(refused.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order), str(kv[0]))))
 
     tiers = {t: {s: 0 for s in STATES} for t in (*TIERS, "unranked")}

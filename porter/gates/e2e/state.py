@@ -45,17 +45,18 @@ def prefill_line(state: tuple[str, str | None, str]) -> str:
     return f"prefill: {s} ({reason})"
 
 
-def e2e_records_from_ledger(workspace: Path, target: str, ledger_records: list[dict]) -> list[dict]:
-    """The evidence of every e2e gate record of `target`, in ledger order; records whose evidence is
-    missing, edited or swapped are left out (they cannot count)."""
+def e2e_records_from_ledger(workspace: Path, target: str, records: list) -> list[dict]:
+    """The evidence of every e2e gate record of `target` among porter.history's typed records, in ledger
+    order; records whose evidence is missing, edited or swapped are left out (they cannot count)."""
     from porter.evidence import check_evidence
+    from porter.history import GateRecord
 
     out = []
-    for rec in ledger_records:
-        if rec.get("kind") != "gate" or rec.get("gate") != "e2e" or rec.get("target") != target:
+    for rec in records:
+        if not isinstance(rec, GateRecord) or rec.gate != "e2e" or rec.target != target:
             continue
-        ev, problem = check_evidence(workspace, str(rec.get("evidence")))
-        if problem is None and ev.get("gate") == "e2e" and ev.get("target") == target and ev.get("ok") == rec.get("ok"):
+        ev, problem = check_evidence(workspace, str(rec.evidence))
+        if problem is None and ev.get("gate") == "e2e" and ev.get("target") == target and ev.get("ok") == rec.ok:
             out.append(ev)
     return out
 

@@ -1,0 +1,221 @@
+"""`porter run`: prompt -> answer -> gates (extract first) -> one commit per passing step.
+
+One module per job: attempt (one attempt and its landing), reconcile, scheduler
+(which units, in what order, --jobs slots), progress (terminal), kill (test hooks).
+
+Durable writes, in the order they happen, and what a SIGKILL after each leaves
+(the next run repairs it before doing anything else, see `reconcile`):
+
+  per attempt
+   1. runs/<run>/<unit>/attempt-N.{prompt,response}.md   (ignored by git; nothing to repair)
+   2. ledger "attempt"        -> kill: an attempt with no verdict; reconcile appends
+                                 "reconcile" action=abandon-attempt, and the unit is tried again
+                                 (the scripted provider replays the same answer).
+   3. per gate: evidence file (ledger/evidence/<sha>.json), then ledger "gate"
+                              -> kill: an orphan evidence file (content-addressed, harmless) or
+                                 gate records with no verdict: same as 2.
+  on a failure
+   4. runs/diagnostics/<sha>.txt, then ledger "failure"
+                              -> kill: the attempt is concluded; the next run continues with the
+                                 next attempt.  (Kill before the record: same as 2.)
+   5. after the last failed attempt: ledger "exhausted".
+  on success
+   4. the unit file, written to a temp file, fsynced, renamed over targets/<t>/ported/<unit>.cu
+                              -> kill: a unit file holding the candidate of a verdict-less attempt:
+                                 reconcile restores the committed version and abandons the attempt.
+   5. ledger "step" (candidate sha256, evidence sha256s)
+                              -> kill: a step with no commit whose file on disk is the candidate:
+                                 reconcile makes that commit now (a step whose file does not match is
+                                 abandoned with a "reconcile" record).
+   6. git commit of the unit file + ledger/ (ledger.jsonl and the evidence) with the step's trailers
+                              -> kill after: nothing to do.  A step is committed iff a commit
+                                 reachable from HEAD carries `Porter-Step: <its record hash>`,
+                                 so no step is ever committed twice.
+  end of run: the ledger records since the last step commit are committed as "porter: ledger of run <id>".
+
+PORTER_TEST_KILL_AT=<point>[:<n>] makes the process SIGKILL itself right after
+the n-th (default first) durable write named <point> (porter.run.kill); the
+crash tests use it to check every row of the table above.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from porter import gitops
+from porter.calibration.baseline import take_baselines
+from porter.errors import PorterError
+from porter.gates.build import nvcc_path
+from porter.gates.driver import E2E_UNIT, Candidate, GateContext, run_gates
+from porter.gates.e2e.wiring import head_backend_tree, run_e2e_if_due
+from porter.gates.result import GateResult
+from porter.ledger import Ledger, load_key
+from porter.lock import RunActive, RunLock
+from porter.providers import get_provider
+from porter.run.attempt import Run
+from porter.run.progress import Reporter
+from porter.run.reconcile import reconcile
+from porter.run.scheduler import ordered_units, schedule, select_units, verify_deferred
+from porter.signing import signer_for
+from porter.status import derive, tamper_check
+from porter.target import load_target
+
+
+def parse_duration(text: str | None) -> float | None:
+    """'30m', '2h', '90s', '1h30m', '45' (seconds) -> seconds."""
+    if text is None:
+        return None
+    s = text.strip().lower()
+    if re.fullmatch(r"\d+(\.\d+)?", s):
+        return float(s)
+    parts = re.findall(r"(\d+(?:\.\d+)?)\s*([hms])", s)
+    if not parts or "".join(f"{a}{b}" for a, b in parts) != s.replace(" ", ""):
+        raise PorterError(f"--time-budget {text!r}: use e.g. 30m, 2h, 90s or 1h30m")
+    return sum(float(a) * {"h": 3600, "m": 60, "s": 1}[b] for a, b in parts)
+
+
+@dataclass
+class RunOptions:
+    """What `porter run` was asked to do (the CLI builds it; tests may too)."""
+
+    workspace: Path
+    target: str | None = None
+    source: str | None = None
+    units: list[str] = field(default_factory=list)  # explicit --unit: only these, exhausted ones retried
+    max_attempts: int = 3
+    max_units: int | None = None
+    time_budget: str | None = None
+    quiet: bool = False
+    provider: dict = field(default_factory=dict)  # provider, model, base_url, prices, budgets
+    jobs: int = 1  # units in flight at once (provider calls in parallel, gates through the worker pool)
+
+
+def check_options(target, opts: RunOptions) -> float | None:
+    """One-line errors for bad options, before anything is written; returns the time budget in seconds."""
+    for u in opts.units:
+        target.api_function(u)  # unknown unit -> one-line error
+        if u not in target.units:
+            raise PorterError(f"{u} is listed in [units].skip of {target.name}'s target.toml: it is not ported")
+    if opts.max_attempts < 1:
+        raise PorterError("--max-attempts must be at least 1")
+    if opts.jobs < 1:
+        raise PorterError("--jobs must be at least 1")
+    budget_s = parse_duration(opts.time_budget)
+    nvcc_path()  # no nvcc, no run
+    if not target.conventions_header.is_file():
+        raise PorterError(f"target {target.name} has no CUDA conventions header "
+                          f"({target.conventions_header.relative_to(opts.workspace)}): units cannot build until it is written")
+    return budget_s
+
+
+def refuse_if_tampered(ws: Path, target, key) -> None:
+    """A run appends to the ledger and commits it: over a tampered or rolled-back workspace that
+    would bury the evidence of tampering, so it refuses (exit 3) and `porter repair` is the way on."""
+    found = tamper_check(ws, target, key)
+    if found is not None:
+        what, first = found
+        raise PorterError(f"workspace {what}, not starting: {first}; see `porter status`, and `porter repair "
+                          f"--reason TEXT` to accept the loss and go on", exit_code=3)
+
+
+def run(opts: RunOptions) -> int:
+    ws = opts.workspace
+    target = load_target(ws, opts.target, opts.source)
+    opts.units = list(dict.fromkeys(opts.units))  # repeated --unit: once
+    budget_s = check_options(target, opts)
+    key = load_key(ws)
+    provider = get_provider(opts.provider.get("provider"), target, opts.provider)
+    if opts.provider.get("answer_delay_s"):
+        from porter.providers.delayed import DelayedProvider
+
+        provider = DelayedProvider(provider, opts.provider["answer_delay_s"])
+    signer = signer_for(ws)  # a signed workspace and no key, or another key: one line, exit 3
+
+    try:
+        with RunLock(ws):
+            refuse_if_tampered(ws, target, key)
+            return _run_locked(opts, target, key, provider, signer, budget_s)
+    except RunActive as busy:
+        print(f"porter: {busy}; nothing to do")
+        return 0
+
+
+def _run_locked(opts: RunOptions, target, key, provider, signer, budget_s: float | None) -> int:
+    ws = opts.workspace
+    started = time.monotonic()
+    run_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + f"-{os.getpid()}"
+    run_dir = ws / "runs" / run_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    out = Reporter(run_dir / "run.log", quiet=opts.quiet)
+    try:
+        ledger = Ledger(ws, key, signer)
+        if ledger.repair_torn_tail():
+            out.line("ledger: a torn last line (interrupted write) was moved aside and recorded", "yellow")
+        for line in reconcile(ws, target, ledger, out):
+            out.line(f"reconcile: {line}", "yellow")
+        if hasattr(getattr(provider, "budget", None), "seed"):
+            provider.budget.seed(ledger.records())
+
+        r = Run(ws, target, provider, ledger, out, run_id, run_dir)
+        order = opts.units or ordered_units(target, out)
+        todo, reverify, skipped = select_units(target, r.history(), order, bool(opts.units), r)
+        for line in skipped if opts.units else []:
+            out.line(f"{line}: nothing to do", "dim")
+        out.line(f"porter run {run_id}: target {target.name}, provider {provider.describe()}, "
+                 f"{len(todo)} unit(s) to port, {len(skipped)} already done or skipped", "bold")
+        if not r.parity_ok:
+            out.line(f"parity: not available here ({r.parity_reason}); passing units are committed as 'built'", "yellow")
+        elif todo:
+            take_baselines(target, ws, r.history(), todo, r.ledger, line=out.line)
+        results: dict[str, str] = {}
+        out_of_time = lambda: budget_s is not None and time.monotonic() - started > budget_s  # noqa: E731
+        stop_reason = schedule(todo, r, opts, reverify, out_of_time, results)
+        stop_reason = stop_reason or verify_deferred(r, opts, results, out_of_time)
+        return finish(ws, target, r, results, stop_reason, run_dir)
+    finally:
+        out.close()
+
+
+def end_to_end(ws: Path, target, r: Run) -> None:
+    """The e2e gate on the whole backend once every prefill-tier unit is verified, and again after any
+    of them changed (a new backend tree at HEAD); its record is what status's prefill line reads."""
+    if target.spec.e2e is None or not r.parity_ok:
+        return
+    report = derive(ws, target=target)
+    states = {u.unit: u.state for u in report.units}
+    prefill_units = [u.unit for u in report.units if u.tier == "prefill"]
+
+    def build_and_run() -> GateResult:
+        unit = (prefill_units or target.units)[0]  # any unit's current file: the build links them all
+        ctx = GateContext(target, ws)
+        built = run_gates(Candidate.of(unit, target.unit_path(unit).read_text()), ctx, gates=("build",))[-1]
+        if not built.ok:
+            return GateResult("e2e", False, f"e2e: the backend does not build: {built.summary}", check="build")
+        return run_gates(Candidate(E2E_UNIT, "", head_backend_tree(ws, target) or ""), ctx, gates=("e2e",))[-1]
+
+    def record(res: GateResult) -> None:
+        r._record_gate(E2E_UNIT, 0, res)
+        r.out.line(f"e2e: {res.summary}", "green" if res.ok else "red")
+
+    run_e2e_if_due(target, ws, states, prefill_units, r.history().mine, run=build_and_run, record=record)
+
+
+def finish(ws: Path, target, r: Run, results: dict[str, str], stop_reason: str | None, run_dir: Path) -> int:
+    """Run e2e when it is due, commit the records since the last step commit (failures, exhausted,
+    reconcile, e2e); say how the run ended."""
+    end_to_end(ws, target, r)
+    if gitops.dirty_paths(ws, "ledger"):
+        n_fail = sum(1 for v in results.values() if v == "exhausted")
+        gitops.commit_paths(ws, ["ledger"], f"porter: ledger of run {r.run_id} ({n_fail} unit(s) exhausted)\n\n"
+                                            f"Porter-Run: {r.run_id}\nPorter-Target: {target.name}\n")
+    counts = {s: sum(1 for v in results.values() if v == s) for s in ("verified", "built", "exhausted")}
+    tail = f"; stopped: {stop_reason}" if stop_reason else ""
+    r.out.line(f"run {r.run_id}: {counts['verified']} verified, {counts['built']} built, {counts['exhausted']} exhausted, "
+               f"{len(r.commits)} step commit(s){tail}; log: {(run_dir / 'run.log').relative_to(ws)}", "bold")
+    failed = counts["exhausted"] > 0 or (stop_reason or "").startswith("provider")
+    return 1 if failed else 0
