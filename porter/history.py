@@ -170,7 +170,7 @@ class UnitHistory:
         if step is None:
             return None
         return next((f for f in reversed(self.failures) if f.line > step.line and f.attempt == step.attempt
-                     and f.gate in registry.runs_candidate()), None)
+                     and f.gate in registry.names(runs_candidate=True)), None)
 
     def step_for(self, candidate_sha256: str | None) -> Step | None:
         """The newest live step whose candidate is this file content."""

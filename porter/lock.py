@@ -5,8 +5,7 @@ included), so a crashed run never leaves a stale lock behind.  A second run
 finds the lock held, prints who holds it and exits 0: a cron job that starts
 while the previous one is still going is not an error.
 
-    with RunLock(workspace):   # raises RunActive(pid) when another run holds it
-        ...
+    with RunLock(workspace) as held:   # False: another run holds it (its pid: .holder())
 """
 
 from __future__ import annotations
@@ -16,14 +15,6 @@ import os
 from pathlib import Path
 
 LOCK_NAME = "porter.lock"
-
-
-class RunActive(Exception):
-    """Another process holds the run lock."""
-
-    def __init__(self, pid: int | None):
-        super().__init__(f"another porter run is active (pid {pid if pid else '?'})")
-        self.pid = pid
 
 
 class RunLock:
@@ -57,10 +48,8 @@ class RunLock:
             os.close(self.fd)  # closing drops the flock
             self.fd = None
 
-    def __enter__(self) -> "RunLock":
-        if not self.acquire():
-            raise RunActive(self.holder())
-        return self
+    def __enter__(self) -> bool:
+        return self.acquire()
 
     def __exit__(self, *exc) -> None:
         self.release()

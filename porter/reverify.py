@@ -39,7 +39,7 @@ def reverify(target, build_dir=None) -> list[Reverdict]:
             out.append(Reverdict(unit, [], None, "placeholder: nothing to check"))
             continue
         results = run_gates(Candidate.of(unit, source), GateContext(target, build_cache=build_dir),
-                            gates=registry.rechecked())
+                            gates=registry.names(registry.UNIT, rechecked=True))
         refused = refusal(results)
         last = refused or results[-1]
         out.append(Reverdict(unit, [verdict_word(r) for r in results], refused is None, last.summary))

@@ -80,3 +80,12 @@ def porter_cli():
 @pytest.fixture(scope="module")
 def porter_cli_module():
     return _run_porter
+
+
+def gates_with(**modules):
+    """The registry's gates with some modules replaced by stand-ins, for monkeypatch.setattr(registry, "ACTIVE", ...)."""
+    from dataclasses import replace
+
+    from porter.gates import registry
+
+    return tuple(replace(g, module=modules.get(g.name, g.module)) for g in registry.gates())

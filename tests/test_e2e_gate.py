@@ -345,7 +345,7 @@ def test_tree_hash_sees_untracked_and_uncommitted_files(tmp_path):
 
 def test_wiring_runs_e2e_once_per_backend_tree_and_status_follows(tmp_path):
     from porter.evidence import store_evidence
-    from porter.gates.e2e.wiring import prefill_status, run_e2e_if_due
+    from porter.gates.e2e.state import prefill_status, run_e2e_if_due
     from porter.gates.result import GateResult
     from porter.target import Target
 

@@ -41,8 +41,8 @@ def lint(tmp_path, monkeypatch):
     '''))
     monkeypatch.syspath_prepend(str(mods))
     gates = (registry.get("extract"), registry.Gate("lint", LINT_MODULE), registry.get("static"))
-    with registry.using(gates):
-        yield registry.get("lint").load()
+    monkeypatch.setattr(registry, "ACTIVE", gates)  # the registry of this test only
+    return registry.get("lint").load()
 
 
 def test_run_gates_runs_the_registered_gate_in_its_place(lint, tmp_path):

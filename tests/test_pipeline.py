@@ -18,6 +18,7 @@ from porter.gates.result import GateResult
 from porter.history import History
 from porter.run.scheduler import select_units
 from porter.status import derive
+from conftest import gates_with
 from ws_builder import TARGET, make_workspace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -141,7 +142,7 @@ class Recorder:
 ])
 def test_run_gates_order_and_stops(monkeypatch, tmp_path, verdicts, ran):
     rec = Recorder(verdicts)
-    monkeypatch.setattr(registry, "ACTIVE", registry.with_modules(**{n: rec.gate(n) for n in registry.unit_gates()}))
+    monkeypatch.setattr(registry, "ACTIVE", gates_with(**{n: rec.gate(n) for n in registry.names(registry.UNIT)}))
     target = types.SimpleNamespace(workspace=tmp_path, name="t")
     seen = []
     # asked in the wrong order on purpose: the order lives in the driver
@@ -226,11 +227,11 @@ def test_parity_inputs_are_started_before_the_build_and_dropped_when_it_refuses(
         return GateResult("parity", True, "ok")
 
     rec = Recorder({})
-    stand_ins = {n: rec.gate(n) for n in registry.unit_gates()}
+    stand_ins = {n: rec.gate(n) for n in registry.names(registry.UNIT)}
     stand_ins["build"] = types.SimpleNamespace(run=build_run)
     stand_ins["parity"] = types.SimpleNamespace(run=parity_run,
                                                 start_ahead=lambda c, ctx: order.append(("ahead", None)) or fut)
-    monkeypatch.setattr(registry, "ACTIVE", registry.with_modules(**stand_ins))
+    monkeypatch.setattr(registry, "ACTIVE", gates_with(**stand_ins))
     target = types.SimpleNamespace(workspace=tmp_path, name="t")
     run_gates(Candidate.of("u", "x"), GateContext(target, build_cache=tmp_path), gates=("static", "build", "parity"))
     if build_ok:

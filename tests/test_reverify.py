@@ -13,7 +13,7 @@ import tomllib
 
 import pytest
 
-from conftest import needs_nvcc
+from conftest import gates_with, needs_nvcc
 from porter.cli import main
 from porter.extract import extract_unit_source
 from porter.gates.result import GateResult
@@ -61,7 +61,7 @@ def use_parity(monkeypatch, stand_in: StandInParity | None) -> None:
 
     monkeypatch.setattr(parity, "available", lambda: (False, "no GPU in this test") if stand_in is None
                         else (True, "stand-in"))
-    monkeypatch.setattr(registry, "ACTIVE", registry.with_modules(parity=stand_in or parity))
+    monkeypatch.setattr(registry, "ACTIVE", gates_with(parity=stand_in or parity))
 
 
 def _run(ws, *args) -> int:

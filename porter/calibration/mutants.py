@@ -112,7 +112,7 @@ def scripted_bad(target, skip: set[str] = frozenset()) -> list[Mutant]:
     'perf': pass it), except those the adversarial manifest already names with a sharper check."""
     out = []
     for a in scripted_answers(target):
-        if a.get("expect") not in registry.runs_candidate() or a["file"] in skip:
+        if a.get("expect") not in registry.names(runs_candidate=True) or a["file"] in skip:
             continue
         try:
             src = extract_unit_source((target.scripted_dir / a["file"]).read_text(), a["unit"], target)

@@ -76,7 +76,7 @@ def run_gates(candidate: Candidate, ctx: GateContext, gates=None,
               on_result: Callable[[GateResult], None] | None = None) -> list[GateResult]:
     """Run `gates` (default: the unit gates) in the registry's order until one refuses; returns
     every result, the refusal last."""
-    chain = [registry.get(g) for g in (registry.unit_gates() if gates is None else gates)]
+    chain = [registry.get(g) for g in (registry.names(registry.UNIT) if gates is None else gates)]
     order = registry.names()
     chain.sort(key=lambda g: order.index(g.name))
     names = {g.name for g in chain}

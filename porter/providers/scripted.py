@@ -19,10 +19,6 @@ from porter.history import History
 from porter.providers.base import Completion, PromptRequest, Provider, ProviderError
 
 
-def expects() -> tuple[str, ...]:
-    """What an answer's `expect` may say: it passes, or the gate that refuses it."""
-    return ("pass", *registry.answer_gates())
-
 
 @dataclass(frozen=True)
 class Answer:
@@ -54,8 +50,9 @@ def load_manifest(target) -> list[Answer]:
         if e["unit"] not in known:
             raise ProviderError(f"malformed {where}: unknown unit {e['unit']!r}")
         expect = e.get("expect", "pass")
-        if expect not in expects():
-            raise ProviderError(f"malformed {where}: expect must be one of {', '.join(expects())}, not {expect!r}")
+        expects = ("pass", *registry.names(registry.ANSWER, registry.UNIT))  # passes, or the gate refusing it
+        if expect not in expects:
+            raise ProviderError(f"malformed {where}: expect must be one of {', '.join(expects)}, not {expect!r}")
         if not (path.parent / e["file"]).is_file():
             raise ProviderError(f"malformed {where}: {e['file']} does not exist")
         n = counts.get(e["unit"], 0)

@@ -52,10 +52,10 @@ from porter.calibration.baseline import take_baselines
 from porter.errors import PorterError
 from porter.gates.build import nvcc_path
 from porter.gates.driver import E2E_UNIT, Candidate, GateContext, run_gates
-from porter.gates.e2e.wiring import head_backend_tree, run_e2e_if_due
+from porter.gates.e2e.state import head_backend_tree, run_e2e_if_due
 from porter.gates.result import GateResult
 from porter.ledger import Ledger, load_key
-from porter.lock import RunActive, RunLock
+from porter.lock import RunLock
 from porter.providers import get_provider
 from porter.run.attempt import Run
 from porter.run.progress import Reporter
@@ -113,16 +113,6 @@ def check_options(target, opts: RunOptions) -> float | None:
     return budget_s
 
 
-def refuse_if_tampered(ws: Path, target, key) -> None:
-    """A run appends to the ledger and commits it: over a tampered or rolled-back workspace that
-    would bury the evidence of tampering, so it refuses (exit 3) and `porter repair` is the way on."""
-    found = tamper_check(ws, target, key)
-    if found is not None:
-        what, first = found
-        raise PorterError(f"workspace {what}, not starting: {first}; see `porter status`, and `porter repair "
-                          f"--reason TEXT` to accept the loss and go on", exit_code=3)
-
-
 def run(opts: RunOptions) -> int:
     ws = opts.workspace
     target = load_target(ws, opts.target, opts.source)
@@ -136,13 +126,17 @@ def run(opts: RunOptions) -> int:
         provider = DelayedProvider(provider, opts.provider["answer_delay_s"])
     signer = signer_for(ws)  # a signed workspace and no key, or another key: one line, exit 3
 
-    try:
-        with RunLock(ws):
-            refuse_if_tampered(ws, target, key)
-            return _run_locked(opts, target, key, provider, signer, budget_s)
-    except RunActive as busy:
-        print(f"porter: {busy}; nothing to do")
-        return 0
+    lock = RunLock(ws)
+    with lock as held:
+        if not held:
+            print(f"porter: another porter run is active (pid {lock.holder() or '?'}); nothing to do")
+            return 0
+        # a run appends to the ledger and commits it: over a tampered or rolled-back workspace that would
+        # bury the evidence, so it refuses (exit 3) and `porter repair` is the way on
+        if (found := tamper_check(ws, target, key)) is not None:
+            raise PorterError(f"workspace {found[0]}, not starting: {found[1]}; see `porter status`, and `porter "
+                              f"repair --reason TEXT` to accept the loss and go on", exit_code=3)
+        return _run_locked(opts, target, key, provider, signer, budget_s)
 
 
 def _run_locked(opts: RunOptions, target, key, provider, signer, budget_s: float | None) -> int:

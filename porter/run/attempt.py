@@ -1,8 +1,5 @@
-"""One attempt at a unit, and landing it: prompt -> answer -> gates -> unit file, step record, commit.
-
-The gates an answer meets are the registry's (extract first); the records each
-one leaves, in order, are the table in porter.run's docstring.
-"""
+"""One attempt at a unit, and landing it: prompt -> answer -> the registry's gates (extract first) ->
+unit file, step record, commit (the records each leaves: the table in porter.run's docstring)."""
 
 from __future__ import annotations
 
@@ -16,7 +13,7 @@ from porter.durable import write_atomic
 from porter.errors import PorterError
 from porter.evidence import store_evidence
 from porter.gates import parity, registry
-from porter.gates.driver import Candidate, GateContext, passed, run_gates, verdict_word
+from porter.gates.driver import Candidate, GateContext, passed, refusal, run_gates, verdict_word
 from porter.gates.parity.spec import load_spec
 from porter.gates.result import GateResult
 from porter.history import Failure, History, Step, typed
@@ -30,7 +27,6 @@ def commit_step(workspace: Path, step: Step) -> str:
     msg = gitops.step_message(step.target, step.unit, step.state, int(step.attempt), step.candidate_sha256,
                               step.hash, list(step.evidence))
     return gitops.commit_paths(workspace, [step.unit_file, "ledger"], msg)
-
 
 
 @dataclass
@@ -162,7 +158,7 @@ class Run:
             )
             kill_point("after-attempt")
 
-        return self._gates_and_step(unit, attempt, Candidate.of(unit, completion.text), registry.answer_gates(),
+        return self._gates_and_step(unit, attempt, Candidate.of(unit, completion.text), registry.names(registry.ANSWER, registry.UNIT),
                                     opened)
 
     def reverify(self, step: Step) -> AttemptOutcome:
@@ -173,7 +169,8 @@ class Run:
         only); a refusal is a failure record of that attempt, so the next attempt starts from its diagnostics.
         """
         candidate = Candidate.of(step.unit, self.target.unit_path(step.unit).read_text())
-        return self._gates_and_step(step.unit, int(step.attempt or 0), candidate, registry.unit_gates("build"))
+        after_static = registry.names(registry.UNIT)[registry.names(registry.UNIT).index("build"):]
+        return self._gates_and_step(step.unit, int(step.attempt or 0), candidate, after_static)
 
     def _gates_and_step(self, unit: str, attempt: int, candidate: Candidate, gates, opened=None) -> AttemptOutcome:
         target = self.target
@@ -188,7 +185,7 @@ class Run:
             outcome.verdicts.append(verdict_word(res))
 
         results = run_gates(candidate, ctx, gates, on_result=record)
-        refused = next((r for r in results if not r.ok and not r.skipped), None)
+        refused = refusal(results)
         if refused is not None:
             dsha = self._diagnostics(refused.diagnostics or refused.summary)
             self.ledger.append("failure", target=target.name, unit=unit, attempt=attempt, gate=refused.gate,
@@ -245,14 +242,16 @@ def port_unit(unit: str, r: Run, opts, reverify: bool, out_of_time,
     Returns (how it ended: verified/built/exhausted/budget or None, why the run stops or None).
     label: put before each line (the unit's name when several are in flight)."""
     target, ledger, out = r.target, r.ledger, r.out
+
+    def said(what: str, o: AttemptOutcome) -> bool:
+        ended = f"{o.state}, committed {o.commit[:10]}" if o.ok else f"{o.gate}: {o.summary}"
+        out.line(f"  {label}{what}: {' · '.join(o.verdicts)} -> {ended}", "green" if o.ok else "red")
+        return o.ok
+
     if reverify:
         step = r.history().unit(unit).last_step
-        o = r.reverify(step)
-        verdicts = " · ".join(o.verdicts)
-        if o.ok:
-            out.line(f"  {label}committed attempt {step.attempt}: {verdicts} -> {o.state}, committed {o.commit[:10]}", "green")
+        if said(f"committed attempt {step.attempt}", o := r.reverify(step)):
             return o.state, None
-        out.line(f"  {label}committed attempt {step.attempt}: {verdicts} -> {o.gate}: {o.summary}", "red")
     for _ in range(opts.max_attempts):
         if out_of_time():
             return None, f"time budget {opts.time_budget} spent"
@@ -266,11 +265,8 @@ def port_unit(unit: str, r: Run, opts, reverify: bool, out_of_time,
                 out.line(f"  {label or unit + ': '}skipped, {exc}", "yellow")
                 return "budget", None
             return "provider", f"provider: {exc}"
-        verdicts = " · ".join(o.verdicts)
-        if o.ok:
-            out.line(f"  {label}attempt {uh.next_attempt}: {verdicts} -> {o.state}, committed {o.commit[:10]}", "green")
+        if said(f"attempt {uh.next_attempt}", o):
             return o.state, None
-        out.line(f"  {label}attempt {uh.next_attempt}: {verdicts} -> {o.gate}: {o.summary}", "red")
     ledger.append("exhausted", target=target.name, unit=unit, attempts=opts.max_attempts, run=r.run_id)
     kill_point("after-exhausted")
     out.line(f"  {label or unit + ': '}exhausted after {opts.max_attempts} attempt(s) in this run", "red")

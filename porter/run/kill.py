@@ -1,9 +1,5 @@
-"""Kill points: test hooks that SIGKILL `porter run` right after one of its durable writes.
-
-PORTER_TEST_KILL_AT=<point>[:<n>] makes the process SIGKILL itself right after
-the n-th (default first) durable write named <point>; the crash tests use it to
-check every row of porter.run's table of what a kill leaves behind.
-"""
+"""Kill points: PORTER_TEST_KILL_AT=<point>[:<n>] SIGKILLs `porter run` right after the n-th durable
+write named <point>, for the crash tests of each row of porter.run's table of what a kill leaves."""
 
 from __future__ import annotations
 

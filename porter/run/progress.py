@@ -1,4 +1,4 @@
-"""`porter run`'s terminal progress: plain lines (also written to runs/<run>/run.log) and a bar on a terminal."""
+"""`porter run`'s progress: plain lines (also in runs/<run>/run.log) and a bar on a terminal."""
 
 from __future__ import annotations
 

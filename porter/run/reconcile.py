@@ -1,7 +1,5 @@
-"""Reconcile: make the ledger and git agree after a crash, before a run does anything else.
-
-What each kill point leaves and how it is repaired is the table in porter.run's docstring.
-"""
+"""Reconcile: make the ledger and git agree after a crash, before a run does anything else
+(what each kill leaves and how it is repaired: the table in porter.run's docstring)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Which units a run ports, in what order, and the one scheduler that runs them.
-
-`--jobs N` keeps up to N units in flight; `--jobs 1` is the same path with one
-slot, so the units run one after another in order.
-"""
+"""Which units a run ports, in what order, and the one scheduler that runs them: `--jobs N` keeps up
+to N units in flight; `--jobs 1` is the same path with one slot (the units one after another)."""
 
 from __future__ import annotations
 

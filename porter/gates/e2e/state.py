@@ -1,14 +1,18 @@
 """What status may say about prefill, and when porter run owes an e2e run.
 
-Both are pure functions of e2e evidence and hashes; nothing here reads a
-stored verdict such as "prefill works".  An e2e record counts only through its
-evidence (ok and the backend tree hash it ran on), and only when that evidence
-is intact in ledger/evidence/.
+Both are functions of e2e evidence and hashes; nothing here reads a stored
+verdict such as "prefill works".  An e2e record counts only through its evidence
+(ok and the backend tree hash it ran on), and only when that evidence is intact
+in ledger/evidence/.  status calls prefill_status, porter run run_e2e_if_due.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
+
+from porter.gates.e2e import tree
+from porter.gates.result import GateResult
 
 VERIFIED, STALE, UNVERIFIED = "verified", "stale", "unverified"
 
@@ -75,6 +79,29 @@ def e2e_due(unit_states: dict[str, str], prefill_units: list[str], e2e_records: 
     if any(r.get("tree_hash") == head_tree_hash for r in e2e_records if r.get("gate") == "e2e"):
         return False, "e2e already ran on this backend tree"
     return True, "every prefill-tier unit is verified and this backend tree has no e2e record"
+
+
+def head_backend_tree(workspace: Path, target) -> str | None:
+    return tree.tree_hash_at(Path(workspace), tree.backend_dirs(target))
+
+
+def prefill_status(workspace: Path, target, records: list) -> tuple[str, str | None, str]:
+    """prefill_state of `target` from porter.history's typed records."""
+    return prefill_state(e2e_records_from_ledger(Path(workspace), target.name, records),
+                         head_backend_tree(workspace, target))
+
+
+def run_e2e_if_due(target, workspace: Path, unit_states: dict[str, str], prefill_units: list[str], records: list, *,
+                   run: Callable[[], GateResult], record: Callable[[GateResult], object]) -> GateResult | None:
+    """Run the e2e gate (`run`: porter run builds the backend and calls the gate through the driver)
+    when e2e_due says so, and hand the result to `record`; None when not due.  `unit_states`: unit ->
+    status word, `prefill_units`: the units ranked on the prefill tier (porter.plan)."""
+    records = e2e_records_from_ledger(Path(workspace), target.name, records)
+    if not e2e_due(unit_states, prefill_units, records, head_backend_tree(workspace, target))[0]:
+        return None
+    res = run()
+    record(res)
+    return res
 
 
 def _short(commit: str | None) -> str:
