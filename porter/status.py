@@ -57,8 +57,7 @@ from porter.errors import PorterError
 from porter.evidence import check_evidence
 from porter.gates import static
 from porter.gates.driver import Candidate, GateContext
-from porter.gates.e2e.state import prefill_line
-from porter.gates.e2e.state import prefill_status
+from porter.gates.e2e.state import prefill_line, prefill_status
 from porter.history import Attempt, GateRecord, History, Step, UnitHistory
 from porter.digest import sha256_bytes
 from porter.ledger import Ledger, load_key

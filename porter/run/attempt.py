@@ -112,7 +112,6 @@ class Run:
             return False
         failures = uh.failures_since_step
         req = build_prompt(self.target, unit, attempt, failures)
-        req.meta.setdefault("builder", "porter.prompt")
         req.meta["asked_early"] = True
 
         def fetch():
@@ -137,7 +136,6 @@ class Run:
         """Ask the provider once, run the gates on the answer (extract first), and land a step if they pass."""
         target = self.target
         req = build_prompt(target, unit, attempt, failures)
-        req.meta.setdefault("builder", "porter.prompt")
         completion, req, early = self._complete(unit, attempt, failures, req)
         prompt_sha = self._save(unit, f"attempt-{attempt}.prompt.md",
                                 f"<!-- system -->\n{req.system}\n\n<!-- prompt -->\n{req.prompt}\n")
