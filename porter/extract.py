@@ -22,6 +22,7 @@ import re
 
 from porter.cparse import function_definitions
 from porter.errors import PorterError
+from porter.gates.result import GateResult
 
 MAX_RESPONSE_BYTES = 200_000
 
@@ -137,3 +138,17 @@ def extract_unit_source(text: str, unit: str, target) -> str:
     local = {target.conventions_header.name, target.api_header.name}
     check_includes(block.code, local)
     return block.code
+
+
+def run(answer, ctx) -> GateResult:
+    """The extract gate (porter.gates.registry): its candidate is the provider's answer; the unit it
+    finds becomes `ctx.candidate`, what every gate after it judges."""
+    facts = {"response_sha256": answer.sha256, "toolchain": {"extractor": "porter.extract"}}
+    try:
+        source = extract_unit_source(answer.source, answer.unit, ctx.target)
+    except ExtractionError as exc:
+        return GateResult("extract", False, str(exc), diagnostics=str(exc), check="extract",
+                          evidence={"candidate_sha256": None, **facts})
+    ctx.candidate = type(answer).of(answer.unit, source)
+    return GateResult("extract", True, f"one code block defines {answer.unit} ({len(source.splitlines())} lines)",
+                      evidence={"candidate_sha256": ctx.candidate.sha256, **facts})

@@ -88,4 +88,4 @@ def gates_with(**modules):
 
     from porter.gates import registry
 
-    return tuple(replace(g, module=modules.get(g.name, g.module)) for g in registry.gates())
+    return tuple(replace(g, module=modules.get(g.name, g.module)) for g in registry.ACTIVE)

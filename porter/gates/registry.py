@@ -30,17 +30,13 @@ class Gate:
 # Cheapest first: an answer that does not compile never costs a GPU run; perf times only what
 # parity passed, and is not re-checked by --reverify (its limit is relative to a run's baseline).
 ACTIVE: tuple[Gate, ...] = (
-    Gate("extract", "porter.gates.extract", judges=ANSWER, rechecked=False),
+    Gate("extract", "porter.extract", judges=ANSWER, rechecked=False),
     Gate("static", "porter.gates.static"),
     Gate("build", "porter.gates.build"),
     Gate("parity", "porter.gates.parity", runs_candidate=True),
     Gate("perf", "porter.gates.perf", needs=("parity",), rechecked=False, runs_candidate=True),
     Gate("e2e", "porter.gates.e2e.gate", judges=BACKEND, rechecked=False),
 )
-
-
-def gates() -> tuple[Gate, ...]:
-    return ACTIVE
 
 
 def names(*judges: str, **flags) -> tuple[str, ...]:
