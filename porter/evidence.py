@@ -20,11 +20,14 @@ from pathlib import Path
 from porter.durable import write_atomic
 from porter.errors import PorterError
 from porter.digest import sha256_bytes
-from porter.ledger import LEDGER_DIR, canonical
+from porter.ledger import LEDGER_DIR, canonical, read_regular
 
 EVIDENCE_DIR = "evidence"
 REQUIRED = ("target", "unit", "gate", "ok", "candidate_sha256")
 _SHA = re.compile(r"[0-9a-f]{64}")
+# The largest evidence measured is a few hundred KB (a parity gate's per-case metrics); a path that is
+# a device, a symlink or bigger than this is refused unread (tampered), never read into memory.
+MAX_BYTES = 16 << 20
 
 
 def is_sha256(value) -> bool:
@@ -57,20 +60,32 @@ def store_evidence(workspace: Path, data: dict) -> str:
     return sha
 
 
-def check_evidence(workspace: Path, sha: str) -> tuple[dict | None, str | None]:
-    """(evidence, None) when ledger/evidence/<sha>.json is intact, else (None, one-line problem)."""
+def _read_checked(workspace: Path, sha: str) -> tuple[bytes | None, str | None]:
     if not is_sha256(sha):
         return None, f"evidence id {str(sha)[:80]!r} is not a sha256"
-    path = evidence_dir(workspace) / f"{sha}.json"
     try:
-        body = path.read_bytes()
+        body = read_regular(f"{workspace}/{LEDGER_DIR}/{EVIDENCE_DIR}/{sha}.json", MAX_BYTES)  # str: ~4k a call
     except FileNotFoundError:
         return None, f"evidence {sha[:12]} is missing (ledger/evidence/{sha}.json)"
     except OSError as exc:
-        return None, f"evidence {sha[:12]} is unreadable: {exc.strerror}"
+        return None, f"evidence {sha[:12]} is refused: {exc.strerror}"
     actual = sha256_bytes(body)
     if actual != sha:
         return None, f"evidence {sha[:12]} was edited or swapped (its content hashes to {actual[:12]})"
+    return body, None
+
+
+def evidence_problem(workspace: Path, sha: str) -> str | None:
+    """None when ledger/evidence/<sha>.json is intact (a regular file hashing to its name), else the
+    one-line problem. Not parsed: a signed record names it by hash, so intact is all there is to check."""
+    return _read_checked(workspace, sha)[1]
+
+
+def check_evidence(workspace: Path, sha: str) -> tuple[dict | None, str | None]:
+    """(evidence, None) when ledger/evidence/<sha>.json is intact, else (None, one-line problem)."""
+    body, problem = _read_checked(workspace, sha)
+    if problem is not None:
+        return None, problem
     try:
         data = json.loads(body)
     except ValueError:

@@ -104,9 +104,9 @@ def check_index_unlocked(workspace: Path) -> None:
         )
 
 
-def committed_blob(workspace: Path, rel: str) -> bytes | None:
-    """The content of `rel` at HEAD, or None when HEAD has no such file."""
-    r = _run(workspace, ["show", f"HEAD:{rel}"])
+def committed_blob(workspace: Path, rel: str, rev: str = "HEAD") -> bytes | None:
+    """The content of `rel` at `rev` (HEAD), or None when it has no such file."""
+    r = _run(workspace, ["show", f"{rev}:{rel}"])
     return r.stdout if r.returncode == 0 else None
 
 
@@ -212,3 +212,31 @@ def dirty_paths(workspace: Path, under: str) -> list[str]:
             i += 1
         paths.append(p)
     return paths
+
+
+def read_blobs(workspace: Path, specs: list[str]) -> dict[str, bytes | None]:
+    """The contents of `<rev>:<path>` specs (a path starting ./ is relative to `workspace`) in one
+    `git cat-file --batch`; None for a spec that names no blob (missing, a tree, a submodule)."""
+    if not specs:
+        return {}
+    r = _run(workspace, ["cat-file", "--batch"], input=b"".join(s.encode() + b"\n" for s in specs))
+    data, pos, out = r.stdout, 0, {}
+    for spec in specs:
+        nl = data.find(b"\n", pos)
+        if nl < 0:
+            out[spec] = None
+            continue
+        header, pos = data[pos:nl].split(), nl + 1
+        if len(header) == 3 and header[2].isdigit():  # "<oid> <type> <size>", then the content and a newline
+            size = int(header[2])
+            out[spec] = data[pos:pos + size] if header[1] == b"blob" else None
+            pos += size + 1
+        else:  # "<spec> missing" or "ambiguous"
+            out[spec] = None
+    return out
+
+
+def last_commit_touching(workspace: Path, rev: str, rel: str) -> str | None:
+    """The newest commit reachable from `rev` that touched `rel` (relative to `workspace`), or None."""
+    r = _run(workspace, ["log", "-1", "--format=%H", rev, "--", rel], text=True)
+    return (r.stdout.strip() or None) if r.returncode == 0 else None

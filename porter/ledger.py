@@ -24,7 +24,19 @@ processes, or a cron run beside a manual one) never interleave, and each line
 is written with a single write on an O_APPEND descriptor, then fsynced. A line
 torn by a crash (no trailing newline, or an unreadable last line) is moved,
 byte for byte, to ledger/torn-<time>.jsonl.part on the next append and a
-"repair" record naming that file is appended: nothing is dropped silently.
+"repair" record naming that file is appended: nothing is dropped silently. A
+torn line is never completed into a record, even when its bytes hash right:
+anyone can write such a line, and the next signed append would vouch for it.
+
+A signed append first checks the line it chains onto (its hash and its
+signature; an unsigned predecessor only while no record is signed yet) and
+says so in the record (`prev_checked: true`). A reader therefore needs one
+signature check for a run of such records: a valid signature on a record with
+prev_checked vouches that its predecessor's signature verified when it was
+written, and that predecessor's bytes are fixed by `prev`. Records without the
+flag (older porter) have each predecessor's signature checked by the reader.
+A line with a duplicated JSON member is tampered: two JSON readers may take
+different values from it.
 
 Verification uses json + hashlib only (about 30 us a record), because status
 re-verifies the whole chain every time it runs.
@@ -32,10 +44,12 @@ re-verifies the whole chain every time it runs.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hmac as hmac_mod
 import json
 import os
+import stat
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -50,12 +64,63 @@ LEDGER_DIR = "ledger"
 LEDGER_FILE = "ledger.jsonl"
 TORN_GLOB = "torn-*.jsonl.part"
 # Fields the ledger itself sets; a caller's field of the same name would be ambiguous.
-RESERVED = frozenset({"seq", "time", "kind", "prev", "hash", "hmac", "sig"})
+RESERVED = frozenset({"seq", "time", "kind", "prev", "hash", "hmac", "sig", "prev_checked"})
 UNHASHED = ("hash", "hmac", "sig")  # the fields `hash` is not computed over
 KEY_ENV = "PORTER_LEDGER_KEY"
 KEY_FILE_ENV = "PORTER_LEDGER_KEY_FILE"
 DEFAULT_KEY_FILE = Path("~/.config/porter/ledger.key")
 _FROM_WORKSPACE = object()
+# Far above any real ledger (10k records are ~10 MB); a bound so a ledger or evidence path that is a
+# device or a huge file is refused instead of read into memory.
+LEDGER_MAX_BYTES = 1 << 30
+
+
+class DuplicateMember(ValueError):
+    pass
+
+
+def _strict_object(pairs):
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen = set()
+        raise DuplicateMember(next(k for k, _ in pairs if k in seen or seen.add(k)))
+    return out
+
+
+def loads_strict(line: bytes):
+    """json.loads that refuses an object with a duplicated member (DuplicateMember, a ValueError)."""
+    return json.loads(line, object_pairs_hook=_strict_object)
+
+
+def read_regular(path: Path, limit: int) -> bytes:
+    """The bytes of `path` when it is a regular file (not a symlink) of at most `limit` bytes; an
+    OSError naming what it is otherwise (FileNotFoundError when absent)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise OSError(exc.errno, "not a regular file (a symlink)") from exc
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file (a device, fifo or directory)")
+        if st.st_size > limit:
+            raise OSError(errno.EFBIG, f"{st.st_size} bytes, over the {limit} bytes allowed")
+        chunks, left = [], limit + 1
+        want = st.st_size + 1  # one read for a file that does not grow meanwhile (status reads thousands)
+        while left > 0:
+            b = os.read(fd, min(left, want))
+            if not b:
+                break
+            chunks.append(b)
+            left -= len(b)
+            want = 1 << 20
+        if left <= 0:
+            raise OSError(errno.EFBIG, f"grew over the {limit} bytes allowed while read")
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def canonical(obj) -> bytes:
@@ -159,6 +224,7 @@ class Integrity:
     fingerprint: str | None = None  # the Ed25519 key records were checked with (the workspace's)
     sig_signed: int = 0  # records carrying a sig
     first_sig_line: int | None = None
+    torn: list[str] = field(default_factory=list)  # a torn tail: not a record, not tampering, not ok to leave
 
     def key_state(self) -> str:
         if self.fingerprint:
@@ -252,6 +318,8 @@ class Ledger:
 
     def _append_locked(self, fd: int, kind: str, fields: dict) -> dict:
         last_line = _last_line(fd)
+        if self.signer is not None:
+            self._check_predecessor(fd, last_line)
         if last_line is None:
             seq, prev, prev_hmac = 1, ZERO, ZERO
         else:
@@ -261,6 +329,8 @@ class Ledger:
             prev = sha256_bytes(last_line)
             prev_hmac = (last.get("hmac") if isinstance(last, dict) else None) or ZERO
         record = {"seq": seq, "time": utc_now(), "kind": kind, **fields, "prev": prev}
+        if self.signer is not None:
+            record["prev_checked"] = True
         record["hash"] = sha256_bytes(canonical(record))
         if self.key is not None:
             record["hmac"] = chain_hmac(self.key, prev_hmac, record["hash"])
@@ -272,6 +342,36 @@ class Ledger:
         if self.signer is not None:
             self._witness_saw(fd, record)
         return record
+
+    def _check_predecessor(self, fd: int, last_line: bytes | None) -> None:
+        """Refuse to sign on top of a line this key did not sign: a signature on the new record would
+        vouch (through `prev`) for whatever the line holds. An unsigned line is accepted only while
+        no record is signed yet (a ledger from before signing)."""
+        if last_line is None:
+            return
+        where = "the ledger's last line"
+        try:
+            last = loads_strict(last_line)
+        except ValueError as exc:
+            raise PorterError(f"{where} is not a ledger record ({exc}); see `porter status`", exit_code=3) from exc
+        if not isinstance(last, dict):
+            raise PorterError(f"{where} is not a ledger record; see `porter status`", exit_code=3)
+        where = f"ledger record seq {last.get('seq')}"
+        body = _line_body(last_line, last)
+        if last.get("hash") != (sha256_bytes(body) if body is not None else record_hash(last)):
+            raise PorterError(f"{where} was edited (hash mismatch): not signing on top of it; see `porter status`",
+                              exit_code=3)
+        if last.get("sig") is None:
+            if b'"sig":"' in os.pread(fd, os.fstat(fd).st_size, 0):
+                raise PorterError(f"{where} is unsigned after signed records: not signing on top of it; "
+                                  "`porter repair --reason TEXT` moves it aside", exit_code=3)
+            return
+        from porter import signing
+
+        if not signing.verify(self.signer.public, last.get("hash"), last.get("sig")):
+            raise PorterError(f"{where}'s signature does not verify with this workspace's key {self.signer.fingerprint} "
+                              "(forged?): not signing on top of it; `porter repair --reason TEXT` moves it aside",
+                              exit_code=3)
 
     def _witness_saw(self, fd: int, record: dict) -> None:
         from porter import witness
@@ -311,22 +411,13 @@ class Ledger:
             good_end, torn = _torn_tail(fd, size)
             if torn is not None:
                 repaired = True
-                if _is_record_missing_newline(torn):
-                    # An intact record whose newline never made it: the line's bytes
-                    # (and so the chain) are whole; only the terminator is added.
-                    _write_all(fd, b"\n")
-                    os.fsync(fd)
-                    self._append_locked(
-                        fd,
-                        "repair",
-                        {"reason": "last record lacked its trailing newline; newline added", "torn_bytes": 0},
-                    )
-                else:
-                    rel = self._save_torn(torn)
-                    os.ftruncate(fd, good_end)
-                    os.fsync(fd)
-                    self._append_locked(fd, "repair", _repair_fields(rel, torn, "torn last line moved aside"))
-                    self._recorded_torn.add(rel)
+                # A torn line is moved aside even when its bytes hash right: completing it would
+                # let a forged line without its newline become a record the next signature vouches for.
+                rel = self._save_torn(torn)
+                os.ftruncate(fd, good_end)
+                os.fsync(fd)
+                self._append_locked(fd, "repair", _repair_fields(rel, torn, "torn last line moved aside"))
+                self._recorded_torn.add(rel)
         # A crash between saving torn bytes and recording the repair leaves a torn
         # file no repair record names: record it now so it is never unaccounted for.
         unknown = [p for p in sorted(self.dir.glob(TORN_GLOB)) if f"{LEDGER_DIR}/{p.name}" not in self._recorded_torn]
@@ -379,9 +470,27 @@ class Ledger:
 
     def read_bytes(self) -> bytes:
         try:
-            return self.path.read_bytes()
+            return read_regular(self.path, LEDGER_MAX_BYTES)
         except FileNotFoundError:
             return b""
+        except OSError as exc:
+            raise PorterError(f"{LEDGER_DIR}/{LEDGER_FILE} is refused: {exc.strerror}", exit_code=3) from exc
+
+    @contextmanager
+    def reading(self):
+        """Hold a shared lock on the ledger while reading it (and the witness): an append, which
+        also moves the witness, waits until the reader is done, so the reader sees one instant."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            yield  # absent, or refused by read_bytes with its own message
+            return
+        try:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                fcntl.flock(fd, fcntl.LOCK_SH)
+            yield
+        finally:
+            os.close(fd)
 
     def records(self) -> list[dict]:
         """Every readable record in file order (a torn tail is left out)."""
@@ -409,8 +518,10 @@ def scan_bytes(data: bytes, key: bytes | None, public=None) -> Scan:
     lines = data.split(b"\n")
     tail = lines.pop()  # b"" when the file ends with a newline
     notes: list[str] = []
+    torn: list[str] = []
     if tail:
-        notes.append(f"torn tail: {len(tail)} bytes after line {len(lines)} without a newline (moved aside on the next append)")
+        torn.append(f"torn tail: {len(tail)} bytes after line {len(lines)} without a newline (never read as a "
+                    "record; the next `porter run` or `porter repair` moves it aside)")
 
     parsed: list[dict | None] = []
     for line in lines:
@@ -420,8 +531,9 @@ def scan_bytes(data: bytes, key: bytes | None, public=None) -> Scan:
             rec = None
         parsed.append(rec if isinstance(rec, dict) else None)
     if parsed and parsed[-1] is None and not tail:
-        # An unreadable last line is what a crash mid-write leaves: torn, not tampered.
-        notes.append(f"torn tail: line {len(lines)} is unreadable (moved aside on the next append)")
+        # An unreadable last line is what a crash mid-write leaves: torn, and never read as a record.
+        torn.append(f"torn tail: line {len(lines)} is unreadable (the next `porter run` or `porter repair` "
+                    "moves it aside)")
         lines.pop()
         parsed.pop()
 
@@ -434,6 +546,7 @@ def scan_bytes(data: bytes, key: bytes | None, public=None) -> Scan:
         bad.setdefault(lineno, text)
 
     entries: list[tuple[int, dict]] = []
+    chained: set[int] = set()  # lines whose prev is the sha256 of the line before
     hmac_bad: list[tuple[int, str]] = []
     sig_lines: list[int] = []
     prev_line: bytes | None = None
@@ -455,22 +568,31 @@ def scan_bytes(data: bytes, key: bytes | None, public=None) -> Scan:
         edited = rec_hash != (sha256_bytes(body) if body is not None else record_hash(rec))
         if edited:
             problem(i, f"line {i} edited (hash mismatch; {_describe(rec)})")
-        if rec.get("prev") != expected_prev:
-            if prev_edited:
-                pass  # the previous line's edit already explains this break
-            elif isinstance(seq, int) and seq > prev_seq + 1:
-                missing = range(prev_seq + 1, seq)
-                if any(m in all_seqs for m in missing):
-                    problem(i, f"line {i} out of order (seq {seq} after {prev_seq}: lines reordered)")
-                else:
-                    span = f"{missing[0]}" if len(missing) == 1 else f"{missing[0]}-{missing[-1]}"
-                    problem(i, f"record seq {span} deleted before line {i}")
-            elif isinstance(seq, int) and seq <= prev_seq:
-                problem(i, f"line {i} out of order (seq {seq} after {prev_seq}: lines reordered or inserted)")
+        elif body is None or (rec.get("sig") is None and rec.get("hmac") is None):
+            # A line whose hash checks over its own bytes, cut once around hash/hmac/sig, and that carries a
+            # signature, holds what porter's writer hashed: canonical JSON, no member twice. Only the others
+            # (hash recomputed over the parsed record, or nobody's signature) need the strict, 2x slower parse.
+            try:
+                loads_strict(line)
+            except DuplicateMember as exc:
+                problem(i, f"line {i} has a duplicated member {str(exc)!r} (JSON readers would disagree on its value)")
+        if rec.get("prev") == expected_prev:
+            chained.add(i)
+            if not isinstance(seq, int) or seq != prev_seq + 1:
+                problem(i, f"line {i} has seq {seq} after {prev_seq} (chain recomputed around a deleted or inserted line)")
+        elif prev_edited:
+            pass  # the previous line's edit already explains this break
+        elif isinstance(seq, int) and seq > prev_seq + 1:
+            missing = range(prev_seq + 1, seq)
+            if any(m in all_seqs for m in missing):
+                problem(i, f"line {i} out of order (seq {seq} after {prev_seq}: lines reordered)")
             else:
-                problem(i, f"line {i} does not chain to line {i - 1} (line {i - 1} rewritten with a recomputed hash, or a line inserted; {_describe(rec)})")
-        elif not isinstance(seq, int) or seq != prev_seq + 1:
-            problem(i, f"line {i} has seq {seq} after {prev_seq} (chain recomputed around a deleted or inserted line)")
+                span = f"{missing[0]}" if len(missing) == 1 else f"{missing[0]}-{missing[-1]}"
+                problem(i, f"record seq {span} deleted before line {i}")
+        elif isinstance(seq, int) and seq <= prev_seq:
+            problem(i, f"line {i} out of order (seq {seq} after {prev_seq}: lines reordered or inserted)")
+        else:
+            problem(i, f"line {i} does not chain to line {i - 1} (line {i - 1} rewritten with a recomputed hash, or a line inserted; {_describe(rec)})")
         rec_hmac = rec.get("hmac")
         if rec_hmac is not None:
             signed += 1
@@ -515,17 +637,13 @@ def scan_bytes(data: bytes, key: bytes | None, public=None) -> Scan:
             problems.append(f"the workspace's signing key is {fp} but none of the {len(entries)} records is signed "
                             "(signatures stripped and the chain recomputed?)")
         elif sig_lines:
-            last = by_line[sig_lines[-1]]
-            # one signature on the last record vouches for every byte before it (hash covers prev);
-            # only when it fails is each record checked, to name the lines at fault
-            if not signing.verify(public, last.get("hash"), last.get("sig")):
-                failed = [i for i in sig_lines if not signing.verify(public, by_line[i].get("hash"), by_line[i].get("sig"))]
-                if len(failed) == len(sig_lines):
-                    problems.append(f"no signed record verifies with the workspace's key {fp} "
-                                    f"(ledger/signer.pub swapped, or every record forged)")
-                for i in failed if len(failed) < len(sig_lines) else []:
-                    problem(i, f"line {i} signature does not verify with {fp} (forged, or signed with another key; "
-                               f"{_describe(by_line[i])})")
+            failed = _unverified(sig_lines, by_line, chained, public)
+            if len(failed) == len(sig_lines):
+                problems.append(f"no signed record verifies with the workspace's key {fp} "
+                                f"(ledger/signer.pub swapped, or every record forged)")
+            for i in failed if len(failed) < len(sig_lines) else []:
+                problem(i, f"line {i} signature does not verify with {fp} (forged, or signed with another key; "
+                           f"{_describe(by_line[i])})")
             if sig_lines[0] > 1:
                 notes.append(f"lines 1-{sig_lines[0] - 1} predate the signing key (covered by the chain into line {sig_lines[0]})")
     elif sig_lines:
@@ -545,8 +663,26 @@ def scan_bytes(data: bytes, key: bytes | None, public=None) -> Scan:
         fingerprint=fp,
         sig_signed=len(sig_lines),
         first_sig_line=sig_lines[0] if sig_lines else None,
+        torn=torn,
     )
     return Scan(entries, integ, data)
+
+
+def _unverified(sig_lines: list[int], by_line: dict, chained: set[int], public) -> list[int]:
+    """Signed lines whose signature does not verify. Walking back from the last: a genuine record
+    with prev_checked, chained to the line before it, vouches for that line's signature (its writer
+    checked it), so only lines nobody vouches for cost an Ed25519 check (see the module docstring)."""
+    from porter import signing
+
+    failed = []
+    vouched = None
+    for i in reversed(sig_lines):
+        rec = by_line[i]
+        good = i == vouched or signing.verify(public, rec.get("hash"), rec.get("sig"))
+        if not good:
+            failed.append(i)
+        vouched = i - 1 if good and rec.get("prev_checked") is True and i in chained else None
+    return failed[::-1]
 
 
 def _describe(rec: dict) -> str:
@@ -560,16 +696,6 @@ def _describe(rec: dict) -> str:
 
 def _repair_fields(rel: str, torn: bytes, reason: str) -> dict:
     return {"reason": reason, "torn_file": rel, "torn_bytes": len(torn), "torn_sha256": sha256_bytes(torn)}
-
-
-def _is_record_missing_newline(torn: bytes) -> bool:
-    if torn.endswith(b"\n"):
-        return False
-    try:
-        rec = json.loads(torn)
-    except ValueError:
-        return False
-    return isinstance(rec, dict) and isinstance(rec.get("hash"), str) and rec.get("hash") == record_hash(rec)
 
 
 def _complete_lines(data: bytes) -> list[bytes]:

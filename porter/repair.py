@@ -1,6 +1,6 @@
 """`porter repair --reason TEXT`: accept a loss explicitly, recorded and signed, so runs can go on.
 
-`porter run` refuses a tampered or rolled-back workspace. repair handles the two
+`porter run` refuses a tampered or rolled-back workspace. repair handles the
 cases that can be accepted without rewriting signed history:
 
 - a tampered tail: ledger lines from the first bad one on (unsigned, wrongly
@@ -9,6 +9,9 @@ cases that can be accepted without rewriting signed history:
   names that file, its size and sha256;
 - a rollback: a signed "repair" record names the head the witness had saw and the
   steps that disappeared, and the witness is reset to the ledger as it is.
+
+- a torn last line (a crash mid-append, or a forged line without its newline):
+  moved aside, bytes unchanged, as the next `porter run` does.
 
 The repair is committed (`Porter-Repair:` trailer). Anything else (an edited
 committed line, a swapped evidence file, a rewritten trailer, a swapped key) is
@@ -40,10 +43,13 @@ def run(args) -> int:
     ws = Path(args.workspace)
     ledger = Ledger.open(ws)  # signed workspace: this user's key, or a one-line error (wrong key)
     report = derive(ws, args.target, getattr(args, "source", None), key=ledger.key, use_static=False, rank=False)
-    if not report.tampered:
+    done = []
+    if report.torn and ledger.repair_torn_tail():
+        done.append(f"moved the torn ledger tail aside ({report.ledger['torn'][0]})")
+        report = derive(ws, args.target, getattr(args, "source", None), key=ledger.key, use_static=False, rank=False)
+    if not report.tampered and not done:
         print("porter: nothing to repair (status finds no tampering and no rollback)")
         return 0
-    done = []
     integ = ledger.verify()
     if integ.bad_lines:
         first = min(integ.bad_lines)

@@ -54,13 +54,13 @@ from pathlib import Path
 
 from porter import gitops, signing, witness
 from porter.errors import PorterError
-from porter.evidence import check_evidence
+from porter.evidence import check_evidence, evidence_problem
 from porter.gates import static
 from porter.gates.driver import Candidate, GateContext
 from porter.gates.e2e.state import prefill_line, prefill_status
 from porter.history import Attempt, GateRecord, History, Step, UnitHistory
 from porter.digest import sha256_bytes
-from porter.ledger import Ledger, load_key
+from porter.ledger import LEDGER_DIR, LEDGER_FILE, Ledger, load_key
 from porter.placeholder import is_placeholder
 from porter.plan import ranked_units
 from porter.reverify import contradicted, render_lines, reverify
@@ -74,6 +74,8 @@ CRITICAL_TIERS = ("runtime", "prefill")
 STATE_GATE = {"verified": "parity", "built": "build"}
 _AUTO = object()
 EXIT_STALE = 4
+REVERIFY_SAYS = ("reverify: runs this workspace's parity specs (Python) in this process, and candidate code "
+                 "only inside the sandbox")
 
 
 # ---- git --------------------------------------------------------------------
@@ -99,10 +101,11 @@ class GitView:
     ledger_size: int = 0
     workspace: Path | None = None
     ledger_rel: str | None = None
+    head: str | None = None  # the commit everything above was read at (HEAD once: a run may commit meanwhile)
 
     def committed_ledger(self) -> bytes:
-        """The ledger as committed at HEAD (one `git show`; only needed when it is not a prefix of ours)."""
-        return gitops.committed_blob(self.workspace, self.ledger_rel) or b""
+        """The ledger as committed at the HEAD read (one `git show`; only needed when it is not a prefix of ours)."""
+        return gitops.committed_blob(self.workspace, self.ledger_rel, self.head or "HEAD") or b""
 
     def committed_prefix(self, data: bytes) -> bool:
         """Whether the committed ledger is byte for byte the start of `data` (hashing, not reading, the blob)."""
@@ -138,8 +141,10 @@ def read_git(workspace: Path, ledger_file: Path) -> GitView:
             commits.append(Commit(sha, subject, trailers))
     root = root.resolve()
     rel = Path(ledger_file).resolve().relative_to(root).as_posix()
-    view = GitView(True, None, commits, workspace=root, ledger_rel=rel)
-    entry = gitops.read(root, "ls-tree", "-l", "HEAD", "--", rel).decode().strip()
+    # every later read names this commit, not HEAD: a run may commit while status reads
+    head = raw.lstrip("\n").split("\x1f", 1)[0] or None
+    view = GitView(True, None, commits, workspace=root, ledger_rel=rel, head=head)
+    entry = gitops.read(root, "ls-tree", "-l", head or "HEAD", "--", rel).decode().strip()
     if entry:  # "<mode> blob <id> <size>\t<path>"
         meta = entry.split("\t", 1)[0].split()
         if len(meta) == 4 and meta[1] == "blob":
@@ -182,13 +187,19 @@ class StatusReport:
         return bool(self.problems) or not self.ledger["ok"] or any(u.state == "tampered" for u in self.units)
 
     @property
+    def torn(self) -> bool:
+        """The ledger ends in a torn line: not tampering (a crash leaves one), but never left standing."""
+        return bool(self.ledger.get("torn"))
+
+    @property
     def stale(self) -> bool:
         return any(u.state == "stale" for u in self.units)
 
     @property
     def exit_code(self) -> int:
-        """3 tampered or rolled back; 4 some unit is stale (its code is not what was verified); else 0."""
-        return 3 if self.tampered else EXIT_STALE if self.stale else 0
+        """3 tampered, rolled back, witness damaged or a torn ledger tail; 4 some unit is stale (its code
+        is not what was verified, or it left the API header); else 0."""
+        return 3 if self.tampered or self.torn else EXIT_STALE if self.stale else 0
 
     def unit(self, name: str) -> UnitStatus:
         for u in self.units:
@@ -254,6 +265,7 @@ class KeyState:
     problems: list[str]
     notes: list[str]
     pin_note: str
+    mine: bool = False  # this user's signing key is the workspace's (this machine writes its witness)
 
 
 def signing_state(workspace: Path) -> KeyState:
@@ -286,7 +298,20 @@ def signing_state(workspace: Path) -> KeyState:
     if fp and mine is not None and mine.fingerprint != fp:
         notes.append(f"wrong key: your signing key is {mine.fingerprint}, this workspace's is {fp} "
                      "(`porter run` here would refuse to write)")
-    return KeyState(public, fp, problems, notes, pin_note)
+    return KeyState(public, fp, problems, notes, pin_note, bool(fp and mine is not None and mine.fingerprint == fp))
+
+
+def _key_history_problems(keys: KeyState, integ, gitv: GitView) -> list[str]:
+    """A workspace that names no key now while its history shows it had one: signatures stripped
+    and ledger/signer.pub removed is tampered whatever this machine holds (no pin, no witness)."""
+    if keys.fingerprint is not None or integ.sig_signed or not gitv.head or not gitv.ledger_rel:
+        return []
+    rel = gitv.ledger_rel.removesuffix(LEDGER_FILE) + signing.WORKSPACE_KEY.removeprefix(f"{LEDGER_DIR}/")
+    sha = gitops.last_commit_touching(gitv.workspace, gitv.head, rel)
+    if sha is None:
+        return []
+    return [f"the workspace names no key, but {signing.WORKSPACE_KEY} was committed (commit {sha[:10]}): "
+            "signatures stripped and the key removed?"]
 
 
 # ---- integrity: ledger, commits and evidence agree -------------------------------
@@ -315,8 +340,9 @@ class EvidenceCache:
 
 
 def check_integrity(target: Target, history: History, ledger_integrity, data: bytes, gitv: GitView,
-                    evidence: EvidenceCache, rollback: tuple[list[str], dict[str, str]] = ([], {})) -> Integrity:
-    units = set(target.units)
+                    evidence: EvidenceCache, rollback: tuple[list[str], dict[str, str]] = ([], {}),
+                    former_units: list[str] = ()) -> Integrity:
+    units = set(target.units) | set(former_units)
     issues: dict[str, list[str]] = defaultdict(list)
     problems: list[str] = []
 
@@ -399,7 +425,48 @@ def check_integrity(target: Target, history: History, ledger_integrity, data: by
                 flag(step.unit, f"evidence {sha[:12]} is for {ev.get('target')}/{ev.get('unit')}, not this unit (swapped)")
             elif ev.get("candidate_sha256") != step.candidate_sha256:
                 flag(step.unit, f"evidence {sha[:12]} judged candidate {_short(ev.get('candidate_sha256'))}, not the step's {_short(step.candidate_sha256)}")
+    step_evidence = {e for s in steps.values() for e in s.evidence}
+    for g in history.mine:  # refused attempts' evidence too (the audit and the report quote it): intact is
+        # enough, since the signed gate record names it by hash (parsing 4k files would double status's time)
+        if isinstance(g, GateRecord) and g.evidence is not None and g.evidence not in step_evidence:
+            problem = evidence_problem(history.workspace, g.evidence)
+            if problem:
+                flag(g.unit, f"{g.gate} gate record at ledger line {g.line}: {problem}")
+    latest = {}  # the step each unit's state rests on, when committed: its commit must hold what it names
+    for step_hash, step in steps.items():
+        if step_hash in commit_of_step and history.unit(step.unit).last_step is step:
+            latest[step_hash] = commit_of_step[step_hash]
+    for step_hash, text in _commits_lacking_files(gitv, steps, latest).items():
+        flag(steps[step_hash].unit, text)
     return Integrity(dict(issues), problems, ledger_problems, commit_of_step, committed_lines)
+
+
+def _commits_lacking_files(gitv: GitView, steps: dict[str, Step], commit_of_step: dict[str, Commit]) -> dict[str, str]:
+    """Step hash -> problem, for each step commit whose tree does not hold the unit file the step
+    judged and every evidence file it names (an empty commit carrying the right trailers, or one
+    made beside files that were never committed). One `git cat-file --batch` for all of them."""
+    # tree paths are relative to the repository root; the workspace may be a folder inside it
+    prefix = (gitv.ledger_rel or "").removesuffix(f"{LEDGER_DIR}/{LEDGER_FILE}")
+    wanted: dict[str, list[tuple[str, str, str]]] = {}
+    for step_hash, c in commit_of_step.items():
+        step = steps[step_hash]
+        rel = step.unit_file if isinstance(step.unit_file, str) else ""
+        files = [(rel, str(step.candidate_sha256), "unit file")]
+        files += [(f"ledger/evidence/{e}.json", e, "evidence") for e in step.evidence if isinstance(e, str)]
+        wanted[step_hash] = [(f"{c.sha}:{prefix}{path}", sha, what) for path, sha, what in files]
+    if not wanted:
+        return {}
+    blobs = gitops.read_blobs(gitv.workspace, [spec for specs in wanted.values() for spec, _, _ in specs])
+    out = {}
+    for step_hash, specs in wanted.items():
+        for spec, sha, what in specs:
+            blob = blobs.get(spec)
+            if blob is None or sha256_bytes(blob) != sha:
+                how = "lacks" if blob is None else "holds another"
+                out[step_hash] = (f"commit {commit_of_step[step_hash].sha[:10]} does not hold the {what} its step names: "
+                                  f"it {how} {spec.split(':', 1)[1][len(prefix):]} (an empty or hollow commit with the step's trailers)")
+                break
+    return out
 
 
 def _incomplete(history: History, step: Step, index: dict) -> list[str]:
@@ -557,15 +624,27 @@ def derive(
         key = load_key(workspace)
     keys = signing_state(workspace)
     ledger = Ledger(workspace, key, public=keys.public)
-    scan = ledger.scan()
-    history = History.from_scan(scan, target.name, workspace)
+    # One instant for a run in flight: git first (a commit landing later only holds a ledger that is a
+    # prefix of the one read next), then the ledger and the witness under the ledger's shared lock
+    # (an append, which also moves the witness, waits for it).
     gitv = read_git(workspace, ledger.path)
+    with ledger.reading():
+        scan = ledger.scan()
+        genesis = scan.entries[0][1].get("hash") if scan.entries else None
+        w, by_path, w_health = witness.load(workspace, genesis, expected=keys.mine and scan.integrity.sig_signed > 0)
+    if keys.fingerprint is None and not scan.integrity.sig_signed:
+        w_health = {"state": "unsigned", "path": None}
+    history = History.from_scan(scan, target.name, workspace)
     notes = list(scan.integrity.notes) + ([gitv.reason] if gitv.reason else []) + keys.notes
     evidence = EvidenceCache(workspace)
-    w, by_path = witness.load(workspace, scan.entries[0][1].get("hash") if scan.entries else None)
     w_problems, w_units = witness.check(w, by_path, scan.entries, keys.fingerprint, target.name)
+    damaged = witness.health_problem(w_health)
+    w_problems = ([damaged] if damaged else []) + w_problems
+    former = sorted(u for u in {s.unit for s in history.steps.values() if isinstance(s.unit, str)} - set(target.units)
+                    if history.unit(u).last_step is not None)
     integ = check_integrity(target, history, scan.integrity, scan.data, gitv, evidence,
-                            (keys.problems + w_problems, w_units))
+                            (keys.problems + _key_history_problems(keys, scan.integrity, gitv) + w_problems, w_units),
+                            former_units=former)
 
     ranking, ranking_reason = _ranking(target) if rank else (None, "not ranked")
     results: list[UnitStatus] = []
@@ -582,6 +661,15 @@ def derive(
             commit = integ.commit_of_step.get(uh.last_step.hash)
             st.commit = commit.sha if commit else None
         results.append(st)
+    for unit in former:  # reported, not dropped: a unit cannot leave status by leaving the header
+        last = history.unit(unit).last_step
+        tampered = integ.issues.get(unit)
+        results.append(UnitStatus(
+            unit=unit, state="tampered" if tampered else "stale", attempts=len(history.unit(unit).attempts),
+            reason=_first(tampered) if tampered else (f"its declaration left the API header "
+                                                      f"({target.api_header.name}) after it was {last.state} "
+                                                      f"(attempt {last.attempt}): nothing checks it now"),
+            evidence=list(last.evidence)))
 
     if ranking is not None:
         results.sort(key=lambda u: (ranking.get(u.unit, ("~", 1 << 30))[1]))
@@ -593,9 +681,10 @@ def derive(
 
     li = scan.integrity
     key_line = li.key_state() + keys.pin_note
-    rolled = [p for p in w_problems if p.startswith("rolled back")] + [f"{u}: {t}" for u, t in w_units.items()]
+    rolled = ([p for p in w_problems if p.startswith(("rolled back", "witness "))]
+              + [f"{u}: {t}" for u, t in w_units.items()])
     ledger_info = {"records": li.records, "ok": not integ.ledger_problems, "keyed": li.keyed, "key": key_line,
-                   "fingerprint": keys.fingerprint, "rolled_back": rolled,
+                   "fingerprint": keys.fingerprint, "rolled_back": rolled, "witness": w_health, "torn": list(li.torn),
                    "problems": integ.ledger_problems, "notes": list(li.notes), "committed_records": integ.committed_lines}
     p_state, p_commit, p_reason = (prefill_status(workspace, target, history.mine) if prefill
                                    else ("unverified", None, "not derived"))
@@ -644,6 +733,18 @@ def render(report: StatusReport, console=None, wide: bool = False) -> None:
         from porter.term import console as make_console
 
         console = make_console(wide)
+
+    def say(text: str, style: str | None = None) -> None:
+        console.print(text, style=style, markup=False, highlight=False)
+
+    # first, before the table: what limits every line below it
+    w = report.ledger.get("witness") or {}
+    if w.get("state") in ("missing", "empty", "corrupt"):
+        say(f"witness: {w['state'].upper()} ({w.get('path')}): a rollback cannot be ruled out; exit 3", "bold red")
+    elif w.get("state") == "none":
+        say(f"witness: none for this ledger on this machine ({witness.witness_dir()}): a rollback cannot be seen here")
+    for t in report.ledger.get("torn") or []:
+        say(f"ledger: {t}; exit 3 until then", "bold red")
     ranked = report.critical_path["available"]
     # On a narrow terminal the reason goes under its unit's name (headed "unit / reason") and the commit
     # column gives way; wide enough, each gets its own column.
@@ -666,9 +767,6 @@ def render(report: StatusReport, console=None, wide: bool = False) -> None:
             row += [Text(u.commit[:10] if u.commit else ""), Text(u.reason)]
         table.add_row(*row)
     console.print(table)
-
-    def say(text: str, style: str | None = None) -> None:
-        console.print(text, style=style, markup=False, highlight=False)
 
     say(f"units ({report.counts['total']}): {counts_line(report.counts)}")
     say(prefill_line((report.prefill["state"], report.prefill["commit"], report.prefill["reason"])),
@@ -704,6 +802,7 @@ def run(args) -> int:
     report = derive(workspace, getattr(args, "target", None), getattr(args, "source", None))
     fresh = contradicted_units = None
     if getattr(args, "reverify", False):
+        print(REVERIFY_SAYS, file=sys.stderr if getattr(args, "json", False) else sys.stdout)
         target = load_target(workspace, report.target, getattr(args, "source", None))
         fresh = reverify(target)
         contradicted_units = contradicted({u.unit: u.state for u in report.units}, fresh)

@@ -23,9 +23,11 @@ from pathlib import Path
 
 from porter.digest import sha256_bytes
 from porter.durable import write_atomic
+from porter.ledger import read_regular
 from porter.signing import porter_home
 
 DIR_ENV = "PORTER_WITNESS_DIR"
+MAX_BYTES = 64 << 20  # a witness holds one entry per unit: far below this
 
 
 def witness_dir() -> Path:
@@ -45,18 +47,55 @@ def _read(path: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def load(workspace: Path, genesis: str | None) -> tuple[dict | None, str | None]:
-    """(witness of this ledger, genesis the path's by-path entry names)."""
+def _health(path: Path) -> str:
+    """"ok", "missing", "empty" or "corrupt": what the witness file at `path` is."""
+    try:
+        raw = read_regular(path, MAX_BYTES)
+    except FileNotFoundError:
+        return "missing"
+    except OSError:
+        return "corrupt"
+    if not raw.strip():
+        return "empty"
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return "corrupt"
+    ok = isinstance(data, dict) and isinstance(data.get("seq"), int) and isinstance(data.get("hash"), str)
+    return "ok" if ok else "corrupt"
+
+
+def load(workspace: Path, genesis: str | None, expected: bool = False) -> tuple[dict | None, str | None, dict]:
+    """(witness of this ledger, genesis the path's by-path entry names, health). `expected`: this
+    machine should hold a witness (it holds the ledger's signing key). health is {"state", "path"}:
+    "ok"; "none" (this machine never witnessed the ledger: a rollback cannot be seen here);
+    "missing", "empty" or "corrupt" (it did, or should have: deleted or damaged)."""
     d = witness_dir()
     by_path = None
     try:
         by_path = (d / "by-path" / _path_key(workspace)).read_text().strip() or None
     except OSError:
         pass
-    w = _read(d / f"{genesis[:32]}.json") if isinstance(genesis, str) else None
+    path = d / f"{genesis[:32]}.json" if isinstance(genesis, str) else None
+    w = _read(path) if path is not None else None
+    state = _health(path) if path is not None else "none"
     if w is None and by_path:
         w = _read(d / f"{by_path[:32]}.json")
-    return w, by_path
+        state = "ok" if w is not None else state
+    if state == "ok" and w is None:
+        state = "corrupt"
+    if state == "missing" and not (by_path or expected):
+        state = "none"
+    return w, by_path, {"state": state, "path": str(path) if path is not None else None}
+
+
+def health_problem(health: dict) -> str | None:
+    """The one-line problem of a deleted or damaged witness; None when it is fine or never existed."""
+    state = health["state"]
+    if state not in ("missing", "empty", "corrupt"):
+        return None  # "ok", "none", "unsigned" (no witness is kept for an unsigned ledger)
+    return (f"witness {state.upper()}: {health['path']} ({'deleted' if state == 'missing' else 'damaged'}: a rollback "
+            "since it was last written cannot be ruled out; `porter repair --reason TEXT` re-witnesses the ledger)")
 
 
 class Writer:

@@ -204,7 +204,7 @@ def test_torn_tail_detected_and_repaired_keeping_the_bytes(tmp_path):
     with open(led.path, "ab") as f:
         f.write(torn)
     integ = led.verify()
-    assert integ.ok and integ.records == 3 and "torn tail" in integ.notes[0]
+    assert integ.ok and integ.records == 3 and "torn tail" in integ.torn[0]
     assert len(led.records()) == 3
 
     rec = led.append("gate", unit="u0", attempt=3, gate="build", ok=True)
@@ -234,13 +234,17 @@ def test_unreadable_last_line_is_torn(tmp_path):
     assert led.verify().ok
 
 
-def test_whole_record_missing_its_newline_is_kept(tmp_path):
+def test_whole_record_missing_its_newline_is_moved_aside_not_completed(tmp_path):
+    """Its bytes hash right, but anyone can write such a line: completing it would make it a record
+    the next append chains onto (issue 27's laundering)."""
     led = Ledger(tmp_path)
     fill(led, 2)
-    led.path.write_bytes(led.path.read_bytes()[:-1])
+    whole = led.path.read_bytes()
+    led.path.write_bytes(whole[:-1])
     assert led.repair_torn_tail() is True
-    assert not list((tmp_path / "ledger").glob("torn-*"))
-    assert [r["kind"] for r in led.records()] == ["attempt", "attempt", "repair"]
+    part = next((tmp_path / "ledger").glob("torn-*.jsonl.part"))
+    assert part.read_bytes() == whole[:-1].rsplit(b"\n", 1)[-1]
+    assert [r["kind"] for r in led.records()] == ["attempt", "repair"]
     assert led.verify().ok
 
 

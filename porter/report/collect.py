@@ -100,17 +100,27 @@ def _evidence(workspace: Path, shas: list[str]) -> list[dict]:
 
 
 def _calibration(target: Target, history: History) -> tuple[dict[str, dict], list[str]]:
-    """Per unit with a parity spec: whether that exact spec (by sha256) is calibrated."""
-    try:
-        from porter.gates.parity.spec import load_specs
+    """Per unit with a parity spec: whether that exact spec (by sha256) is calibrated. Read as data (the
+    spec files' bytes and the calibration records), never imported: a reviewer's report runs no code
+    of the workspace. A unit is matched to its spec by the file a calibration record hashed, else by
+    the file named after it."""
+    from porter.digest import sha256_bytes
+    from porter.gates.parity.spec import spec_dir
 
-        specs = load_specs(target)
-    except Exception as exc:  # a broken spec must not take the report down; say so instead
-        return {}, [f"parity specs unreadable ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"]
+    files = {}
+    for path in sorted(spec_dir(target).glob("*.py")) if spec_dir(target).is_dir() else []:
+        if not path.name.startswith("_") and path.is_file() and not path.is_symlink():
+            files[sha256_bytes(path.read_bytes())] = path
+    units = set(target.units)
+    by_name = {p.stem: sha for sha, p in files.items() if p.stem in units}
     out = {}
-    for unit, spec in specs.items():
-        st = history.calibration_status(unit, spec.sha256)
-        out[unit] = dict(st, unit=unit, spec=spec.path.name if spec.path else None, spec_sha256=spec.sha256)
+    for unit in sorted(set(by_name) | {r.unit for r in history.mine if r.kind == "calibration" and isinstance(r.unit, str)}):
+        hashed = [r.spec_sha256 for r in history.calibrations(unit) if r.spec_sha256 in files]
+        sha = hashed[-1] if hashed else by_name.get(unit)
+        if sha is None:
+            continue  # calibrated once, its spec file gone
+        st = history.calibration_status(unit, sha)
+        out[unit] = dict(st, unit=unit, spec=files[sha].name, spec_sha256=sha)
     return out, []
 
 
