@@ -194,3 +194,15 @@ def test_status_and_report_execute_no_workspace_code(tmp_path, capsys):
     assert porter(ws, "report", "--out", str(tmp_path / "site")) == 0
     capsys.readouterr()
     assert not marker.exists(), "status or report imported the workspace's spec Python"
+
+
+def test_reverify_says_it_runs_the_workspaces_specs(tmp_path, capsys, monkeypatch):
+    ws = signed_ws(tmp_path)
+    from porter.reverify import Reverdict
+
+    # the statement is what is tested, not the gates (test_status_reverify runs them with nvcc)
+    monkeypatch.setattr(status_mod, "reverify", lambda target: [Reverdict(SYNC, ["static ok"], True, "ok")])
+    args = argparse.Namespace(workspace=ws.root, target=TARGET, json=False, reverify=True, source=None, wide=True)
+    status_mod.run(args)
+    out = capsys.readouterr().out
+    assert status_mod.REVERIFY_SAYS in out and "only inside the sandbox" in out
