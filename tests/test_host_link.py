@@ -59,9 +59,9 @@ def test_host_link_keeps_nvcc_line_but_the_device_link_object(tmp_path):
 
 
 @pytest.mark.parametrize("callers_tmpdir", [True, False])
-def test_host_link_runs_with_the_callers_tmpdir(tmp_path, monkeypatch, callers_tmpdir):
-    """The dryrun's private TMPDIR (already deleted) must not reach g++, nor drop the caller's own:
-    the linker writes its temporaries where the user pointed them."""
+def test_host_link_runs_with_its_sandboxs_own_tmp(tmp_path, monkeypatch, callers_tmpdir):
+    """Neither the dryrun's private TMPDIR (already deleted) nor the caller's (a folder its sandbox
+    does not show) reaches g++: it writes its temporaries to the sandbox's own /tmp, and links."""
     obj = _obj(tmp_path, "k", KERNEL)
     own = tmp_path / "own-tmp"
     own.mkdir()
@@ -72,7 +72,8 @@ def test_host_link_runs_with_the_callers_tmpdir(tmp_path, monkeypatch, callers_t
     plan = host_link.host_link_command(_link_cmd(tmp_path / "t.so", [obj]), tmp_path)
     assert plan is not None
     _cmd, env = plan
-    assert env.get("TMPDIR") == (str(own) if callers_tmpdir else None)
+    assert "TMPDIR" not in env
+    assert host_link.link(_link_cmd(tmp_path / "t.so", [obj]), FLAGS, tmp_path, 60) == "ok"
 
 
 def test_host_linked_library_exports_and_needs_what_nvcc_linked_one_does(tmp_path):

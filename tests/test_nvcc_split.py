@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from porter.gates import build, nvcc_split
+from porter.gates import build, compile_jail, nvcc_split
 from porter.target import load_target
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None,
@@ -150,7 +150,7 @@ def test_a_remembered_dryrun_is_what_nvcc_would_list(target, tmp_path, monkeypat
     plans = [nvcc_split.plan(_cmd(target, d / f"out{i}.o"), d) for i, d in enumerate(dirs)]
     assert len(asked) == 1 and all(plans)
     second = plans[1]
-    env = dict(__import__("os").environ, TMPDIR=str(second.tmpdir))
+    env = compile_jail.clean_env(TMPDIR=str(second.tmpdir))
     fresh = real(_cmd(target, dirs[1] / "out1.o"), env, dirs[1])
     assert _pid_free([*second.host[:1], *second.device, second.final]) == _pid_free(
         [fresh[0], *fresh[2:6], fresh[-1]])

@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
@@ -32,7 +33,7 @@ from pathlib import Path
 
 from porter.digest import sha256_bytes, sha256_file
 from porter.errors import PorterError
-from porter.gates import elf_exports, host_link, nvcc_split
+from porter.gates import compile_jail, elf_exports, host_link, nvcc_split
 from porter.gates.keyed_lock import key_lock
 from porter.gates.result import GateResult
 from porter.placeholder import is_placeholder, placeholder_source
@@ -179,12 +180,16 @@ def _compile_uncached(target, name: str, source: bytes, cache: Path, key: str, o
         tmp.unlink(missing_ok=True)
         raise CompileFailure(name, "", timed_out=True)
     try:  # plain nvcc: the compile we do not split, and nvcc's own diagnostics for one that failed split
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=NVCC_TIMEOUT_S, cwd=tu_dir)
+        scratch = Path(tempfile.mkdtemp(prefix=".nvcc-", dir=tu_dir))  # nvcc's temporaries, inside the sandbox
+        jail = compile_jail.for_command(cmd, tu_dir)
+        r = jail.run(cmd, compile_jail.clean_env(TMPDIR=str(scratch)), tu_dir, NVCC_TIMEOUT_S, text=True)
     except subprocess.TimeoutExpired as exc:
         tmp.unlink(missing_ok=True)
         out = (exc.stderr or b"")
         out = out.decode("utf-8", "replace") if isinstance(out, bytes) else out
         raise CompileFailure(name, out, timed_out=True) from None
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     seconds = time.monotonic() - t0
     if r.returncode != 0 or not tmp.is_file():
         tmp.unlink(missing_ok=True)
@@ -368,7 +373,8 @@ def run(candidate, ctx) -> GateResult:
         ev["host_link"] = how == "ok"
         if how not in ("ok", "timeout"):  # nvcc links, and its diagnostics are the ones reported
             try:
-                r = subprocess.run(cmd, capture_output=True, text=True, timeout=LINK_TIMEOUT_S)
+                r = compile_jail.for_command(cmd, lib_dir).run(cmd, compile_jail.clean_env(), lib_dir,
+                                                               LINK_TIMEOUT_S, text=True)
             except subprocess.TimeoutExpired:
                 how = "timeout"
             else:

@@ -28,7 +28,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from porter.gates import nvcc_split
+from porter.gates import compile_jail, nvcc_split
 
 ENABLED = os.environ.get("PORTER_HOST_LINK", "1") != "0"
 # flags that make device code relocatable: its objects need the device link
@@ -44,7 +44,7 @@ def host_link_command(nvcc_cmd: list[str], scratch: Path) -> tuple[list[str], di
     None when the steps are not the shape we know.  nvcc's temporaries are named under a private
     TMPDIR in `scratch` (a dryrun writes none, but names them after its pid)."""
     tmpdir = Path(tempfile.mkdtemp(prefix=".nvcc-link-", dir=scratch))
-    env = dict(os.environ, TMPDIR=str(tmpdir))
+    env = compile_jail.clean_env(TMPDIR=str(tmpdir))
     try:
         # the objects (each its content hash) and the output vary from link to link
         objects = [a for a in nvcc_cmd if a.endswith(".o")]
@@ -63,11 +63,8 @@ def host_link_command(nvcc_cmd: list[str], scratch: Path) -> tuple[list[str], di
     if final.count(dlink_obj) != 1 or "-shared" not in final:
         return None
     final.remove(dlink_obj)
-    # the private TMPDIR was for the dryrun's names: g++ gets the caller's own (or none, as it had)
-    if "TMPDIR" in os.environ:
-        env["TMPDIR"] = os.environ["TMPDIR"]
-    else:
-        env.pop("TMPDIR", None)
+    # the private TMPDIR was for the dryrun's names: g++ writes its temporaries to its sandbox's /tmp
+    env.pop("TMPDIR", None)
     return final, env
 
 
@@ -80,8 +77,8 @@ def link(nvcc_cmd: list[str], compile_flags: list[str], scratch: Path, timeout: 
     if plan is None:
         return "unsplit"
     cmd, env = plan
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    try:  # the objects are the candidate's: g++ and ld run in the compiler's sandbox
+        r = compile_jail.for_command(cmd, scratch).run(cmd, env, scratch, timeout, text=True)
     except subprocess.TimeoutExpired:
         return "timeout"
     return "ok" if r.returncode == 0 else "failed"

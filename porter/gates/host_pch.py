@@ -126,10 +126,9 @@ def _compiler_identity(compiler: str, path_env: str) -> str:
         return "unknown"
 
 
-def _run(argv: list[str], cwd: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess | None:
+def _run(argv: list[str], cwd: Path, env: dict[str, str], timeout: float, jail) -> subprocess.CompletedProcess | None:
     try:
-        return subprocess.run(["bash", "-c", shlex.join(argv)], capture_output=True, cwd=cwd, env=env,
-                              timeout=max(timeout, 0.01))
+        return jail.run(["bash", "-c", shlex.join(argv)], env, cwd, max(timeout, 0.01))
     except subprocess.TimeoutExpired:
         return None
 
@@ -141,10 +140,11 @@ class PrecompiledCompile:
 
 
 def precompiled_final(final: str, cwd: Path, env: dict[str, str], pch_dir: Path, deadline: float,
-                      module_id: str | None = None) -> PrecompiledCompile | None:
+                      module_id: str | None, jail) -> PrecompiledCompile | None:
     """nvcc's final host compile (`final`, one shell command) rewritten to read the shared prefix
-    from its precompiled header, building and caching that header first when it is missing;
-    None when this compile has to stay plain (no cut, no precompiled header for its prefix)."""
+    from its precompiled header, building and caching that header first (in `jail`, the compile's
+    sandbox: the prefix is cudafe++'s output) when it is missing; None when this compile has to
+    stay plain (no cut, no precompiled header for its prefix)."""
     try:
         argv = shlex.split(final)
     except ValueError:
@@ -167,7 +167,7 @@ def precompiled_final(final: str, cwd: Path, env: dict[str, str], pch_dir: Path,
     for part in (prefix, "\0".join(flags), _compiler_identity(argv[0], env.get("PATH", os.environ.get("PATH", "")))):
         digest.update(part.encode("utf-8", "surrogateescape") + b"\0\0")
     header_dir = pch_dir / digest.hexdigest()
-    if not _ensure(header_dir, prefix, flags, env, deadline):
+    if not _ensure(header_dir, prefix, flags, env, deadline, jail):
         return None
     unit_file = src.with_name(src.name[: -len(".cudafe1.cpp")] + ".pch-unit.cpp")
     # the stub (#include "<stem>.cudafe1.stub.c") resolves next to the including file: same folder
@@ -187,7 +187,7 @@ def _failed_marker(header_dir: Path) -> Path:
     return header_dir.with_name(header_dir.name + ".failed")
 
 
-def _ensure(header_dir: Path, prefix: str, flags: list[str], env: dict[str, str], deadline: float) -> bool:
+def _ensure(header_dir: Path, prefix: str, flags: list[str], env: dict[str, str], deadline: float, jail) -> bool:
     """The precompiled prefix in `header_dir`, built when missing: False when it cannot be."""
     gch = header_dir / "prefix.h.gch"
     if gch.is_file():
@@ -210,7 +210,7 @@ def _ensure(header_dir: Path, prefix: str, flags: list[str], env: dict[str, str]
             # the host compile reads `-x c++`; its prefix is precompiled as that language's header
             cmd = ["c++-header" if a == "c++" and i and cmd[i - 1] == "-x" else a for i, a in enumerate(cmd)]
             cmd += [str(work / "prefix.h"), "-o", str(work / "prefix.h.gch")]
-            r = _run(cmd, work, env, deadline - time.monotonic())
+            r = _run(cmd, work, env, deadline - time.monotonic(), jail)
             if r is None:  # out of time: the plain compile may still make it; try again next time
                 return False
             if r.returncode != 0 or not (work / "prefix.h.gch").is_file():

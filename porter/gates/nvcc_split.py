@@ -21,7 +21,6 @@ nvcc's order.
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import shutil
@@ -33,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from porter.gates import host_pch
+from porter.gates import compile_jail, host_pch
 
 _ENV_LINE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 _MODULE_ID = re.compile(r'--module_id_file_name "([^"]+)"')
@@ -47,6 +46,7 @@ class SplitPlan:
     final: str  # gcc -c
     module_id_file: str
     tmpdir: Path
+    jail: compile_jail.Jail  # every step reads candidate text: each chain runs in this sandbox
 
 
 def output_of(nvcc_cmd: list[str]) -> list[str]:
@@ -59,12 +59,14 @@ def tool_name(cmd: str) -> str:
     return Path(first).name
 
 
-def plan(nvcc_cmd: list[str], cwd: Path) -> SplitPlan | None:
-    """nvcc's steps for this compile, or None when they are not the shape we know how to split."""
+def plan(nvcc_cmd: list[str], cwd: Path, rw: list[Path] = ()) -> SplitPlan | None:
+    """nvcc's steps for this compile, or None when they are not the shape we know how to split.
+    `rw`: folders besides cwd and the output's that the steps write (the precompiled headers)."""
+    jail = compile_jail.for_command(nvcc_cmd, cwd, rw)
     tmpdir = Path(tempfile.mkdtemp(prefix=".nvcc-split-", dir=cwd))
     # nvcc names its temporaries after its own pid under $TMPDIR: a private TMPDIR keeps them
     # apart from every other compile running now (the dryrun's pid is free again at once)
-    env = dict(os.environ, TMPDIR=str(tmpdir))
+    env = compile_jail.clean_env(TMPDIR=str(tmpdir))
     # tmpdir lies inside cwd: it is named first, so cwd's own occurrences are what is left
     steps = dryrun_cached(nvcc_cmd, env, cwd, [str(tmpdir), *output_of(nvcc_cmd), str(cwd)])
     tools = [tool_name(s) for s in steps or []]
@@ -80,7 +82,7 @@ def plan(nvcc_cmd: list[str], cwd: Path) -> SplitPlan | None:
         shutil.rmtree(tmpdir, ignore_errors=True)
         return None
     return SplitPlan(env, [pp_host, cudafe.replace("--gen_module_id_file", "", 1)],
-                     [pp_dev, cicc, ptxas, fatbin], final, next(iter(ids)), tmpdir)
+                     [pp_dev, cicc, ptxas, fatbin], final, next(iter(ids)), tmpdir, jail)
 
 
 def dryrun(nvcc_cmd: list[str], env: dict, cwd: Path | None = None) -> list[str] | None:
@@ -166,22 +168,21 @@ def run_split(p: SplitPlan, cwd: Path, timeout: float, pch_dir: Path | None = No
     times = step_ms if step_ms is not None else {}
 
     def chain(cmds: list[str], label: str) -> str:
-        for c in cmds:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return "timeout"
-            t0 = time.monotonic()
-            try:
-                r = subprocess.run(["bash", "-c", c], capture_output=True, cwd=cwd, env=p.env, timeout=left)
-            except subprocess.TimeoutExpired:
-                return "timeout"
-            finally:
-                # a second host compile (the plain one after a failed precompiled one) adds to the first
-                name = f"{label}:{tool_name(c)}"
-                times[name] = round(times.get(name, 0.0) + (time.monotonic() - t0) * 1000, 1)
-            if r.returncode != 0:
-                return "failed"
-        return "ok"
+        # one sandbox runs the whole chain; each step's start and end are stamped into a file
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return "timeout"
+        stamps = p.tmpdir / f"steps-{label}-{threading.get_ident()}"
+        script = "".join(f"t=$EPOCHREALTIME\n{c}\ns=$?; [ $s = 0 ] || exit $s; echo \"$t $EPOCHREALTIME\" >> "
+                         f"{shlex.quote(str(stamps))}\n" for c in cmds)
+        t0 = time.monotonic()
+        try:
+            r = p.jail.run(["bash", "-c", script], p.env, cwd, left)
+        except subprocess.TimeoutExpired:
+            return "timeout"
+        finally:
+            _record_steps(times, label, cmds, stamps, time.monotonic() - t0)
+        return "ok" if r.returncode == 0 else "failed"
 
     def host_then_prefix() -> tuple[str, host_pch.PrecompiledCompile | None]:
         # cudafe++ has written the .cudafe1.cpp the host compile reads (cicc writes other files):
@@ -191,7 +192,7 @@ def run_split(p: SplitPlan, cwd: Path, timeout: float, pch_dir: Path | None = No
             return done, None
         t0 = time.monotonic()
         found = host_pch.precompiled_final(p.final, cwd, p.env, pch_dir, deadline,
-                                           Path(p.module_id_file).read_text().strip())
+                                           Path(p.module_id_file).read_text().strip(), p.jail)
         times["host:prefix"] = round((time.monotonic() - t0) * 1000, 1)
         return done, found
 
@@ -213,12 +214,32 @@ def run_split(p: SplitPlan, cwd: Path, timeout: float, pch_dir: Path | None = No
         shutil.rmtree(p.tmpdir, ignore_errors=True)
 
 
+def _record_steps(times: dict[str, float], label: str, cmds: list[str], stamps: Path, wall_s: float) -> None:
+    """Each finished step's wall time under "<chain>:<tool>" (a second host compile, the plain one
+    after a failed precompiled one, adds to the first), and what the chain spent besides its
+    steps, the sandbox's start above all, under "<chain>:sandbox"."""
+    try:
+        pairs = [ln.replace(",", ".").split() for ln in stamps.read_text().splitlines()]
+    except OSError:
+        pairs = []
+    spent = 0.0
+    for c, (start, end) in zip(cmds, pairs):
+        ms = (float(end) - float(start)) * 1000
+        spent += ms
+        name = f"{label}:{tool_name(c)}"
+        times[name] = round(times.get(name, 0.0) + ms, 1)
+    name = f"{label}:sandbox"
+    times[name] = round(times.get(name, 0.0) + max(0.0, wall_s * 1000 - spent), 1)
+
+
 def compile_split(nvcc_cmd: list[str], cwd: Path, key: str, stem: str, timeout: float,
                   pch_dir: Path | None = None, step_ms: dict[str, float] | None = None) -> str:
     """"ok" when the split steps made the object, "unsplit" when this compile is not of the
     shape we split, "failed" (the caller runs plain nvcc, for nvcc's own diagnostics) or "timeout"."""
     t0 = time.monotonic()
-    p = plan(nvcc_cmd, cwd)
+    if pch_dir is not None:
+        pch_dir.mkdir(parents=True, exist_ok=True)  # bound into the sandbox, so it must exist first
+    p = plan(nvcc_cmd, cwd, [pch_dir] if pch_dir is not None else [])
     if p is None:
         return "unsplit"
     if step_ms is not None:
