@@ -10,6 +10,12 @@ import pytest
 
 from porter.gates import build, host_link
 
+
+@pytest.fixture(autouse=True)
+def _porter_home_beside(tmp_path_factory, monkeypatch):
+    """These tests compile in tmp_path itself; the compiler's sandbox refuses a folder holding $PORTER_HOME."""
+    monkeypatch.setenv("PORTER_HOME", str(tmp_path_factory.mktemp("porter-home")))
+
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None or shutil.which("g++") is None,
                                 reason="nvcc or g++ not on PATH: the host link runs nvcc's own g++ line")
 

@@ -17,6 +17,12 @@ from porter.target import load_target
 # the split compile's own unit: an anonymous namespace of its own, a kernel, a launch
 from test_nvcc_split import SOURCE, UNIT
 
+
+@pytest.fixture(autouse=True)
+def _porter_home_beside(tmp_path_factory, monkeypatch):
+    """These tests compile in tmp_path itself; the compiler's sandbox refuses a folder holding $PORTER_HOME."""
+    monkeypatch.setenv("PORTER_HOME", str(tmp_path_factory.mktemp("porter-home")))
+
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None or shutil.which("objcopy") is None,
                                 reason="nvcc and objcopy needed: the precompiled prefix is nvcc's host compile")
 

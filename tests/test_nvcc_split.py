@@ -13,6 +13,12 @@ import pytest
 from porter.gates import build, compile_jail, nvcc_split
 from porter.target import load_target
 
+
+@pytest.fixture(autouse=True)
+def _porter_home_beside(tmp_path_factory, monkeypatch):
+    """These tests compile in tmp_path itself; the compiler's sandbox refuses a folder holding $PORTER_HOME."""
+    monkeypatch.setenv("PORTER_HOME", str(tmp_path_factory.mktemp("porter-home")))
+
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None,
                                 reason="nvcc not on PATH: the split compile runs nvcc's own steps")
 
