@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from porter.diagnostics import MAX_DIAG_CHARS, MAX_ERRORS, trim_diagnostics
 from porter.errors import PorterError
 from porter.gates import build
 from porter.target import load_target
@@ -84,7 +85,7 @@ def test_compile_error_fails_with_trimmed_diagnostics(target, build_cache):
     assert 'identifier "missing_name" is undefined' in res.diagnostics
     for path in (str(target.workspace), str(build_cache), "/tmp/"):
         assert path not in res.diagnostics, f"diagnostics keep a path: {path}"
-    assert len(res.diagnostics) <= build.MAX_DIAG_CHARS + 100
+    assert len(res.diagnostics) <= MAX_DIAG_CHARS + 100
 
 
 def test_signature_drift_is_a_compile_error(target, build_cache):
@@ -136,10 +137,10 @@ def test_no_nvcc_on_path_is_a_one_line_error(target, build_cache, monkeypatch, t
 def test_diagnostics_are_deduplicated_and_capped():
     one = "/abs/dir/x.cu(3): error: identifier \"q\" is undefined\n      q = 1;\n      ^\n\n"
     many = "".join(f"/abs/dir/x.cu({i}): error: thing {i}\n" for i in range(40))
-    out = build.trim_diagnostics(one * 5 + many, ["/abs/dir"])
+    out = trim_diagnostics(one * 5 + many, compiler=True, strip=["/abs/dir"])
     assert out.count('identifier "q" is undefined') == 1
     assert "/abs/dir" not in out and "x.cu(3)" in out
-    assert out.count("error:") == build.MAX_ERRORS and "more error(s) not shown" in out
+    assert out.count("error:") == MAX_ERRORS and "more error(s) not shown" in out
 
 
 def test_cache_dir_honours_the_environment(tmp_path, monkeypatch):

@@ -21,7 +21,8 @@ import pytest
 
 from porter.cli import main as porter_main
 from porter.prompt import build_prompt, render_prompt
-from porter.prompt.context import strip_seeds, trim_diagnostics
+from porter.diagnostics import trim_diagnostics
+from porter.prompt.context import strip_seeds
 from porter.prompt.quant_layouts import layout_text, quant_types_from_text
 from porter.providers.base import PromptRequest
 from porter.target import load_target
@@ -305,16 +306,17 @@ def test_diagnostics_by_sha_are_read_from_runs(target, workspace):
 def test_build_diagnostics_keep_the_errors():
     text = "\n".join([f"/abs/build/dir/u.cu({i}): warning #177-D: variable declared but never referenced"
                       for i in range(3)] + ["noise line"] * 50 + ["/abs/build/dir/u.cu(90): error: expected a \";\""])
-    out = trim_diagnostics(text, "build", 4000)
+    out = trim_diagnostics(text, 4000, compiler=True)
     assert out.startswith('u.cu(90): error: expected a ";"')
     assert "/abs/build" not in out and "noise line" not in out and "warning #177-D" in out
 
 
 # -- size budget -----------------------------------------------------------------------
 
-def _many_failures(n: int) -> list[dict]:
+def _many_failures(n: int, unit: str = "mini_gpu_swiglu_tensor") -> list[dict]:
     return [{"attempt": i + 1, "gate": "build", "summary": f"nvcc failed on attempt {i + 1}",
-             "diagnostics_text": "\n".join(f"u.cu({k}): error: problem {k} of attempt {i + 1}" for k in range(60))}
+             "diagnostics_text": "\n".join(f"{unit}.cu({k}): error: problem {k} of attempt {i + 1}"
+                                                   for k in range(60))}
             for i in range(n)]
 
 
@@ -343,7 +345,8 @@ def test_cut_order_examples_then_older_failures(target):
 
 
 def test_impossible_budget_keeps_the_essentials(target):
-    r = render_prompt(target, "mini_gpu_routed_gate_up_iq2_xxs_tensor", 1, _many_failures(2), max_chars=2000)
+    r = render_prompt(target, "mini_gpu_routed_gate_up_iq2_xxs_tensor", 1, _many_failures(2, "mini_gpu_routed_gate_up_iq2_xxs_tensor"),
+                      max_chars=2000)
     p = r.request.prompt
     assert "still" in r.cut[-1] and "over" in r.cut[-1]
     assert "extern \"C\" int mini_gpu_routed_gate_up_iq2_xxs_tensor(" in p

@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
 
+from porter.diagnostics import trim_diagnostics
 from porter.digest import sha256_bytes, sha256_file
 from porter.errors import PorterError
 from porter.gates import compile_jail, elf_exports, host_link, nvcc_split
@@ -46,8 +47,6 @@ SPLIT_COMPILE = os.environ.get("PORTER_NVCC_SPLIT", "1") != "0"
 # (porter/gates/host_pch.py); 0 parses them every time
 HOST_PCH = os.environ.get("PORTER_HOST_PCH", "1") != "0"
 LINK_TIMEOUT_S = 120.0
-MAX_ERRORS = 12  # error messages kept for the next prompt
-MAX_DIAG_CHARS = 6000
 PORTER_LINK_FLAGS = ["-Xlinker", "-z", "-Xlinker", "defs"]
 
 
@@ -198,36 +197,11 @@ def _compile_uncached(target, name: str, source: bytes, cache: Path, key: str, o
     return obj, seconds, False
 
 
-def trim_diagnostics(text: str, strip: list[str], max_errors: int = MAX_ERRORS) -> str:
-    """Compiler output for a prompt: paths stripped, duplicates dropped, first errors only."""
-    for s in sorted({str(x) for x in strip if x}, key=len, reverse=True):
-        text = text.replace(s.rstrip("/") + "/", "")
-    text = re.sub(r"/tmp/tmpxft_[0-9a-f_]+-\d+_", "", text)
-    lines = text.splitlines()
-    messages: list[list[str]] = []
-    for line in lines:
-        if re.search(r"\berror\b|\bwarning\b|undefined reference|multiple definition|Error:|error:", line, re.I) \
-                or not messages:
-            messages.append([line])
-        elif len(messages[-1]) < 4:
-            messages[-1].append(line)
-    seen, kept, skipped = set(), [], 0
-    errors = [m for m in messages if re.search(r"error|undefined reference|multiple definition", m[0], re.I)]
-    for m in errors or messages:
-        head = m[0].strip()
-        if head in seen:
-            continue
-        seen.add(head)
-        if len(kept) >= max_errors:
-            skipped += 1
-            continue
-        kept.append("\n".join(l.rstrip() for l in m if l.strip() or l is m[0]))
-    out = "\n".join(kept)
-    if skipped:
-        out += f"\n... {skipped} more error(s) not shown"
-    if len(out) > MAX_DIAG_CHARS:
-        out = out[:MAX_DIAG_CHARS] + "\n... (truncated)"
-    return out.strip()
+def own_files(target, file_name: str):
+    """The files whose lines a diagnostic may quote (porter/diagnostics.py): the unit, compiled from its
+    folder by bare file name, and the target's two headers (the prompt shows them whole)."""
+    headers = {os.path.realpath(p) for p in (target.conventions_header, target.api_header)}
+    return lambda f: f == file_name or (os.path.isabs(f) and os.path.realpath(f) in headers)
 
 
 def first_error(diag: str) -> str:
@@ -310,10 +284,10 @@ def run(candidate, ctx) -> GateResult:
     try:
         obj, secs, cached = compile_object(target, unit, source.encode(), cache, steps)
     except CompileFailure as exc:
+        diag = trim_diagnostics(exc.output, own=own_files(target, f"{unit}.cu"), strip=strip)
         if exc.timed_out:
             return fail("compile", f"nvcc timed out after {NVCC_TIMEOUT_S:.0f} s compiling {unit}.cu",
-                        trim_diagnostics(exc.output, strip), compile_seconds=round(time.monotonic() - t0, 2))
-        diag = trim_diagnostics(exc.output, strip)
+                        diag, compile_seconds=round(time.monotonic() - t0, 2))
         return fail("compile", f"compile error: {first_error(diag)}", diag,
                     compile_seconds=round(time.monotonic() - t0, 2))
     ev["object_sha256"] = sha256_file(obj)
@@ -336,7 +310,7 @@ def run(candidate, ctx) -> GateResult:
         try:
             return label, compile_object(target, name, data, cache)[0]
         except CompileFailure as exc:
-            exc.name = label
+            exc.name, exc.file = label, f"{name}.cu"
             failures.append(exc)
             return label, None
 
@@ -347,7 +321,8 @@ def run(candidate, ctx) -> GateResult:
     ev["others_compile_seconds"] = round(time.monotonic() - t1, 2)
     if failures:
         names = ", ".join(sorted(f.name for f in failures))
-        diag = "\n".join(trim_diagnostics(f.output, strip, 4) for f in failures)
+        diag = "\n".join(trim_diagnostics(f.output, own=own_files(target, f.file), strip=strip, max_errors=4)
+                         for f in failures)
         return fail("compile-others", f"other files of the backend do not compile: {names}", diag)
     ev["linked"] = {
         u: {"sha256": sha256_bytes(data), "placeholder": is_placeholder(data.decode("utf-8", "replace"))}
@@ -380,7 +355,8 @@ def run(candidate, ctx) -> GateResult:
             else:
                 if r.returncode != 0:
                     tmp.unlink(missing_ok=True)
-                    diag = trim_diagnostics(r.stdout + r.stderr, strip + [cache / "objects"])
+                    diag = trim_diagnostics(r.stdout + r.stderr, own=own_files(target, f"{unit}.cu"),
+                                            strip=strip + [cache / "objects"])
                     return fail("link", f"link error: {first_error(diag)}", diag)
         if how == "timeout":
             tmp.unlink(missing_ok=True)

@@ -31,7 +31,8 @@ from pathlib import Path
 
 import jinja2
 
-from porter.prompt.context import Failure, Section, UnitContext, gather, trim_diagnostics
+from porter.diagnostics import own_by_name, trim_diagnostics
+from porter.prompt.context import Failure, Section, UnitContext, gather
 from porter.providers.base import PromptRequest
 
 DEFAULT_PROMPT_CHARS = 60_000
@@ -98,9 +99,12 @@ class _State:
         self.kernels = list(ctx.kernels)
         self.host = list(ctx.host_dispatch)
         fails = list(ctx.failures)
+        # a build's diagnostics quote only the unit's own files (porter/diagnostics.py), here too
+        own = own_by_name([f"{ctx.unit}.cu", ctx.conventions_name, ctx.api_header])
         self.detailed = [
             Failure(f.attempt, f.gate, f.summary,
-                    trim_diagnostics(f.diagnostics, f.gate, LATEST_DIAG_CHARS if i == 0 else OLDER_DIAG_CHARS))
+                    trim_diagnostics(f.diagnostics, LATEST_DIAG_CHARS if i == 0 else OLDER_DIAG_CHARS,
+                                     own=own if f.gate == "build" else None, max_errors=None))
             for i, f in enumerate(reversed(fails[-DETAILED_FAILURES:]))
         ][::-1]  # oldest first, latest last
         self.brief = fails[:-DETAILED_FAILURES] if len(fails) > DETAILED_FAILURES else []
@@ -163,7 +167,7 @@ class _State:
                 if not self.detailed or len(self.detailed[-1].diagnostics) <= limit:
                     return False
                 f = self.detailed[-1]
-                shorter = trim_diagnostics(f.diagnostics, "", limit)
+                shorter = trim_diagnostics(f.diagnostics, limit)
                 if len(shorter) >= len(f.diagnostics):
                     return False
                 f.diagnostics = shorter

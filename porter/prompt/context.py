@@ -101,41 +101,6 @@ def strip_seeds(text: str) -> str:
     return text
 
 
-# -- diagnostics trimming ------------------------------------------------------
-
-_ABS_PATH = re.compile(r"(?<![\w.])/(?:[^\s:'\"()<>]+/)+([^\s/:'\"()<>]+)")
-
-
-def trim_diagnostics(text: str, gate: str, limit: int) -> str:
-    """Keep what a model can act on: for build failures the error lines (and the
-    source line + caret nvcc prints after each), paths shortened to file names."""
-    text = _ABS_PATH.sub(lambda m: m.group(1), text or "").strip()
-    lines = text.splitlines()
-    if gate == "build":
-        # errors first (with the source line and caret nvcc prints after each), then warnings
-        keep: list[int] = []
-        for pattern in (r"\berror\b|undefined reference|ptxas fatal|nvlink error", r"\bwarning\b"):
-            for i, line in enumerate(lines):
-                if re.search(pattern, line, re.I):
-                    keep.extend(range(i, min(i + 3, len(lines))) if "warning" not in pattern else [i])
-        if keep:
-            seen, picked = set(), []
-            for i in keep:
-                if i not in seen:
-                    seen.add(i)
-                    picked.append(lines[i])
-            lines = picked
-    out, size = [], 0
-    for line in lines:
-        line = line if len(line) <= 400 else line[:397] + "..."
-        if size + len(line) + 1 > limit - 40:  # room for the note below
-            out.append(f"... ({len(lines) - len(out)} more lines not shown)")
-            break
-        out.append(line)
-        size += len(line) + 1
-    return "\n".join(out)
-
-
 def _diagnostics_text(rec: dict, workspace: Path | None) -> str:
     for key in ("diagnostics_text", "text", "diagnostics_full"):
         if isinstance(rec.get(key), str) and rec[key]:
