@@ -11,13 +11,20 @@ a one-line reason that goes back into the next prompt:
     defining it twice (conflicting answers: porter will not guess);
   - an #include of anything but the conventions header, the API header and
     CUDA / C / C++ standard headers (a quoted include of another file would
-    pull code from outside the unit).
+    pull code from outside the unit), read as the preprocessor reads it: line
+    splices joined and comments removed first, `#include_next`, `#import` and
+    `#embed` refused, a computed (macro) include refused, a path with `..`, a
+    leading `/` or a backslash refused; and `.incbin` / `.include` in any
+    string (inline asm makes the assembler read that file).  The compiler's
+    sandbox (porter/gates/compile_jail.py) is the wall behind this filter.
 Blocks in other languages (```bash, ```python, ...) and code blocks that do
 not define the function (usage sketches) are ignored.
 """
 
 from __future__ import annotations
 
+import codecs
+import posixpath
 import re
 
 from porter.cparse import function_definitions
@@ -46,7 +53,13 @@ _CUDA_HEADERS = {
 _CUDA_HEADER_DIRS = ("cub/", "cuda/", "cooperative_groups/")
 
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})[ \t]*([^\s`]*)[^\n`]*$")
-_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"]+)[>"]', re.M)
+# a backslash-newline is deleted before anything else is read (gcc allows blanks between the two)
+_SPLICE = re.compile(r"\\[ \t]*\r?\n")
+_COMMENT_OR_STRING = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.S)
+_DIRECTIVE = re.compile(r"^[ \t]*(?:#|%:|\?\?=)[ \t]*([A-Za-z_]\w*)[ \t]*(.*)$", re.M)  # `%:` is a digraph of `#`
+_FILE_DIRECTIVES = {"include", "include_next", "import", "embed"}
+_HEADER_NAME = re.compile(r'<([^<>"\n]+)>|"([^"\n]+)"')
+_ASM_READS_FILE = re.compile(r"\.\s*(?:incbin|include)\b|\bincbin\b", re.I)
 
 
 class ExtractionError(PorterError):
@@ -99,15 +112,48 @@ def allowed_include(name: str, quoted: bool, local_headers: set[str]) -> bool:
     )
 
 
+def preprocessor_view(code: str) -> str:
+    """The code as the preprocessor reads its directives: splices joined, comments one blank each."""
+    joined = _SPLICE.sub("", code)
+    return _COMMENT_OR_STRING.sub(lambda m: " " if m.group(0)[0] == "/" else m.group(0), joined)
+
+
+def _refused(what: str, why: str, local_headers: set[str]) -> ExtractionError:
+    return ExtractionError(f"{what} is refused: includes outside the unit ({why}; allowed: #include of "
+                           f"{', '.join(sorted(local_headers))}, CUDA and C/C++ standard headers)")
+
+
 def check_includes(code: str, local_headers: set[str]) -> None:
-    for m in _INCLUDE.finditer(code):
-        quoted, name = m.group(1) == '"', m.group(2).strip()
-        if not allowed_include(name, quoted, local_headers):
-            shown = f'"{name}"' if quoted else f"<{name}>"
-            raise ExtractionError(
-                f"#include {shown} is refused: includes outside the unit (allowed: "
-                f"{', '.join(sorted(local_headers))}, CUDA and C/C++ standard headers)"
-            )
+    """ExtractionError unless every file the preprocessor or the assembler would read is an allowed header."""
+    view = preprocessor_view(code)
+    for m in _DIRECTIVE.finditer(view):
+        directive, operand = m.group(1), m.group(2).strip()
+        if directive not in _FILE_DIRECTIVES:
+            continue
+        shown = f"#{directive} {operand[:80]}"
+        if directive != "include":
+            raise _refused(shown, f"#{directive} reads a file", local_headers)
+        name = _HEADER_NAME.fullmatch(operand)
+        if name is None:
+            raise _refused(shown, "a computed include (a macro) names a file nobody can check", local_headers)
+        quoted, path = name.group(2) is not None, (name.group(1) or name.group(2)).strip()
+        if path.startswith("/") or "\\" in path or ".." in path.split("/") or posixpath.normpath(path) != path:
+            raise _refused(shown, "a path outside the include folders", local_headers)
+        if not allowed_include(path, quoted, local_headers):
+            raise _refused(shown, "not one of the allowed headers", local_headers)
+    strings = [_decoded(t) for t in _COMMENT_OR_STRING.findall(view) if t[0] == '"']
+    for text in (*strings, "".join(strings), _COMMENT_OR_STRING.sub(" ", view)):
+        found = _ASM_READS_FILE.search(text)
+        if found:
+            raise _refused(f"`{found.group(0)}`", "the assembler reads the file it names", local_headers)
+
+
+def _decoded(literal: str) -> str:
+    """A string literal's text with its escapes read (`"\\x2eincbin"` is `.incbin` to the assembler)."""
+    try:
+        return codecs.decode(literal[1:-1], "unicode_escape")
+    except (UnicodeDecodeError, ValueError):
+        return literal
 
 
 def extract_unit_source(text: str, unit: str, target) -> str:

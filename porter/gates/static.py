@@ -4,6 +4,7 @@ It reads the candidate with tree-sitter (porter.cparse) and refuses, each with
 a one-line reason:
 
   - the generated placeholder (its `// porter:placeholder` marker);
+  - an include, or an asm `.incbin`, of a file outside the unit (porter.extract.check_includes);
   - a file that does not define the unit's function, defines it twice, or
     also defines other API functions (a unit file holds one unit);
   - a definition without C linkage (extern "C");
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 import tree_sitter as ts
 
 from porter.cparse import canonical_type, function_definitions, parse_cuda
+from porter.extract import ExtractionError, check_includes
 from porter.gates.result import GateResult
 from porter.placeholder import MARKER, is_placeholder
 
@@ -427,6 +429,10 @@ def run(candidate, ctx) -> GateResult:
 
     if is_placeholder(source):
         return result(False, f"candidate is the generated placeholder (`{MARKER}`), not a port")
+    try:  # again here: a unit file edited by hand, or reverified, never went through extract
+        check_includes(source, {target.conventions_header.name, target.api_header.name})
+    except ExtractionError as exc:
+        return result(False, str(exc))
 
     live = strip_if0(source)
     defs = [d for d in function_definitions(live) if d.name == unit]
