@@ -17,7 +17,7 @@ import os
 
 from porter.providers.base import Completion, PromptRequest, Provider, ProviderError
 
-__all__ = ["Completion", "PromptRequest", "Provider", "ProviderError", "get_provider", "provider_name", "KNOWN"]
+__all__ = ["Completion", "PromptRequest", "Provider", "ProviderError", "get_provider", "provider_name", "send", "KNOWN"]
 
 KNOWN = {
     "scripted": "porter.providers.scripted",
@@ -49,3 +49,11 @@ def get_provider(name: str | None, target, options: dict | None = None) -> Provi
     except ImportError as exc:
         raise ProviderError(f"provider {name} is not available: {module} cannot be imported ({exc})") from exc
     return mod.make(target, options)
+
+
+def send(provider: Provider, req: PromptRequest) -> Completion:
+    """The one way a prompt leaves porter, whichever the provider: not at all when it carries a secret."""
+    from porter.providers.secrets import refuse_secrets
+
+    refuse_secrets(req)
+    return provider.complete(req)

@@ -18,7 +18,7 @@ from porter.gates.parity.spec import load_spec
 from porter.gates.result import GateResult
 from porter.history import Failure, History, Step, typed
 from porter.prompt import build_prompt
-from porter.providers import ProviderError
+from porter.providers import ProviderError, send
 from porter.providers.budget import usage_record
 from porter.run.kill import kill_point
 
@@ -115,7 +115,7 @@ class Run:
         req.meta["asked_early"] = True
 
         def fetch():
-            completion = self.provider.complete(req)
+            completion = send(self.provider, req)
             self._usage(unit, completion)
             return completion
 
@@ -130,7 +130,7 @@ class Run:
         early = self.prefetched.pop((unit, attempt), None)
         if early is not None and early[2] == failures:
             return early[1].result(), early[0], True  # a ProviderError is raised here, as from complete()
-        return self.provider.complete(req), req, False
+        return send(self.provider, req), req, False
 
     def attempt(self, unit: str, attempt: int, failures: list[Failure]) -> AttemptOutcome:
         """Ask the provider once, run the gates on the answer (extract first), and land a step if they pass."""
