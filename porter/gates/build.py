@@ -197,11 +197,17 @@ def _compile_uncached(target, name: str, source: bytes, cache: Path, key: str, o
     return obj, seconds, False
 
 
-def own_files(target, file_name: str):
+def own_files(target, file_name: str, cache: Path):
     """The files whose lines a diagnostic may quote (porter/diagnostics.py): the unit, compiled from its
-    folder by bare file name, and the target's two headers (the prompt shows them whole)."""
+    folder by bare file name, the target's two headers (the prompt shows them whole), and the assembly
+    the compiler made of the unit in its scratch folder under the build cache (gas names that file)."""
     headers = {os.path.realpath(p) for p in (target.conventions_header, target.api_header)}
-    return lambda f: f == file_name or (os.path.isabs(f) and os.path.realpath(f) in headers)
+    scratch = os.path.realpath(cache / "tu") + "/"
+
+    def own(f: str) -> bool:
+        real = os.path.realpath(f) if os.path.isabs(f) else ""
+        return f == file_name or real in headers or (real.startswith(scratch) and real.endswith(".s"))
+    return own
 
 
 def first_error(diag: str) -> str:
@@ -284,7 +290,7 @@ def run(candidate, ctx) -> GateResult:
     try:
         obj, secs, cached = compile_object(target, unit, source.encode(), cache, steps)
     except CompileFailure as exc:
-        diag = trim_diagnostics(exc.output, own=own_files(target, f"{unit}.cu"), strip=strip)
+        diag = trim_diagnostics(exc.output, own=own_files(target, f"{unit}.cu", cache), strip=strip)
         if exc.timed_out:
             return fail("compile", f"nvcc timed out after {NVCC_TIMEOUT_S:.0f} s compiling {unit}.cu",
                         diag, compile_seconds=round(time.monotonic() - t0, 2))
@@ -321,7 +327,7 @@ def run(candidate, ctx) -> GateResult:
     ev["others_compile_seconds"] = round(time.monotonic() - t1, 2)
     if failures:
         names = ", ".join(sorted(f.name for f in failures))
-        diag = "\n".join(trim_diagnostics(f.output, own=own_files(target, f.file), strip=strip, max_errors=4)
+        diag = "\n".join(trim_diagnostics(f.output, own=own_files(target, f.file, cache), strip=strip, max_errors=4)
                          for f in failures)
         return fail("compile-others", f"other files of the backend do not compile: {names}", diag)
     ev["linked"] = {
@@ -355,7 +361,7 @@ def run(candidate, ctx) -> GateResult:
             else:
                 if r.returncode != 0:
                     tmp.unlink(missing_ok=True)
-                    diag = trim_diagnostics(r.stdout + r.stderr, own=own_files(target, f"{unit}.cu"),
+                    diag = trim_diagnostics(r.stdout + r.stderr, own=own_files(target, f"{unit}.cu", cache),
                                             strip=strip + [cache / "objects"])
                     return fail("link", f"link error: {first_error(diag)}", diag)
         if how == "timeout":
