@@ -12,6 +12,7 @@ leaves no byte of the key in any prompt, ledger line, evidence file or runs/ log
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -119,7 +120,8 @@ def test_a_run_over_every_trick_leaves_no_byte_of_the_key_anywhere(target, key, 
     assert main(["-C", str(ws), "run", "--provider", "scripted", "--unit", UNIT, "--max-attempts", n]) != 0
     prompts = list((ws / "runs").rglob("*.prompt.md"))
     assert len(prompts) >= 2 * len(TRICKS) - 1, "the runs did not make the prompts this test reads"
-    build_failures = [p for p in (ws / "ledger").rglob("*") if p.is_file() and '"gate": "build"' in p.read_text()]
+    build_failures = [p for p in (ws / "ledger").rglob("*")
+                      if p.is_file() and re.search(r'"gate":\s*"build"', p.read_text(errors="replace"))]
     assert build_failures, "no build gate ran on a trick: the sandbox was not exercised"
     for path in [p for p in ws.rglob("*") if p.is_file() and ".git" not in p.parts]:
         text = path.read_bytes().decode("latin-1")
