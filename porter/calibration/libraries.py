@@ -29,6 +29,7 @@ from porter.digest import sha256_bytes
 from porter.errors import PorterError
 from porter.extract import extract_unit_source
 from porter.gates import build as build_gate
+from porter.gates import compile_jail
 from porter.placeholder import placeholder_source
 
 BUILD_TIMEOUT_S = 900
@@ -86,8 +87,10 @@ class SourceLibraries:
             return lib
         lib.parent.mkdir(parents=True, exist_ok=True)
         tmp = lib.parent / f".{os.getpid()}.{time.monotonic_ns()}.so"
-        proc = subprocess.run([self.nvcc, *link_flags, "-o", str(tmp), *map(str, objs)], capture_output=True,
-                              text=True, timeout=build_gate.LINK_TIMEOUT_S)
+        cmd = [self.nvcc, *link_flags, "-o", str(tmp), *map(str, objs)]
+        # the objects are candidate-shaped units (mutants): linked in the compiler's sandbox, as the build gate does
+        proc = compile_jail.for_command(cmd, lib.parent).run(cmd, compile_jail.clean_env(), lib.parent,
+                                                             build_gate.LINK_TIMEOUT_S, text=True)
         if proc.returncode != 0:
             tmp.unlink(missing_ok=True)
             log = proc.stderr + proc.stdout

@@ -13,6 +13,9 @@ that id ourselves first (in nvcc's shape: `_<hex>_<len>_<stem>_cu_<hex>`) and
 let both read it, so the chains are independent.  Measured on a unit of
 minimoe (2-core machine): 1.24-1.43 s with plain nvcc, 0.87-0.90 s split.
 
+Each chain runs as one `bash -c` in the compiler's sandbox (compile_jail.py):
+one bwrap start per chain, not per tool.
+
 Anything but that exact shape (several architectures, -rdc, -E, another nvcc
 whose dryrun reads differently) runs plain nvcc.  A step that fails makes the
 caller run plain nvcc again, so compile diagnostics are always nvcc's own, in
@@ -172,7 +175,7 @@ def run_split(p: SplitPlan, cwd: Path, timeout: float, pch_dir: Path | None = No
         left = deadline - time.monotonic()
         if left <= 0:
             return "timeout"
-        stamps = p.tmpdir / f"steps-{label}-{threading.get_ident()}"
+        stamps = p.tmpdir / f"steps-{label}-{time.monotonic_ns()}"
         script = "".join(f"t=$EPOCHREALTIME\n{c}\ns=$?; [ $s = 0 ] || exit $s; echo \"$t $EPOCHREALTIME\" >> "
                          f"{shlex.quote(str(stamps))}\n" for c in cmds)
         t0 = time.monotonic()

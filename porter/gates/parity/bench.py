@@ -19,7 +19,8 @@ the warm pool: each must be refused by its check, and the good ones stay fast.
 --workers N: the throughput of N warm workers (one per GPU) on one queue of
 candidates, against one worker (prebuilt libraries, parity only).
 --build-only (no GPU): candidate text -> build verdict alone, with the host
-compile's precompiled prefix (porter/gates/host_pch.py) on and off in turn.
+compile's precompiled prefix (porter/gates/host_pch.py) on and off, and on
+without the compiler's sandbox, in turn.
 """
 
 from __future__ import annotations
@@ -194,20 +195,24 @@ def main(argv=None) -> int:
 
 def build_only(target, unit, with_nonce, tmp: Path, ws: Path, reps: int) -> dict:
     """Candidate text -> build verdict (extract, static, build; no GPU), with the host compile's
-    precompiled prefix (build.HOST_PCH) on and off in turn, from one warm object cache."""
+    precompiled prefix (build.HOST_PCH) on, off, and on without the compiler's sandbox in turn,
+    from one warm object cache."""
     from porter.gates import build
 
     cache = tmp / "cache-build"
     t0 = time.monotonic()
     attempt(target, unit, with_nonce(-1), cache, ws, gates=("static", "build"))  # whole backend + the header
     print(f"warm-up (cold cache, whole backend compiled): {time.monotonic() - t0:.1f} s")
-    rows: dict[str, list[dict]] = {"host-pch": [], "no-host-pch": []}
+    rows: dict[str, list[dict]] = {"host-pch": [], "no-host-pch": [], "unsandboxed": []}
     for i in range(reps):
-        for mode in rows:
-            build.HOST_PCH = mode == "host-pch"
-            rows[mode].append(attempt(target, unit, with_nonce(7000 + 2 * i + (mode == "host-pch")), cache, ws,
+        for k, mode in enumerate(rows):
+            build.HOST_PCH = mode != "no-host-pch"
+            # the compiler's sandbox (compile_jail.py) off: what its bwrap starts cost
+            os.environ[sandbox.UNSAFE_ENV] = "1" if mode == "unsandboxed" else ""
+            rows[mode].append(attempt(target, unit, with_nonce(7000 + 3 * i + k), cache, ws,
                                       gates=("static", "build")))
     build.HOST_PCH = True
+    os.environ.pop(sandbox.UNSAFE_ENV)
     out = {"unit": unit, "reps": reps, "modes": {}}
     print(f"unit {unit}: candidate text -> build verdict (unit compiled alone + link from cached objects)")
     for mode, rs in rows.items():
