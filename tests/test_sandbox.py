@@ -40,6 +40,17 @@ def test_inside_sees_no_home_no_secrets_no_network_and_no_caps(tmp_path, monkeyp
     assert (plan / "written").read_text() == "x"  # the rw folder is the way out, and the only one
 
 
+def test_a_read_only_folder_below_tmp_is_visible(tmp_path):
+    """/tmp's tmpfs is mounted before the binds: a read-only folder below /tmp (a target's headers in a
+    test workspace, as the compiler's sandbox binds them) was hidden under it."""
+    headers = tmp_path / "headers"
+    headers.mkdir()
+    (headers / "api.h").write_text("int f(void);")
+    (tmp_path / "plan").mkdir()
+    p = _run(f"print(open({str(headers / 'api.h')!r}).read())", ro=[str(headers)], rw=[str(tmp_path / "plan")])
+    assert p.returncode == 0 and p.stdout.strip() == "int f(void);", p.stderr
+
+
 def test_a_bind_that_exposes_home_or_porter_home_is_refused(tmp_path, monkeypatch):
     """The check that keeps the signing key out: fails open if a caller binds a folder above it."""
     monkeypatch.setenv("PORTER_HOME", str(tmp_path / "ph"))
