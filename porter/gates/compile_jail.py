@@ -93,5 +93,8 @@ def for_command(argv: list[str], cwd: Path | None, rw: list[Path | str] = ()) ->
     writable = [str(Path(p).resolve()) for p in (cwd, *rw) if p is not None]
     if "-o" in argv[:-1]:
         writable.append(str(Path(cwd or ".", argv[argv.index("-o") + 1]).resolve().parent))
-    ro = [p for p in (*toolchain_ro(argv[0]), *named_paths(argv)) if not Path(p).is_relative_to("/usr")]
+    from porter.gates.build import nvcc_path
+
+    # the toolkit of the nvcc on PATH, whatever runs (nvcc's dryrun names its g++ and tools bare)
+    ro = [p for p in (*toolchain_ro(nvcc_path()), *named_paths(argv)) if not Path(p).is_relative_to("/usr")]
     return Jail(tuple(dict.fromkeys(ro)), tuple(dict.fromkeys(writable)))
