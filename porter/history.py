@@ -94,6 +94,8 @@ class Reconcile(Record):
 class Usage(Record):
     provider: str | None = None
     cost_usd: float | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
 
 
 @dataclass(frozen=True)

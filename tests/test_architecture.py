@@ -80,10 +80,6 @@ RAW_READERS_ALLOWED = {
     # integrity verdict, the bytes compared with HEAD's ledger and the raw hash chain the witness
     # checks: integrity is judged on the lines as written, which typed history records drop.
     "porter.status": "integrity of the raw lines (chain, witness, committed prefix)",
-    # The run seeds provider budgets from every "usage" record (`budget.seed(ledger.records())`);
-    # issue 26 item 2 moves the run loop (porter.loop -> porter.run) onto history.
-    "porter.loop": "budget seed from raw usage records, until the run moves onto history",
-    "porter.run": "the same code after the move to porter/run/",
 }
 RAW_METHODS = {"records", "scan"}  # Ledger.records(), Ledger.scan() (Scan.entries are raw dicts)
 RAW_NAMES = {"scan_bytes", "Scan", "_complete_lines"}  # porter.ledger's raw parsing, by name

@@ -365,3 +365,21 @@ def test_openai_key_order(monkeypatch):
     with FakeLLMServer([Reply.answer("ok")]) as srv:
         make("openai", srv).complete(request())
     assert srv.requests[0].headers["authorization"] == f"Bearer {OPENAI_KEY}"  # PORTER_OPENAI_API_KEY first
+
+
+def test_a_resumed_run_counts_the_usage_its_history_records(tmp_path):
+    """porter run seeds per-unit budgets from the ledger's usage records as porter.history types them:
+    a unit that spent its token budget in an earlier run is refused before the next call."""
+    from porter.history import History
+    from porter.ledger import Ledger
+    from porter.providers.budget import Budget, BudgetExceeded
+
+    ledger = Ledger(tmp_path)
+    ledger.append("usage", target="t", unit="u", provider="openai", input_tokens=900, output_tokens=200, cost_usd=0.5)
+    ledger.append("usage", target="t", unit="other", provider="openai", input_tokens=10, output_tokens=0)
+    budget = Budget.from_options({"budget_unit_tokens": 1500})
+    budget.seed([r for r in History.read(tmp_path, "t").records if r.kind == "usage"])
+    assert (budget.unit_spent("u").tokens, budget.unit_spent("u").usd) == (1100, 0.5)
+    budget.check("other", 100, 100)
+    with pytest.raises(BudgetExceeded):
+        budget.check("u", 300, 200)

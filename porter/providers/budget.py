@@ -162,13 +162,13 @@ class Budget:
             s.tokens += tokens
             s.usd += usd
 
-    def seed(self, records) -> None:
-        """Count earlier "usage" ledger records toward per-unit budgets (a resumed run)."""
-        for r in records:
-            if r.get("kind") == "usage" and r.get("unit"):
-                u = self.unit_spent(r["unit"])
-                u.tokens += int(r.get("input_tokens") or 0) + int(r.get("output_tokens") or 0)
-                u.usd += float(r.get("cost_usd") or 0.0)
+    def seed(self, usages) -> None:
+        """Count earlier usage records (porter.history.Usage) toward per-unit budgets (a resumed run)."""
+        for r in usages:
+            if r.unit:
+                u = self.unit_spent(r.unit)
+                u.tokens += int(r.input_tokens or 0) + int(r.output_tokens or 0)
+                u.usd += float(r.cost_usd or 0.0)
 
 
 def usage_record(completion, target: str | None = None, unit: str | None = None) -> dict:

@@ -54,6 +54,7 @@ from porter.gates.build import nvcc_path
 from porter.gates.driver import E2E_UNIT, Candidate, GateContext, run_gates
 from porter.gates.e2e.state import head_backend_tree, run_e2e_if_due
 from porter.gates.result import GateResult
+from porter.history import Usage
 from porter.ledger import Ledger, load_key
 from porter.lock import RunLock
 from porter.providers import get_provider
@@ -152,10 +153,9 @@ def _run_locked(opts: RunOptions, target, key, provider, signer, budget_s: float
             out.line("ledger: a torn last line (interrupted write) was moved aside and recorded", "yellow")
         for line in reconcile(ws, target, ledger, out):
             out.line(f"reconcile: {line}", "yellow")
-        if hasattr(getattr(provider, "budget", None), "seed"):
-            provider.budget.seed(ledger.records())
-
         r = Run(ws, target, provider, ledger, out, run_id, run_dir)
+        if hasattr(getattr(provider, "budget", None), "seed"):
+            provider.budget.seed([u for u in r.history().records if isinstance(u, Usage)])
         order = opts.units or ordered_units(target, out)
         todo, reverify, skipped = select_units(target, r.history(), order, bool(opts.units), r)
         for line in skipped if opts.units else []:
