@@ -7,8 +7,8 @@ an edited file, or one swapped for another unit's, no longer hashes to its own
 name and is refused.
 
 Every evidence dict has: target, unit, gate, ok, candidate_sha256 (the sha256
-of the unit source the gate judged), toolchain {...}, plus the gate's own facts
-(seeds, shapes, metrics, timing, library path, ...).
+of the unit source the gate judged), toolchain {...} (porter.toolchain), plus the
+gate's own facts (seeds, shapes, metrics, timing, library path, ...): gate_facts.
 """
 
 from __future__ import annotations
@@ -32,6 +32,13 @@ MAX_BYTES = 16 << 20
 
 def is_sha256(value) -> bool:
     return isinstance(value, str) and _SHA.fullmatch(value) is not None
+
+
+def gate_facts(target, unit: str, gate: str, candidate_sha256: str | None, toolchain: dict, **facts) -> dict:
+    """An evidence dict's common fields (REQUIRED but `ok`, which a gate adds with its verdict, and the
+    toolchain), then the gate's own `facts`: every gate's evidence starts here."""
+    return {"target": target.name, "unit": unit, "gate": gate, "candidate_sha256": candidate_sha256,
+            "toolchain": toolchain, **facts}
 
 
 def evidence_dir(workspace: Path) -> Path:

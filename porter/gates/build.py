@@ -34,10 +34,12 @@ from pathlib import Path
 from porter.diagnostics import trim_diagnostics
 from porter.digest import sha256_bytes, sha256_file
 from porter.errors import PorterError
+from porter.evidence import gate_facts
 from porter.gates import compile_jail, elf_exports, host_link, nvcc_split
 from porter.gates.keyed_lock import key_lock
 from porter.gates.result import GateResult
 from porter.placeholder import is_placeholder, placeholder_source
+from porter.toolchain import nvcc_release_line
 
 GATE = "build"
 NVCC_TIMEOUT_S = float(os.environ.get("PORTER_NVCC_TIMEOUT", "300"))
@@ -59,17 +61,6 @@ def nvcc_path() -> str:
             "(e.g. export PATH=/usr/local/cuda/bin:$PATH)"
         )
     return path
-
-
-@lru_cache(maxsize=None)
-def _nvcc_version(path: str) -> str:
-    try:
-        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise PorterError(f"{path} --version failed: {exc}") from exc
-    lines = [l.strip() for l in out.splitlines() if l.strip()]
-    release = next((l for l in lines if "release" in l), lines[-1] if lines else "unknown")
-    return release
 
 
 @lru_cache(maxsize=None)
@@ -101,7 +92,7 @@ def toolkit_rpath(nvcc: str) -> list[str]:
 
 def toolchain() -> dict:
     nvcc = nvcc_path()
-    return {"nvcc": nvcc, "nvcc_version": _nvcc_version(nvcc)}
+    return {"nvcc": nvcc, "nvcc_version": nvcc_release_line(nvcc)}
 
 
 def cache_dir(workspace: Path) -> Path:
@@ -121,7 +112,7 @@ def compile_flags(target) -> list[str]:
 def _context_key(target) -> bytes:
     """Everything besides the source that decides an object's bytes."""
     parts = [
-        _nvcc_version(nvcc_path()),
+        nvcc_release_line(nvcc_path()),
         "\0".join(target.spec.cuda.nvcc_flags),
         sha256_file(target.api_header),
         sha256_file(target.conventions_header),
@@ -264,20 +255,13 @@ def run(candidate, ctx) -> GateResult:
     cache.mkdir(parents=True, exist_ok=True)
     cand_sha = candidate.sha256
     strip = [cache / "tu", target.workspace, target.checkout, target.cuda_dir, target.dir, str(Path(nvcc).parent.parent)]
-    ev: dict = {
-        "target": target.name,
-        "unit": unit,
-        "gate": GATE,
-        "candidate_sha256": cand_sha,
-        "toolchain": toolchain(),
-        "nvcc_flags": list(target.spec.cuda.nvcc_flags),
-        "include": [str(target.api_header.parent.relative_to(target.workspace)) if _inside(target.api_header.parent, target.workspace) else str(target.api_header.parent),
-                    str(target.cuda_dir.relative_to(target.workspace))],
-        "force_include": target.conventions_header.name,
-        "link_flags": list(target.spec.cuda.link_flags) + PORTER_LINK_FLAGS,
-        "api_header_sha256": sha256_file(target.api_header),
-        "conventions_sha256": sha256_file(target.conventions_header),
-    }
+    ev: dict = gate_facts(
+        target, unit, GATE, cand_sha, toolchain(), nvcc_flags=list(target.spec.cuda.nvcc_flags),
+        include=[str(target.api_header.parent.relative_to(target.workspace)) if _inside(target.api_header.parent, target.workspace) else str(target.api_header.parent),
+                 str(target.cuda_dir.relative_to(target.workspace))],
+        force_include=target.conventions_header.name,
+        link_flags=list(target.spec.cuda.link_flags) + PORTER_LINK_FLAGS,
+        api_header_sha256=sha256_file(target.api_header), conventions_sha256=sha256_file(target.conventions_header))
 
     def fail(stage: str, summary: str, diagnostics: str, **more) -> GateResult:
         ev.update(ok=False, stage=stage, summary=summary, **more)

@@ -34,10 +34,10 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 from porter.gates.keyed_lock import key_lock
+from porter.toolchain import compiler_identity
 
 _MARKER = re.compile(r'^# \d+ "([^"]*)"')
 _TOKENS = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|/\*.*?\*/|//[^\n]*|[{}]', re.S)
@@ -116,16 +116,6 @@ def split_prefix(text: str, avoid: str | None = None, memo: Path | None = None) 
     return candidate[:end], text[:head_end + 1] + text[head_end + 1 + end:]
 
 
-@lru_cache(maxsize=None)
-def _compiler_identity(compiler: str, path_env: str) -> str:
-    try:
-        r = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30,
-                           env=dict(os.environ, PATH=path_env))
-        return r.stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-
-
 def _run(argv: list[str], cwd: Path, env: dict[str, str], timeout: float, jail) -> subprocess.CompletedProcess | None:
     try:
         return jail.run(["bash", "-c", shlex.join(argv)], env, cwd, max(timeout, 0.01))
@@ -164,7 +154,7 @@ def precompiled_final(final: str, cwd: Path, env: dict[str, str], pch_dir: Path,
     out_at = argv.index("-o")
     flags = [a for i, a in enumerate(argv) if i not in (inputs[0], out_at, out_at + 1)]
     digest = hashlib.sha256()
-    for part in (prefix, "\0".join(flags), _compiler_identity(argv[0], env.get("PATH", os.environ.get("PATH", "")))):
+    for part in (prefix, "\0".join(flags), compiler_identity(argv[0], env.get("PATH", os.environ.get("PATH", "")))):
         digest.update(part.encode("utf-8", "surrogateescape") + b"\0\0")
     header_dir = pch_dir / digest.hexdigest()
     if not _ensure(header_dir, prefix, flags, env, deadline, jail):

@@ -27,7 +27,7 @@ says "verified (perf unmeasured)", never plain "verified".
 
 from __future__ import annotations
 
-from porter.evidence import load_evidence
+from porter.evidence import gate_facts, load_evidence
 from porter.gates.result import GateResult
 
 DEFAULT_MAX_SLOWDOWN = 8.0
@@ -64,8 +64,7 @@ def run(candidate, ctx) -> GateResult:
     target, unit, parity = ctx.target, candidate.unit, ctx.results["parity"]
     enabled, max_slowdown = perf_settings(target)
     cand_sha = parity.evidence.get("candidate_sha256")
-    facts = {"target": target.name, "unit": unit, "gate": "perf", "candidate_sha256": cand_sha,
-             "max_slowdown": max_slowdown, "toolchain": parity.evidence.get("toolchain", {})}
+    facts = gate_facts(target, unit, "perf", cand_sha, parity.evidence.get("toolchain", {}), max_slowdown=max_slowdown)
     if not enabled:
         return GateResult("perf", False, "perf gate off ([perf] enabled = false)", skipped=True, evidence=facts)
     mine = parity.evidence.get("timing")

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import tree_sitter as ts
 
 from porter.cparse import canonical_type, function_definitions, parse_cuda
+from porter.evidence import gate_facts
 from porter.extract import ExtractionError, check_includes
 from porter.gates.result import GateResult
 from porter.placeholder import MARKER, is_placeholder
@@ -414,14 +415,8 @@ def run(candidate, ctx) -> GateResult:
     """Static verdict on the candidate for its unit of ctx.target."""
     target, unit, source = ctx.target, candidate.unit, candidate.source
     fn = target.api_function(unit)
-    facts = {
-        "target": target.name,
-        "unit": unit,
-        "gate": GATE,
-        "candidate_sha256": candidate.sha256,
-        "toolchain": {"parser": "tree-sitter-cuda"},
-        "runtime_unit": unit in target.runtime_units,
-    }
+    facts = gate_facts(target, unit, GATE, candidate.sha256, {"parser": "tree-sitter-cuda"},
+                       runtime_unit=unit in target.runtime_units)
 
     def result(ok: bool, summary: str, **more) -> GateResult:
         ev = dict(facts, ok=ok, summary=summary, **more)

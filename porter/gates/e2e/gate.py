@@ -15,7 +15,6 @@ the code at HEAD.
 
 from __future__ import annotations
 
-import platform
 import tempfile
 import time
 from dataclasses import dataclass
@@ -23,7 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
+from porter import toolchain
 from porter.digest import sha256_file
+from porter.evidence import gate_facts
 from porter.errors import PorterError
 from porter.gates.e2e import calibration as cal_mod
 from porter.gates.e2e import tree
@@ -47,14 +48,6 @@ def run(candidate, ctx) -> GateResult:
     """The driver's shape: the candidate is the whole backend (unit e2e:prefill), ctx.library the library
     the build gate linked from the workspace's unit files; the caller records the evidence."""
     return run_e2e(ctx.target, ctx.workspace, ctx.library or Path("/nonexistent"), options=E2EOptions(store=False))
-
-
-def _toolchain() -> dict:
-    from porter.gates.parity.gate import driver_facts, nvcc_version
-
-    d = driver_facts()
-    return {"nvcc": nvcc_version(), "gpu": d.get("gpu"), "driver": d.get("driver"),
-            "python": platform.python_version(), "numpy": np.__version__}
 
 
 def setup_mismatch(calibrated: dict, now: dict) -> str | None:
@@ -125,18 +118,14 @@ def run_e2e(target, workspace_root: Path, library_path: Path, *, options: E2EOpt
 
 def _evidence(target, ok, lib, lib_sha, tree_hash, head, head_tree, cal_path, cal_sha, setup, cmp, verdict, walls,
               error) -> dict:
-    return {
-        "target": target.name, "unit": UNIT, "gate": GATE, "ok": bool(ok), "candidate_sha256": lib_sha,
-        "library": {"path": str(lib), "sha256": lib_sha},
-        "tree_hash": tree_hash, "commit": head, "tree_matches_head": tree_hash == head_tree,
-        "backend_dirs": tree.backend_dirs(target),
-        "driver": target.spec.e2e.driver, "setup": setup,
-        "calibration": {"file": str(cal_path.relative_to(target.workspace)) if target.workspace in cal_path.parents
-                        else str(cal_path), "sha256": cal_sha},
-        "verdict": verdict.to_json() if verdict else None,
-        "comparison": cmp.to_json() if cmp else None,
-        "wall_s": walls, "error": error, "toolchain": _toolchain(),
-    }
+    return gate_facts(
+        target, UNIT, GATE, lib_sha, toolchain.host_facts(), ok=bool(ok), library={"path": str(lib), "sha256": lib_sha},
+        tree_hash=tree_hash, commit=head, tree_matches_head=tree_hash == head_tree,
+        backend_dirs=tree.backend_dirs(target), driver=target.spec.e2e.driver, setup=setup,
+        calibration={"file": str(cal_path.relative_to(target.workspace)) if target.workspace in cal_path.parents
+                     else str(cal_path), "sha256": cal_sha},
+        verdict=verdict.to_json() if verdict else None, comparison=cmp.to_json() if cmp else None,
+        wall_s=walls, error=error)
 
 
 def _diagnostics(cmp, rule) -> str:

@@ -1,11 +1,16 @@
-"""The parity child: loads a candidate backend library and calls one unit.
+"""The parity child: loads a candidate backend library and runs one plan on it.
 
     python child.py PLAN_DIR
 
+The one entry point of both kinds of plan: run_plan opens the device, loads the
+library (loader.py, the only module that loads one) and hands each case to the
+plan's kind -- OpCalls here (one call of an op unit per pass), or
+scenario_child.ScenarioCalls (a runtime unit's sequence of API calls).
+
 Runs in its own process (porter.gates.parity.runner starts it with a time
 limit), so a hang, a segfault or a dead CUDA context costs one failed attempt,
-never the harness.  It imports numpy, ctypes, cupy and its two siblings
-(device.py, compare.py) by file path: nothing of porter, pydantic or gguf.
+never the harness.  It imports numpy, ctypes, cupy and its siblings
+(device.py, compare.py, loader.py) by file path: nothing of porter, pydantic or gguf.
 
 PLAN_DIR/plan.json says what to call (see runner.write_plan); PLAN_DIR/inputs.npz
 holds every input of every call.  The child writes, as it goes:
@@ -52,6 +57,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compare  # noqa: E402  (sibling module, loaded by path on purpose)
 import device as devmod  # noqa: E402
+import loader  # noqa: E402
+from loader import Fatal, Tensor  # noqa: E402
 
 EXIT_DONE, EXIT_BAD_PLAN, EXIT_CUDA, EXIT_LOAD = 0, 2, 3, 4
 
@@ -61,30 +68,16 @@ _CTYPES = {
 }
 
 
-class Tensor(ctypes.Structure):
-    """struct mini_gpu_tensor (the target's conventions header): {void *data; uint64_t bytes; int32_t owner}."""
+class PlanRun:
+    """One plan in this process, whatever its kind: its files, the device, the loaded library."""
 
-    _fields_ = [("data", ctypes.c_void_p), ("bytes", ctypes.c_uint64), ("owner", ctypes.c_int32)]
-
-
-class Fatal(Exception):
-    def __init__(self, check: str, detail: str):
-        super().__init__(detail)
-        self.check = check
-        self.detail = detail
-
-
-class Child:
-    def __init__(self, plan_dir: Path):
+    def __init__(self, plan_dir: Path, plan: dict):
         self.dir = plan_dir
-        self.plan = json.loads((plan_dir / "plan.json").read_text())
+        self.plan = plan
         self.progress = open(plan_dir / "progress.jsonl", "a", buffering=1)
         self.results: dict = {"cases": [], "fatal": None, "complete": False, "device": None}
         self.outputs: dict[str, np.ndarray] = {}
-        self._flags: list = []  # host bools handed to `bool *` parameters
-        self._live_map = None  # see _keep_map
 
-    # -- bookkeeping -----------------------------------------------------
     @contextlib.contextmanager
     def phase(self, name: str):
         """Seconds per phase of this child (results["phase_s"]): where a verdict's time goes."""
@@ -107,18 +100,62 @@ class Child:
     def save_outputs(self) -> None:
         np.savez(self.dir / "outputs.npz", **self.outputs)
 
-    # -- setup -----------------------------------------------------------
-    def load_library(self):
+    def run(self, kind, dev=None) -> int:
+        """kind: the plan's calls (OpCalls, ScenarioCalls); dev: a device a warm worker already
+        opened (worker.py), None: open one now."""
         plan = self.plan
-        self.step(step="load", library=plan["library"])
         try:
-            lib = ctypes.CDLL(plan["library"], mode=os.RTLD_NOW | os.RTLD_LOCAL)
-        except OSError as exc:
-            raise Fatal("load", f"cannot load {Path(plan['library']).name}: {exc}") from None
+            self.dev = dev if dev is not None else devmod.make_device(plan["mode"])
+            with self.phase("device"):
+                self.results["device"] = self.dev.facts()
+            with self.phase("load"):
+                self.step(step="load", library=plan["library"])
+                self.lib = loader.load(plan["library"])
+                calls = kind(self)
+            with self.phase("inputs"):
+                arrays = np.load(self.dir / "inputs.npz")
+            for case in plan["cases"]:
+                calls.run_case(case, arrays)
+                self.save()
+                if calls.outputs_each_case:  # what earlier cases wrote survives a crash in a later one
+                    self.save_outputs()
+            self.results["complete"] = True
+            calls.finish()
+            return EXIT_DONE
+        except Fatal as exc:
+            self.results["fatal"] = {"check": exc.check, "detail": exc.detail, "at": self._last_step()}
+            return EXIT_LOAD if exc.check == "load" else EXIT_CUDA
+        except devmod.DeviceError as exc:
+            self.results["fatal"] = {"check": "cuda-error", "detail": str(exc), "at": self._last_step()}
+            return EXIT_CUDA
+        finally:
+            try:
+                with self.phase("outputs"):
+                    self.save_outputs()
+            except Exception:  # noqa: BLE001 - outputs are best effort after a fatal error
+                pass
+            self.save()  # after the outputs, so that their time is in phase_s
+            self.progress.close()
+
+    def _last_step(self):
         try:
-            fn = getattr(lib, plan["unit"])
-        except AttributeError:
-            raise Fatal("load", f"{Path(plan['library']).name} does not export {plan['unit']}") from None
+            lines = (self.dir / "progress.jsonl").read_text().splitlines()
+            return json.loads(lines[-1]) if lines else None
+        except (OSError, ValueError):
+            return None
+
+
+class OpCalls:
+    """An op unit's plan: every case calls the unit once per pass on fenced device buffers."""
+
+    outputs_each_case = False
+
+    def __init__(self, run: PlanRun):
+        self.dev, self.plan, self.results, self.outputs = run.dev, run.plan, run.results, run.outputs
+        self.step, self.phase, self.save = run.step, run.phase, run.save
+        self._flags: list = []  # host bools handed to `bool *` parameters
+        self._live_map = None  # see _keep_map
+        lib, plan = run.lib, self.plan
         argtypes = []
         for p in plan["params"]:
             k = p["kind"]
@@ -128,38 +165,23 @@ class Child:
                 argtypes.append(ctypes.c_void_p)
             else:
                 argtypes.append(_CTYPES[k])
-        fn.argtypes = argtypes
-        fn.restype = ctypes.c_int if plan.get("restype", "int") == "int" else None
-        self.lib, self.fn = lib, fn
+        self.fn = loader.function(lib, plan["unit"], ctypes.c_int if plan.get("restype", "int") == "int" else None,
+                                  argtypes, required=True)
         h = plan.get("harness", {})
-        self.h_stream = self._opt(h.get("stream") if h.get("stream") != "legacy" else None, ctypes.c_void_p, [])
-        self.h_model = self._opt(h.get("model_ptr"), ctypes.c_void_p,
-                                 [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64])
-        self.h_forget = self._opt(h.get("forget_models"), None, [])
-        self.h_last_error = self._opt("cudaGetLastError", ctypes.c_int, [])
-        self.h_error_name = self._opt("cudaGetErrorName", ctypes.c_char_p, [ctypes.c_int])
-        init = self._opt(h.get("init"), ctypes.c_int, [])
+        self.h_model = loader.function(lib, h.get("model_ptr"), ctypes.c_void_p,
+                                       [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64])
+        self.h_forget = loader.function(lib, h.get("forget_models"), None, [])
+        self.launch_error = loader.cuda_errors(lib)
+        init = loader.function(lib, h.get("init"), ctypes.c_int, [])
         if init is not None:
             self.step(step="init")
             self.results["init_rc"] = int(init())
+        self.stream = loader.unit_stream(lib, h)  # None: no stream probe (e.g. the host stand-in)
+        if self.stream is not None:
+            self.results["unit_stream"] = hex(self.stream)
 
-    def _opt(self, name, restype, argtypes):
-        if not name:
-            return None
-        f = getattr(self.lib, name, None)
-        if f is not None:
-            f.restype = restype
-            f.argtypes = argtypes
-        return f
-
-    def launch_error(self) -> str | None:
-        if self.h_last_error is None:
-            return None
-        err = int(self.h_last_error())
-        if err == 0:
-            return None
-        name = self.h_error_name(err) if self.h_error_name is not None else None
-        return f"{name.decode() if name else 'cudaError'} ({err})"
+    def finish(self) -> None:
+        self._forget_last_map()
 
     # -- one case ----------------------------------------------------------
     def run_case(self, case: dict, arrays) -> dict:
@@ -383,62 +405,11 @@ class Child:
         return {"reps": reps, "times_ms": times, "checked_reps": sorted(checked),
                 "l2_flushed": dev.kind == "cuda", "clock": "cuda-events" if dev.kind == "cuda" else "host"}
 
-    # -- main ----------------------------------------------------------------
-    def run(self, dev=None) -> int:
-        """dev: a device a warm worker already opened (worker.py); None: open one now."""
-        plan = self.plan
-        try:
-            self.dev = dev if dev is not None else devmod.make_device(plan["mode"])
-            with self.phase("device"):
-                self.results["device"] = self.dev.facts()
-            with self.phase("load"):
-                self.load_library()
-            self.stream = None  # None: no stream probe (e.g. the host stand-in)
-            if (plan.get("harness") or {}).get("stream") == "legacy":
-                self.stream = 0  # the backend launches on the legacy default stream
-            elif self.h_stream is not None:
-                self.stream = self.h_stream() or 0
-            if self.stream is not None:
-                self.results["unit_stream"] = hex(self.stream)
-            with self.phase("inputs"):
-                arrays = np.load(self.dir / "inputs.npz")
-            for case in plan["cases"]:
-                self.run_case(case, arrays)
-                self.save()
-            self.results["complete"] = True
-            self._forget_last_map()
-            return EXIT_DONE
-        except Fatal as exc:
-            self.results["fatal"] = {"check": exc.check, "detail": exc.detail, "at": self._last_step()}
-            return EXIT_LOAD if exc.check == "load" else EXIT_CUDA
-        except devmod.DeviceError as exc:
-            self.results["fatal"] = {"check": "cuda-error", "detail": str(exc), "at": self._last_step()}
-            return EXIT_CUDA
-        finally:
-            try:
-                with self.phase("outputs"):
-                    self.save_outputs()
-            except Exception:  # noqa: BLE001 - outputs are best effort after a fatal error
-                pass
-            self.save()  # after the outputs, so that their time is in phase_s
-            self.progress.close()
-
-    def _last_step(self):
-        try:
-            lines = (self.dir / "progress.jsonl").read_text().splitlines()
-            return json.loads(lines[-1]) if lines else None
-        except (OSError, ValueError):
-            return None
-
 
 def call_only(plan_dir: Path, plan: dict) -> int:
     """mode "call": load a library and call one `int f(void)` symbol (tests of the runner)."""
     (plan_dir / "progress.jsonl").write_text(json.dumps({"step": "call", "symbol": plan["symbol"]}) + "\n")
-    lib = ctypes.CDLL(plan["library"], mode=os.RTLD_NOW | os.RTLD_LOCAL)
-    f = getattr(lib, plan["symbol"])
-    f.restype = ctypes.c_int
-    f.argtypes = []
-    rc = f()
+    rc = loader.function(loader.load(plan["library"]), plan["symbol"], ctypes.c_int, [], required=True)()
     (plan_dir / "results.json").write_text(json.dumps({"complete": True, "rc": rc}))
     return EXIT_DONE
 
@@ -466,13 +437,11 @@ def run_plan(plan_dir: Path, dev=None, library: str | None = None) -> int:
     if plan.get("mode") == "call":
         return call_only(plan_dir, plan)
     if plan.get("kind") == "scenario":  # a runtime unit's sequence of calls (scenario_child.py, by path)
-        import scenario_child
-
-        return scenario_child.child_main(plan_dir, plan)
+        from scenario_child import ScenarioCalls as kind
+    else:
+        kind = OpCalls
     try:
-        child = Child(plan_dir)
-        child.plan = plan
-        return child.run(dev)
+        return PlanRun(plan_dir, plan).run(kind, dev)
     except Exception:  # noqa: BLE001 - a harness bug: say so on stderr, exit distinctly
         traceback.print_exc()
         return 5

@@ -13,11 +13,8 @@ from __future__ import annotations
 import functools
 import json
 import os
-import platform
-import re
 import shutil
 import statistics
-import subprocess
 import tempfile
 import threading
 import time
@@ -31,7 +28,9 @@ from porter.gates.parity import compare, pool, runner
 from porter.gates.parity.compare import Failure
 from porter.gates.parity.spec import (Call, Context, Exact, Flag, In, InOut, Map, Out, Same, Shape, SpecError,
                                       UnitSpec, header_params, validate_call)
+from porter import toolchain
 from porter.digest import sha256_file
+from porter.evidence import gate_facts
 from porter.gates.result import GateResult
 
 DEFAULT_TIMEOUT_S = 90.0
@@ -61,6 +60,10 @@ class PreparedCase:
     calls: list[Call]  # one per pass (2 for valid shapes, 1 for error shapes)
     seeds: list[int]
     layout: dict = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return self.shape.label
 
 
 def _layout(spec: UnitSpec, params: list[dict], call: Call) -> dict:
@@ -442,39 +445,6 @@ def _hx(v) -> str:
     return hex(v) if isinstance(v, int) else str(v)
 
 
-# ---------------------------------------------------------------------------
-# Toolchain facts
-# ---------------------------------------------------------------------------
-
-@functools.lru_cache(maxsize=None)
-def nvcc_version() -> str | None:
-    exe = shutil.which("nvcc")
-    if not exe:
-        return None
-    try:
-        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    m = re.search(r"release [^\n]*", out)
-    return m.group(0) if m else out.strip().splitlines()[-1:][0] if out.strip() else None
-
-
-@functools.lru_cache(maxsize=None)
-def driver_facts() -> dict:
-    exe = shutil.which("nvidia-smi")
-    if not exe:
-        return {}
-    try:
-        out = subprocess.run([exe, "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30).stdout.strip().splitlines()
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    if not out:
-        return {}
-    name, _, drv = out[0].partition(",")
-    return {"gpu": name.strip(), "driver": drv.strip()}
-
-
 def _reference_sha(spec: UnitSpec) -> str | None:
     mod = spec.reference.rsplit(".", 1)[0]
     try:
@@ -509,15 +479,96 @@ def fresh_seeds(n: int = 2) -> list[int]:
     return [int.from_bytes(os.urandom(8), "little") for _ in range(n)]
 
 
-def run_spec(target, spec: UnitSpec, library: Path, **kw) -> GateResult:
-    """Run `spec` against `library` and judge it (see _run_spec for the options).
+@dataclass
+class Description:
+    """What a kind says of one judged run, besides its failures (see OpKind.describe)."""
+
+    summary_ok: str  # the summary when nothing failed
+    lines: list[str]  # the kind's own diagnostics, after the failures and what their checks mean
+    checks_run: list[str]
+    n_cases: int
+    stream: str  # how "what the checks mean" names the unit's stream
+    more_failures: list = field(default_factory=list)  # found only with the device's facts (impossible timing)
+    evidence: dict = field(default_factory=dict)  # the kind's own evidence fields
+    metrics: dict = field(default_factory=dict)
+    worst_nmse: float | None = None
+
+
+class OpKind:
+    """Op specs (spec.py) as one kind of parity run; scenario.ScenarioKind is the other.  A kind is
+    four steps -- prepare (inputs and what each call must show, in this process), plan (plan.json and
+    inputs.npz for child.py, which dispatches on the plan's kind), judge (failures and a report per
+    case, from the child's facts), describe (summary, diagnostics, the kind's evidence) -- and run_spec
+    does the rest once: the plan folder, the child, its crash or timeout, the evidence."""
+
+    noun = "parity"
+    warm = True  # its plans may run in a warm worker (pool.py)
+    sanitizable = True  # compute-sanitizer can rerun its plan
+
+    def prepare(self, target, spec, seeds, ctx, prepared, files: Path) -> Prepared:
+        # `prepared`: made while the build gate compiled; one made for another version of the spec is not used
+        if prepared is None or (prepared.unit, prepared.spec_sha256) != (spec.unit, spec.sha256):
+            prepared = prepare_cases(target, spec, seeds, ctx)
+        return prepared
+
+    def plan(self, plan_dir: Path, target, spec, prepared: Prepared, library: Path, **kw) -> None:
+        write_plan(plan_dir, spec, target.api_function(spec.unit), prepared.cases, library, **kw)
+
+    def judge(self, target, spec, prepared: Prepared, outcome, outputs: dict, plan_dir: Path, harness: dict):
+        return evaluate(spec, prepared.cases, outcome.results, outputs, success=harness.get("success", "zero"),
+                        stream=target.spec.cuda.stream)
+
+    def describe(self, target, spec, prepared: Prepared, failures, reports, dev: dict, mode: str,
+                 env: dict | None) -> Description:
+        cases = prepared.cases
+        timing = _timing(spec, cases, reports, dev)
+        worst = _worst(spec, reports)
+        n_ok = sum(1 for c in cases if c.shape.expect == "ok")
+        w = f"; worst NMSE {worst[0]:.1e} ({worst[1]})" if worst else ""
+        t = ""
+        if timing and timing.get("gbps"):
+            pct = f", {timing['pct_of_peak']:.1f}% of peak" if timing.get("pct_of_peak") else ""
+            t = f"; {timing['gbps']:.1f} GB/s{pct} ({timing['case']})"
+        lines = [f"reference: {spec.reference}; tolerances: " +
+                 "; ".join(f"{k}: {v.describe()}" for k, v in spec.outputs.items()),
+                 "cases (inputs drawn fresh at verify time):"]
+        for rep in reports:
+            ms = []
+            for p in rep["passes"][:1]:
+                for name, m in p["metrics"].items():
+                    if "nmse" in m:
+                        ms.append(f"{name} nmse={_f(m['nmse'])} max_abs={_f(m['max_abs'])}")
+                    elif "unwritten" in m:
+                        ms.append(f"{name} unwritten={m['unwritten']}")
+                    else:
+                        ms.append(f"{name} mismatch_rows={m.get('mismatch_rows')}")
+            rc = [p["rc"] for p in rep["passes"]]
+            lines.append(f"  {rep['label']:<44} [{rep['source']}] expect={rep['expect']} rc={rc} {'; '.join(ms)}")
+        if timing:
+            lines.append(f"timing ({timing['case']}): median {timing['median_ms']:.4f} ms, p90 "
+                         f"{timing['p90_ms']:.4f} ms, {_f(timing['gbps'])} GB/s vs peak {timing['peak_gbps']}")
+        mp = prepared.ctx.model_path  # "model:" shapes read the user's tensors when a model was given
+        return Description(
+            f"parity ok: {n_ok} cases x 2 seeds + {len(cases) - n_ok} error cases vs {spec.reference}{w}{t}",
+            lines, ["rc", "error-return", "struct", "guard", "const", "sentinel", "exact", "tie-rule", "values",
+                    "repeat", "timing", "impossible"] + (["stream"] if mode == "cuda" else []),
+            len(cases), target.spec.cuda.stream, _impossible(reports, dev), worst_nmse=worst[0] if worst else None,
+            evidence={"env": dict(env or {}), "zero_answer_passes": zero_answer_passes(spec, cases), "timing": timing,
+                      "weights": {"model": str(mp), "bytes": mp.stat().st_size} if mp else {"model": None}},
+            metrics={k: timing[k] for k in ("median_ms", "p90_ms", "gbps", "pct_of_peak")} if timing else {})
+
+
+OP = OpKind()
+
+
+def run_spec(target, spec, library: Path, **kw) -> GateResult:
+    """Run `spec` (an op spec, or a runtime unit's scenario) against `library` and judge it (see
+    _run_spec for the options).
 
     Whatever the candidate does happens in the child; an exception here is a
     harness fault, reported as a skipped gate (the unit stays "built"), never
     as a verdict on the candidate and never as a crashed run."""
     try:
-        if not isinstance(spec, UnitSpec):  # a runtime unit's scenario (scenario.py): same child and evidence
-            return spec.run_in_child(target, library, **kw)
         return _run_spec(target, spec, library, **kw)
     except Exception as exc:  # noqa: BLE001
         import traceback
@@ -528,65 +579,88 @@ def run_spec(target, spec: UnitSpec, library: Path, **kw) -> GateResult:
                                     "candidate_sha256": kw.get("candidate_sha256"), "harness_error": repr(exc)[:500]})
 
 
-def _run_spec(target, spec: UnitSpec, library: Path, *, workspace: Path | None = None, seeds: list[int] | None = None,
+def _run_spec(target, spec, library: Path, *, workspace: Path | None = None, seeds: list[int] | None = None,
               sanitize: bool = False, timeout: float | None = None, mode: str = "cuda", timing_reps: int = 10,
               candidate_sha256: str | None = None, probe: dict | None = None, keep: bool | None = None,
-              calibration: dict | None = None, ctx: Context | None = None, env: dict | None = None,
+              calibration: dict | None = None, ctx=None, env: dict | None = None,
               prepared: "Prepared | None" = None) -> GateResult:
+    """A scenario is not timed (the perf gate skips it), makes its own ordering probes (hold/peek) and
+    is not run under compute-sanitizer: `sanitize`, `timing_reps` and `probe` are op-spec options."""
     t_start = time.monotonic()
+    kind = getattr(spec, "parity_kind", OP)
     library = Path(library)
-    api_fn = target.api_function(spec.unit)
-    # `prepared`: made while the build gate compiled; one made for another version of the spec is not used
-    if prepared is None or (prepared.unit, prepared.spec_sha256) != (spec.unit, spec.sha256):
-        prepared = prepare_cases(target, spec, seeds, ctx)
-    if prepared.error is not None:
-        return GateResult("parity", False, f"parity skipped: spec error: {prepared.error}", skipped=True)
-    seeds, cases, ctx = prepared.seeds, prepared.cases, prepared.ctx
-    t_prepared = time.monotonic()
     base = Path(workspace) / "runs" / "parity" if workspace else Path(tempfile.gettempdir()) / "porter-parity"
     base.mkdir(parents=True, exist_ok=True)
     plan_dir = Path(tempfile.mkdtemp(prefix=f"{spec.unit}-", dir=base))
     keep = keep if keep is not None else bool(os.environ.get("PORTER_PARITY_KEEP"))
     harness = harness_names(target)
+    san = None
     try:
-        write_plan(plan_dir, spec, api_fn, cases, library, mode=mode, harness=harness,
-                   probe=(probe if probe is not None else default_probe()) if mode == "cuda" else None, timing_reps=timing_reps,
-                   env=env)
+        prepared = kind.prepare(target, spec, seeds, ctx, prepared, plan_dir / "files")
+        if prepared.error is not None:
+            return GateResult("parity", False, f"parity skipped: spec error: {prepared.error}", skipped=True)
+        t_prepared = time.monotonic()
+        plan = functools.partial(kind.plan, target=target, spec=spec, prepared=prepared, library=library,
+                                 harness=harness, env=env)
+        plan(plan_dir, mode=mode, probe=(probe if probe is not None else default_probe()) if mode == "cuda" else None,
+             timing_reps=timing_reps)
         limit = timeout or float(os.environ.get("PORTER_PARITY_TIMEOUT", DEFAULT_TIMEOUT_S))
-        outcome = pool.executor(mode).run(plan_dir, limit)
-        outputs = _load_outputs(plan_dir)
-        failures, reports = evaluate(spec, cases, outcome.results, outputs, success=harness.get("success", "zero"),
-                                     stream=target.spec.cuda.stream)
-        blind = zero_answer_passes(spec, cases)
-        labels = {c.id: c.shape.label for c in cases}
-        failures = _outcome_failures(outcome, labels) + failures
-        san = None
-        if sanitize and mode == "cuda" and outcome.status == "done":
-            san = _sanitize(plan_dir, spec, api_fn, cases, library, target, limit, env)
+        outcome = (pool.executor(mode) if kind.warm else pool.SpawnExecutor()).run(plan_dir, limit)
+        failures, reports = kind.judge(target, spec, prepared, outcome, _load_outputs(plan_dir), plan_dir, harness)
+        failures = _outcome_failures(outcome, {c.id: c.label for c in prepared.cases}) + failures
+        if sanitize and kind.sanitizable and mode == "cuda" and outcome.status == "done":
+            plan(plan_dir / "sanitize", mode="cuda", probe=None, timing_reps=0)
+            o = runner.run_child(plan_dir / "sanitize", limit * 10,
+                                 argv=runner.child_argv(plan_dir / "sanitize", sanitize=True))
+            san = {"status": o.status, "detail": o.detail, "elapsed_s": round(o.elapsed_s, 2)}
             if san["status"] != "done":
                 failures.append(Failure("sanitize", "all cases", None, san["detail"]))
     finally:
         if not keep:
             shutil.rmtree(plan_dir, ignore_errors=True)
-    t_done = time.monotonic()
-    res = _result(target, spec, library, cases, seeds, outcome, failures, reports, mode=mode, sanitize=san,
-                  zero_answer_passes=blind,
-                  candidate_sha256=candidate_sha256, calibration=calibration, env=env,
-                  timings={"prepare_s": t_prepared - t_start, "child_s": outcome.elapsed_s,
-                           "total_s": t_done - t_start},
-                  plan_dir=plan_dir if keep else None)
-    if res.evidence is not None:  # "model:" shapes read the user's tensors when a model was given
-        mp = ctx.model_path
-        res.evidence["weights"] = {"model": str(mp), "bytes": mp.stat().st_size} if mp else {"model": None}
-    return res
-
-
-def _sanitize(plan_dir, spec, api_fn, cases, library, target, limit, env=None) -> dict:
-    sdir = plan_dir / "sanitize"
-    write_plan(sdir, spec, api_fn, cases, library, mode="cuda", harness=harness_names(target), probe=None,
-               timing_reps=0, env=env)
-    o = runner.run_child(sdir, limit * 10, argv=runner.child_argv(sdir, sanitize=True))
-    return {"status": o.status, "detail": o.detail, "elapsed_s": round(o.elapsed_s, 2)}
+    dev = (outcome.results or {}).get("device") or {}
+    d = kind.describe(target, spec, prepared, failures, reports, dev, mode, env)
+    failures = failures + d.more_failures
+    ok = not failures
+    failed_checks = sorted({f.check for f in failures}, key=compare.check_rank)
+    in_ws = spec.path and target.workspace in spec.path.parents
+    evidence = gate_facts(
+        target, spec.unit, "parity", candidate_sha256, toolchain.device_facts(dev, mode), ok=ok, mode=mode,
+        library={"path": str(library), "sha256": sha256_file(library)}, sandbox=outcome.sandbox, device=dev,
+        spec={"file": str(spec.path.relative_to(target.workspace)) if in_ws else str(spec.path),
+              "sha256": spec.sha256, "reference": spec.reference, "reference_sha256": _reference_sha(spec),
+              "outputs": {k: v.describe() for k, v in spec.outputs.items()}},
+        calibration=calibration, seeds=[f"{s & (2**64 - 1):016x}" for s in prepared.seeds], cases=reports,
+        checks={"run": d.checks_run + (["sanitize"] if san else []), "failed": failed_checks},
+        failures=[f.line() for f in failures[:50]],
+        child={"status": outcome.status, "elapsed_s": round(outcome.elapsed_s, 3), "detail": outcome.detail,
+               "phase_s": (outcome.results or {}).get("phase_s")},
+        sanitize=san, harness_s={k: round(v, 3) for k, v in {
+            "prepare_s": t_prepared - t_start, "child_s": outcome.elapsed_s,
+            "total_s": time.monotonic() - t_start}.items()}, **{"timing": None, **d.evidence})
+    if ok:
+        summary = d.summary_ok
+    else:
+        first = compare.first_failure(failures)
+        more = f" (+{len(failures) - 1} more; failed: {', '.join(failed_checks)})" if len(failures) > 1 else ""
+        summary = f"parity failed [{first.check}]: {first.case}: {first.detail}"[:400] + more
+    lines = []
+    if failures:
+        lines.append(f"{len(failures)} {kind.noun} failure(s), first by check order:")
+        lines.extend(f"  {f.line()}" for f in sorted(failures, key=lambda x: compare.check_rank(x.check))[:20])
+        lines += ["", "what the checks mean:"]
+        lines.extend(f"  {c}: {compare.CHECK_DOC[c].format(stream=d.stream)}" for c in failed_checks)
+        lines.append("")
+    lines += d.lines
+    if outcome.stderr_tail.strip():
+        lines.append("child stderr (tail):")
+        lines.extend("  " + ln for ln in outcome.stderr_tail.strip().splitlines()[-15:])
+    if keep:
+        lines.append(f"plan kept at {plan_dir}")
+    metrics = {"ok": ok, "failed_checks": failed_checks, "n_failures": len(failures), "cases": d.n_cases,
+               "worst_nmse": d.worst_nmse, **d.metrics}
+    return GateResult("parity", ok, summary, "\n".join(lines), _clean(metrics), _clean(evidence),
+                      check=None if ok else first.check)
 
 
 def _load_outputs(plan_dir: Path) -> dict:
@@ -614,67 +688,6 @@ def _outcome_failures(o: runner.ChildOutcome, labels: dict | None = None) -> lis
         check = f.get("check") if f.get("check") in compare.CHECK_ORDER else "crash"
         return [Failure(check, case, None, f"{f.get('detail', o.detail)} {where}")]
     return [Failure("crash", case, None, f"parity child failed: {o.detail}")]
-
-
-def _result(target, spec, library, cases, seeds, outcome, failures, reports, *, mode, sanitize, candidate_sha256,
-            calibration, timings, plan_dir, env=None, zero_answer_passes=None) -> GateResult:
-    dev = (outcome.results or {}).get("device") or {}
-    drv = driver_facts() if mode == "cuda" else {}
-    timing = _timing(spec, cases, reports, dev)
-    failures = failures + _impossible(reports, dev)
-    ok = not failures
-    worst = _worst(spec, reports)
-    checks_run = ["rc", "error-return", "struct", "guard", "const", "sentinel", "exact", "tie-rule", "values",
-                  "repeat", "timing", "impossible"] + (["stream"] if mode == "cuda" else []) + (["sanitize"] if sanitize else [])
-    failed_checks = sorted({f.check for f in failures}, key=compare.check_rank)
-    evidence = {
-        "target": target.name, "unit": spec.unit, "gate": "parity", "ok": ok,
-        "candidate_sha256": candidate_sha256, "mode": mode,
-        "library": {"path": str(library), "sha256": sha256_file(library)}, "sandbox": outcome.sandbox,
-        "toolchain": {"nvcc": nvcc_version(), "gpu": dev.get("name") or drv.get("gpu"), "driver": drv.get("driver"),
-                      "driver_api_version": dev.get("driver_api_version"),
-                      "cuda_runtime": dev.get("runtime_version"), "cupy": dev.get("cupy"),
-                      "python": platform.python_version(), "numpy": np.__version__},
-        "device": dev,
-        "spec": {"file": str(spec.path.relative_to(target.workspace)) if spec.path and target.workspace in spec.path.parents
-                 else str(spec.path), "sha256": spec.sha256, "reference": spec.reference,
-                 "reference_sha256": _reference_sha(spec),
-                 "outputs": {k: v.describe() for k, v in spec.outputs.items()}},
-        "calibration": calibration,
-        "env": dict(env or {}),
-        "zero_answer_passes": list(zero_answer_passes or []),
-        "seeds": [f"{s & (2**64 - 1):016x}" for s in seeds],
-        "cases": reports,
-        "checks": {"run": checks_run, "failed": failed_checks},
-        "failures": [f.line() for f in failures[:50]],
-        "timing": timing,
-        "child": {"status": outcome.status, "elapsed_s": round(outcome.elapsed_s, 3), "detail": outcome.detail,
-                  "phase_s": (outcome.results or {}).get("phase_s")},
-        "sanitize": sanitize,
-        "harness_s": {k: round(v, 3) for k, v in timings.items()},
-    }
-    n_ok = sum(1 for c in cases if c.shape.expect == "ok")
-    n_err = len(cases) - n_ok
-    if ok:
-        w = f"; worst NMSE {worst[0]:.1e} ({worst[1]})" if worst else ""
-        t = ""
-        if timing and timing.get("gbps"):
-            pct = f", {timing['pct_of_peak']:.1f}% of peak" if timing.get("pct_of_peak") else ""
-            t = f"; {timing['gbps']:.1f} GB/s{pct} ({timing['case']})"
-        summary = (f"parity ok: {n_ok} cases x 2 seeds + {n_err} error cases vs {spec.reference}{w}{t}")
-    else:
-        first = compare.first_failure(failures)
-        more = f" (+{len(failures) - 1} more; failed: {', '.join(failed_checks)})" if len(failures) > 1 else ""
-        summary = f"parity failed [{first.check}]: {first.case}: {first.detail}"[:400] + more
-    stream = harness_names(target).get("stream") or "legacy"
-    stream = "the legacy default stream" if stream == "legacy" else f"{stream}()"
-    diagnostics = _diagnostics(spec, failures, reports, outcome, timing, plan_dir, stream)
-    metrics = {"ok": ok, "failed_checks": failed_checks, "n_failures": len(failures), "cases": len(cases),
-               "worst_nmse": worst[0] if worst else None}
-    if timing:
-        metrics.update({k: timing[k] for k in ("median_ms", "p90_ms", "gbps", "pct_of_peak")})
-    return GateResult("parity", ok, summary, diagnostics, _clean(metrics), _clean(evidence),
-                      check=None if ok else first.check)
 
 
 def _timing(spec, cases, reports, dev) -> dict | None:
@@ -726,44 +739,6 @@ def _worst(spec, reports):
                 if v is not None and (worst is None or v > worst[0]):
                     worst = (v, f"{name}, {rep['label']}")
     return worst
-
-
-def _diagnostics(spec, failures, reports, outcome, timing, plan_dir, stream: str) -> str:
-    lines = []
-    if failures:
-        lines.append(f"{len(failures)} parity failure(s), first by check order:")
-        for f in sorted(failures, key=lambda x: compare.check_rank(x.check))[:20]:
-            lines.append(f"  {f.line()}")
-        lines.append("")
-        lines.append("what the checks mean:")
-        for c in sorted({f.check for f in failures}, key=compare.check_rank):
-            lines.append(f"  {c}: {compare.CHECK_DOC[c].format(stream=stream)}")
-        lines.append("")
-    lines.append(f"reference: {spec.reference}; tolerances: " +
-                 "; ".join(f"{k}: {v.describe()}" for k, v in spec.outputs.items()))
-    lines.append("cases (inputs drawn fresh at verify time):")
-    for rep in reports:
-        ms = []
-        for p in rep["passes"]:
-            for name, m in p["metrics"].items():
-                if "nmse" in m:
-                    ms.append(f"{name} nmse={_f(m['nmse'])} max_abs={_f(m['max_abs'])}")
-                elif "unwritten" in m:
-                    ms.append(f"{name} unwritten={m['unwritten']}")
-                else:
-                    ms.append(f"{name} mismatch_rows={m.get('mismatch_rows')}")
-            break
-        rc = [p["rc"] for p in rep["passes"]]
-        lines.append(f"  {rep['label']:<44} [{rep['source']}] expect={rep['expect']} rc={rc} {'; '.join(ms)}")
-    if timing:
-        lines.append(f"timing ({timing['case']}): median {timing['median_ms']:.4f} ms, p90 {timing['p90_ms']:.4f} ms, "
-                     f"{_f(timing['gbps'])} GB/s vs peak {timing['peak_gbps']}")
-    if outcome.stderr_tail.strip():
-        lines.append("child stderr (tail):")
-        lines.extend("  " + ln for ln in outcome.stderr_tail.strip().splitlines()[-15:])
-    if plan_dir:
-        lines.append(f"plan kept at {plan_dir}")
-    return "\n".join(lines)
 
 
 def _f(v) -> str:

@@ -19,9 +19,10 @@ says, per case and per seed, which calls to make and what each must show:
 
     SCENARIO = Scenario(unit="mini_gpu_tensor_read", cases=[Case("odd offsets")], build=build)
 
-The scenario runs in the parity child (child.py hands a plan of kind
-"scenario" to scenario_child.py): the same process isolation, time limit and
-crash containment as an op spec, and the same evidence shape.  The child only
+The scenario runs through gate.run_spec as its second kind (ScenarioKind) and
+in the same parity child (child.py hands a plan of kind "scenario" to
+scenario_child.py): the same process isolation, time limit and crash
+containment as an op spec, and the same evidence builder.  The child only
 calls and records (return values, host buffers the calls wrote, raw tensor
 bytes read through the target's descriptor, device memory in use); every
 judgement is made here, by the check names of compare.CHECK_ORDER:
@@ -43,19 +44,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
-from porter.digest import sha256_file
-from porter.gates.parity import compare, gate, runner
+from porter.gates.parity import compare, gate
 from porter.gates.parity.compare import Failure
 from porter.gates.parity.spec import Context, SpecError
-from porter.gates.result import GateResult
 from porter.placeholder import is_placeholder
 
 KIND = "scenario"
@@ -331,12 +328,13 @@ class Scenario:
     bytes_moved = None
     shapes = ()
 
-    # the two hooks spec.py and gate.py call on any spec, so that neither imports this module
+    # the two hooks spec.py and gate.py use on any spec, so that neither imports this module
     def validate_against(self, target) -> None:
         validate(self, target)
 
-    def run_in_child(self, target, library: Path, **kw):
-        return run_scenario(target, self, library, **kw)
+    @property
+    def parity_kind(self) -> "ScenarioKind":
+        return KIND_OF_RUN
 
 
 def is_scenario(spec) -> bool:
@@ -444,6 +442,10 @@ class PreparedRun:
     script: Script
     functions: dict
 
+    @property
+    def label(self) -> str:
+        return self.case.label
+
 
 def prepare(target, scenario: Scenario, ctx, seeds: list[int]) -> list[PreparedRun]:
     runs = []
@@ -481,54 +483,6 @@ def write_plan(plan_dir: Path, scenario: Scenario, runs: list[PreparedRun], libr
     plan_dir.mkdir(parents=True, exist_ok=True)
     (plan_dir / "plan.json").write_text(json.dumps(plan, indent=1))
     np.savez(plan_dir / "inputs.npz", **arrays)
-
-
-def run_scenario(target, scenario: Scenario, library: Path, *, workspace: Path | None = None,
-                 seeds: list[int] | None = None, sanitize: bool = False, timeout: float | None = None,
-                 mode: str = "cuda", timing_reps: int = 0, candidate_sha256: str | None = None,
-                 probe: dict | None = None, keep: bool | None = None, calibration: dict | None = None,
-                 ctx=None, env: dict | None = None):
-    """The parity gate for a scenario: same child, same limits, same evidence shape as gate.run_spec.
-    `sanitize`, `timing_reps` and `probe` are run_spec's options: a scenario is not timed (the perf
-    gate skips it), makes its own ordering probes (hold/peek), and is not run under compute-sanitizer yet."""
-    import shutil
-    import tempfile
-
-
-    t_start = time.monotonic()
-    library = Path(library)
-    seeds = list(seeds) if seeds else gate.fresh_seeds(2)
-    if len(seeds) < 2:
-        raise ValueError("parity needs at least two seeds")
-    base = Path(workspace) / "runs" / "parity" if workspace else Path(tempfile.gettempdir()) / "porter-parity"
-    base.mkdir(parents=True, exist_ok=True)
-    plan_dir = Path(tempfile.mkdtemp(prefix=f"{scenario.unit}-", dir=base))
-    keep = keep if keep is not None else bool(os.environ.get("PORTER_PARITY_KEEP"))
-    try:
-        try:
-            ctx = ctx or ScenarioContext(target, plan_dir / "files")
-            runs = prepare(target, scenario, ctx, seeds)
-        except SpecError as exc:
-            return GateResult("parity", False, f"parity skipped: spec error: {exc}", skipped=True)
-        t_prepared = time.monotonic()
-        harness = gate.harness_names(target)
-        write_plan(plan_dir, scenario, runs, library, mode=mode, harness=harness, env=env)
-        limit = timeout or float(os.environ.get("PORTER_PARITY_TIMEOUT", gate.DEFAULT_TIMEOUT_S))
-        outcome = runner.run_child(plan_dir, limit)
-        outputs = gate._load_outputs(plan_dir)
-        printed = "".join(_read_text(plan_dir / n) for n in ("child.stdout", "child.stderr"))
-        failures, reports = judge(runs, outcome.results, outputs, success=harness.get("success", "zero"),
-                                  printed=printed)
-        labels = {r.id: r.case.label for r in runs}
-        failures = gate._outcome_failures(outcome, labels) + failures
-    finally:
-        if not keep:
-            shutil.rmtree(plan_dir, ignore_errors=True)
-    t_done = time.monotonic()
-    return _result(target, scenario, library, runs, seeds, outcome, failures, reports, mode=mode,
-                   candidate_sha256=candidate_sha256, calibration=calibration,
-                   timings={"prepare_s": t_prepared - t_start, "child_s": outcome.elapsed_s,
-                            "total_s": t_done - t_start}, plan_dir=plan_dir if keep else None)
 
 
 class ScenarioContext:
@@ -758,71 +712,49 @@ def _ret_text(rk: str, ret) -> str:
     return str(ret)
 
 
-def _result(target, scenario: Scenario, library, runs, seeds, outcome, failures, reports, *, mode,
-            candidate_sha256, calibration, timings, plan_dir):
-    import platform
+class ScenarioKind:
+    """Runtime scenarios as a kind of parity run (gate.OpKind says what a kind is): always a fresh
+    child, never timed or run under compute-sanitizer (a scenario makes its own ordering probes)."""
 
-    dev = (outcome.results or {}).get("device") or {}
-    drv = gate.driver_facts() if mode == "cuda" else {}
-    ok = not failures
-    failed_checks = sorted({f.check for f in failures}, key=compare.check_rank)
-    checks_run = ["rc", "error-return", "cuda-error", "struct", "guard", "sentinel", "exact", "values", "leak"] + \
-        (["stream"] if mode == "cuda" or any(s["op"] == "peek" for r in runs for s in r.script.steps) else [])
-    n_steps = sum(len(r.script.steps) for r in runs)
-    n_exp = sum(len(r.script.expects) for r in runs)
-    evidence = {
-        "target": target.name, "unit": scenario.unit, "gate": "parity", "kind": KIND, "ok": ok,
-        "candidate_sha256": candidate_sha256, "mode": mode,
-        "library": {"path": str(library), "sha256": sha256_file(library)}, "sandbox": outcome.sandbox,
-        "toolchain": {"nvcc": gate.nvcc_version(), "gpu": dev.get("name") or drv.get("gpu"),
-                      "driver": drv.get("driver"), "driver_api_version": dev.get("driver_api_version"),
-                      "cuda_runtime": dev.get("runtime_version"), "cupy": dev.get("cupy"),
-                      "python": platform.python_version(), "numpy": np.__version__},
-        "device": dev,
-        "spec": {"file": str(scenario.path.relative_to(target.workspace))
-                 if scenario.path and target.workspace in scenario.path.parents else str(scenario.path),
-                 "sha256": scenario.sha256, "reference": scenario.reference, "reference_sha256": None,
-                 "outputs": {k: v.describe() for k, v in scenario.outputs.items()}},
-        "calibration": calibration,
-        "seeds": [f"{s & (2**64 - 1):016x}" for s in seeds],
-        "cases": reports,
-        "checks": {"run": checks_run, "failed": failed_checks},
-        "failures": [f.line() for f in failures[:50]],
-        "timing": None,
-        "child": {"status": outcome.status, "elapsed_s": round(outcome.elapsed_s, 3), "detail": outcome.detail},
-        "sanitize": None,
-        "harness_s": {k: round(v, 3) for k, v in timings.items()},
-    }
-    if ok:
-        summary = (f"parity ok: scenario, {len(scenario.cases)} cases x 2 seeds, {n_steps} steps, "
-                   f"{n_exp} expectations held ({scenario.reference})")
-    else:
-        first = compare.first_failure(failures)
-        more = f" (+{len(failures) - 1} more; failed: {', '.join(failed_checks)})" if len(failures) > 1 else ""
-        summary = f"parity failed [{first.check}]: {first.case}: {first.detail}"[:400] + more
-    lines = []
-    if failures:
-        lines.append(f"{len(failures)} scenario failure(s), first by check order:")
-        for f in sorted(failures, key=lambda x: compare.check_rank(x.check))[:20]:
-            lines.append(f"  {f.line()}")
-        lines.append("")
-        lines.append("what the checks mean:")
-        for c in failed_checks:
-            lines.append(f"  {c}: {compare.CHECK_DOC[c].format(stream='the unit stream')}")
-        lines.append("")
-    lines.append(f"scenario: {scenario.checks or scenario.unit}")
-    for rep in reports:
-        steps = [p.get("steps") for p in rep["passes"]]
-        lines.append(f"  {rep['label']:<52} steps run per seed: {steps}")
-    if outcome.stderr_tail.strip():
-        lines.append("child stderr (tail):")
-        lines.extend("  " + ln for ln in outcome.stderr_tail.strip().splitlines()[-15:])
-    if plan_dir:
-        lines.append(f"plan kept at {plan_dir}")
-    metrics = {"ok": ok, "failed_checks": failed_checks, "n_failures": len(failures), "cases": len(scenario.cases),
-               "worst_nmse": None}
-    return GateResult("parity", ok, summary, "\n".join(lines), gate._clean(metrics), gate._clean(evidence),
-                      check=None if ok else first.check)
+    noun = "scenario"
+    warm = False
+    sanitizable = False
+
+    def prepare(self, target, scenario: Scenario, seeds, ctx, prepared, files: Path) -> gate.Prepared:
+        seeds = list(seeds) if seeds else gate.fresh_seeds(2)
+        if len(seeds) < 2:
+            raise ValueError("parity needs at least two seeds")
+        ctx = ctx or ScenarioContext(target, files)
+        try:
+            return gate.Prepared(scenario.unit, scenario.sha256, seeds, prepare(target, scenario, ctx, seeds), ctx)
+        except SpecError as exc:
+            return gate.Prepared(scenario.unit, scenario.sha256, seeds, [], None, str(exc))
+
+    def plan(self, plan_dir: Path, target, spec: Scenario, prepared, library: Path, *, mode: str, harness: dict,
+             env: dict | None, probe=None, timing_reps: int = 0) -> None:
+        write_plan(plan_dir, spec, prepared.cases, library, mode=mode, harness=harness, env=env)
+
+    def judge(self, target, spec: Scenario, prepared, outcome, outputs: dict, plan_dir: Path, harness: dict):
+        printed = "".join(_read_text(plan_dir / n) for n in ("child.stdout", "child.stderr"))
+        return judge(prepared.cases, outcome.results, outputs, success=harness.get("success", "zero"),
+                     printed=printed)
+
+    def describe(self, target, spec: Scenario, prepared, failures, reports, dev: dict, mode: str,
+                 env: dict | None) -> gate.Description:
+        runs = prepared.cases
+        n_steps = sum(len(r.script.steps) for r in runs)
+        lines = [f"scenario: {spec.checks or spec.unit}"]
+        lines.extend(f"  {rep['label']:<52} steps run per seed: {[p.get('steps') for p in rep['passes']]}"
+                     for rep in reports)
+        return gate.Description(
+            f"parity ok: scenario, {len(spec.cases)} cases x 2 seeds, {n_steps} steps, "
+            f"{sum(len(r.script.expects) for r in runs)} expectations held ({spec.reference})", lines,
+            ["rc", "error-return", "cuda-error", "struct", "guard", "sentinel", "exact", "values", "leak"]
+            + (["stream"] if mode == "cuda" or any(s["op"] == "peek" for r in runs for s in r.script.steps) else []),
+            len(spec.cases), "the unit stream", evidence={"kind": KIND})
+
+
+KIND_OF_RUN = ScenarioKind()
 
 
 def blocked_by(target, scenario_or_spec) -> list[str]:

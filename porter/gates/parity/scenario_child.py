@@ -1,28 +1,28 @@
-"""The child side of a scenario spec: executes a plan of kind "scenario" (see scenario.py).
+"""The calls of a scenario plan (kind "scenario", see scenario.py), run by child.py.
 
-child.py hands such a plan here.  For each case it makes the calls in order
-through ctypes (argument and return types from the API header, bound in the
-parent), keeps the tensor handles the calls return, and records what each step
-saw: return values, the host buffers calls wrote, raw tensor bytes read through
-the target's descriptor on a stream ordered after nothing of the unit's, device
-memory in use.  It holds the unit's stream with device.py's timed kernel when a
-script asks, so work enqueued next stays pending until something waits for it.
-It judges nothing: scenario.judge does, in the parent.
+child.py loads the library (loader.py) and hands each case here: the calls are
+made in order through ctypes (argument and return types from the API header,
+bound in the parent), the tensor handles the calls return are kept, and what
+each step saw is recorded: return values, the host buffers calls wrote, raw
+tensor bytes read through the target's descriptor on a stream ordered after
+nothing of the unit's, device memory in use.  It holds the unit's stream with
+device.py's timed kernel when a script asks, so work enqueued next stays
+pending until something waits for it.  It judges nothing: scenario.judge does,
+in the parent.
 
-Loaded by path, like device.py and compare.py: numpy, ctypes and device.py
+Loaded by path, like device.py and compare.py: numpy, ctypes and the siblings
 only -- nothing of porter.
 """
 
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import time
-import traceback
-from pathlib import Path
 
 import numpy as np
+
+import loader  # sibling module, on the path child.py set
 
 KIND = "scenario"
 
@@ -34,93 +34,29 @@ _RT = {"none": None, "handle": ctypes.c_void_p, "ptr": ctypes.c_void_p, "u32": c
        "f64": ctypes.c_double, "bool": ctypes.c_bool}
 
 
-class _Desc(ctypes.Structure):
-    """The target's tensor descriptor {void *data; uint64_t bytes; int32_t owner} (mini_cuda.cuh; ds4's
-    struct ds4_gpu_tensor has the same layout)."""
-
-    _fields_ = [("data", ctypes.c_void_p), ("bytes", ctypes.c_uint64), ("owner", ctypes.c_int32)]
-
-
 class _MallInfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
                                                  "fsmblks", "uordblks", "fordblks", "keepcost")]
 
 
-class _Fatal(Exception):
-    def __init__(self, check: str, detail: str):
-        super().__init__(detail)
-        self.check, self.detail = check, detail
+class ScenarioCalls:
+    outputs_each_case = True
 
-
-class ScenarioChild:
-    def __init__(self, plan_dir: Path, plan: dict):
-        self.dir = Path(plan_dir)
-        self.plan = plan
-        self.progress = open(self.dir / "progress.jsonl", "a", buffering=1)
-        self.results: dict = {"kind": KIND, "cases": [], "fatal": None, "complete": False, "device": None}
-        self.outputs: dict[str, np.ndarray] = {}
+    def __init__(self, run):
+        self.dev, self.plan, self.outputs, self.step = run.dev, run.plan, run.outputs, run.step
+        self.results = run.results
+        self.results["kind"] = KIND
         self.maps: dict[str, np.ndarray] = {}
         self.fds: dict[str, int] = {}
         self.hold_token = None
-
-    def step(self, **fields) -> None:
-        self.progress.write(json.dumps(fields) + "\n")
-        self.progress.flush()
-
-    def save(self) -> None:
-        tmp = self.dir / "results.json.tmp"
-        tmp.write_text(json.dumps(self.results))
-        os.replace(tmp, self.dir / "results.json")
-
-    def load(self, devmod) -> None:
-        plan = self.plan
-        self.step(step="load", library=plan["library"])
-        try:
-            self.lib = ctypes.CDLL(plan["library"], mode=os.RTLD_NOW | os.RTLD_LOCAL)
-        except OSError as exc:
-            raise _Fatal("load", f"cannot load {Path(plan['library']).name}: {exc}") from None
         self.fns = {}
-        for name, sig in plan["functions"].items():
-            f = getattr(self.lib, name, None)
-            if f is None:
-                raise _Fatal("load", f"{Path(plan['library']).name} does not export {name}")
-            f.argtypes = [_CT[k] for k in sig["params"]]
-            f.restype = _RT[sig["ret"]]
+        for name, sig in self.plan["functions"].items():
+            f = loader.function(run.lib, name, _RT[sig["ret"]], [_CT[k] for k in sig["params"]], required=True)
             self.fns[name] = (f, sig)
-        h = plan.get("harness") or {}
-        self.last_error = getattr(self.lib, "cudaGetLastError", None) if self.dev.kind == "cuda" else None
-        if self.last_error is not None:
-            self.last_error.restype, self.last_error.argtypes = ctypes.c_int, []
-        name_fn = getattr(self.lib, "cudaGetErrorName", None) if self.last_error is not None else None
-        if name_fn is not None:
-            name_fn.restype, name_fn.argtypes = ctypes.c_char_p, [ctypes.c_int]
-        self.error_name = name_fn
-        self.stream = None
-        if self.dev.kind == "cuda":
-            if h.get("stream") == "legacy":
-                self.stream = 0
-            elif h.get("stream"):
-                sf = getattr(self.lib, h["stream"], None)
-                if sf is not None:
-                    sf.restype, sf.argtypes = ctypes.c_void_p, []
-                    self.stream = sf() or 0
-        self.mallinfo2 = None
-        if self.dev.kind == "host":
-            try:
-                libc = ctypes.CDLL(None)
-                self.mallinfo2 = libc.mallinfo2
-                self.mallinfo2.restype, self.mallinfo2.argtypes = _MallInfo2, []
-            except (OSError, AttributeError):
-                self.mallinfo2 = None
-
-    def _err(self) -> str | None:
-        if self.last_error is None:
-            return None
-        e = int(self.last_error())
-        if e == 0:
-            return None
-        n = self.error_name(e) if self.error_name is not None else None
-        return f"{n.decode() if n else 'cudaError'} ({e})"
+        cuda = self.dev.kind == "cuda"
+        self._err = loader.cuda_errors(run.lib) if cuda else (lambda: None)
+        self.stream = loader.unit_stream(run.lib, self.plan.get("harness") or {}) if cuda else None
+        self.mallinfo2 = None if cuda else loader.function(loader.libc(), "mallinfo2", _MallInfo2, [])
 
     def _map(self, path: str) -> int:
         if path not in self.maps:
@@ -206,7 +142,7 @@ class ScenarioChild:
                 if not h:
                     rec["refused"] = f"no tensor {st['tensor']} (its allocating call failed)"
                 else:
-                    d = _Desc.from_address(h)
+                    d = loader.Tensor.from_address(h)
                     rec["desc"] = {"data": int(d.data or 0), "bytes": int(d.bytes), "owner": int(d.owner)}
                     if op == "peek":
                         if st["offset"] + st["n"] > d.bytes or not d.data:
@@ -237,41 +173,6 @@ class ScenarioChild:
             self.dev.release(self.hold_token)
             self.hold_token = None
 
-    def run(self, devmod) -> int:
-        try:
-            self.dev = devmod.make_device(self.plan["mode"])
-            self.results["device"] = self.dev.facts()
-            self.load(devmod)
-            arrays = np.load(self.dir / "inputs.npz")
-            for case in self.plan["cases"]:
-                self.run_case(case, arrays)
-                self.save()
-                self.save_outputs()
-            self.results["complete"] = True
-            return 0
-        except _Fatal as exc:
-            self.results["fatal"] = {"check": exc.check, "detail": exc.detail, "at": None}
-            return 4 if exc.check == "load" else 3
-        except devmod.DeviceError as exc:
-            self.results["fatal"] = {"check": "cuda-error", "detail": str(exc), "at": None}
-            return 3
-        finally:
-            self.save()
-            try:
-                self.save_outputs()
-            except Exception:  # noqa: BLE001 - best effort after a fatal error
-                pass
+    def finish(self) -> None:
+        pass
 
-    def save_outputs(self) -> None:
-        np.savez(self.dir / "outputs.npz", **self.outputs)
-
-
-def child_main(plan_dir: Path, plan: dict) -> int:
-    """Entry point from child.py for plans of kind "scenario"."""
-    import device as devmod  # sibling module, loaded by path by child.py
-
-    try:
-        return ScenarioChild(Path(plan_dir), plan).run(devmod)
-    except Exception:  # noqa: BLE001 - a harness bug: say so on stderr, exit distinctly
-        traceback.print_exc()
-        return 5

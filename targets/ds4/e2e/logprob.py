@@ -143,7 +143,8 @@ def run_logprob_vectors(target, workspace: Path, library: Path, model: Path, scr
     from porter.errors import PorterError
     from porter.gates.e2e import tree
     from porter.digest import sha256_file
-    from porter.gates.e2e.gate import UNIT, _toolchain
+    from porter.gates.e2e.gate import UNIT
+    from porter.toolchain import host_facts
     from porter.gates.result import GateResult
 
     model = Path(model)
@@ -173,7 +174,7 @@ def run_logprob_vectors(target, workspace: Path, library: Path, model: Path, scr
           "candidate_sha256": sha256_file(Path(library)), "tree_hash": th, "commit": head,
           "tree_matches_head": head is not None and th == tree.tree_hash_at(ws, dirs, head),
           "model": {"path": str(model), "bytes": model.stat().st_size}, "result": result.to_json(),
-          "command": argv, "wall_s": round(wall, 1), "toolchain": _toolchain()}
+          "command": argv, "wall_s": round(wall, 1), "toolchain": host_facts()}
     metrics = {"ok": result.ok, "wall_s": round(wall, 1)}
     if store:
         from porter.evidence import store_evidence

@@ -354,9 +354,9 @@ def calibrate(target, scratch: Path, *, mode: str = "cpu", model: Path | None = 
     setup = dict(eng.setup(), runs=spec.runs)
     setup["mode"] = mode
     if mode == "cuda":
-        from porter.gates.e2e.gate import _toolchain
+        from porter.toolchain import driver_facts
 
-        setup["device"] = _toolchain().get("gpu")
+        setup["device"] = driver_facts().get("gpu")
     return cal_mod.calibrate(variants, tokens_exact=spec.decode_steps > 0, setup=setup)
 
 

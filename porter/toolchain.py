@@ -1,0 +1,91 @@
+"""Facts about the tools and the machine a verdict was reached with, asked once per process.
+
+Every gate's evidence names its toolchain (porter.evidence.gate_facts) and the build cache keys
+objects by the compilers' identities: all of them ask here, so nvcc, nvidia-smi and a host
+compiler are each run at most once per process (and per path).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import shutil
+import subprocess
+from functools import lru_cache
+
+from porter.errors import PorterError
+
+
+@lru_cache(maxsize=None)
+def _version_output(exe: str, path_env: str | None = None) -> str:
+    """`exe --version`'s stdout (PATH=path_env when given: a compiler wrapper finds its own tools there)."""
+    env = dict(os.environ, PATH=path_env) if path_env is not None else None
+    return subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60, env=env).stdout
+
+
+def nvcc_release_line(nvcc: str) -> str:
+    """nvcc's whole release line ("Cuda compilation tools, release 12.4, V12.4.131"): the build
+    gate's evidence and its object cache key; PorterError when nvcc cannot say."""
+    try:
+        out = _version_output(nvcc)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise PorterError(f"{nvcc} --version failed: {exc}") from exc
+    lines = [line.strip() for line in out.splitlines() if line.strip()]
+    return next((line for line in lines if "release" in line), lines[-1] if lines else "unknown")
+
+
+def nvcc_version() -> str | None:
+    """The nvcc on PATH as "release 12.4, V12.4.131" (parity and e2e evidence); None without one."""
+    exe = shutil.which("nvcc")
+    if not exe:
+        return None
+    try:
+        out = _version_output(exe)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r"release [^\n]*", out)
+    return m.group(0) if m else out.strip().splitlines()[-1:][0] if out.strip() else None
+
+
+def compiler_identity(compiler: str, path_env: str) -> str:
+    """A host compiler's --version text (part of the precompiled header's cache key)."""
+    try:
+        return _version_output(compiler, path_env).strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+
+
+@lru_cache(maxsize=None)
+def driver_facts() -> dict:
+    """{"gpu", "driver"} of the first GPU nvidia-smi lists; {} without one."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return {}
+    try:
+        out = subprocess.run([exe, "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout.strip().splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    if not out:
+        return {}
+    name, _, drv = out[0].partition(",")
+    return {"gpu": name.strip(), "driver": drv.strip()}
+
+
+def host_facts(driver: dict | None = None) -> dict:
+    """The toolchain of a verdict reached by running the backend: nvcc, GPU, driver, Python, numpy
+    (`driver`: driver_facts(), asked now when not given)."""
+    import numpy as np
+
+    d = driver_facts() if driver is None else driver
+    return {"nvcc": nvcc_version(), "gpu": d.get("gpu"), "driver": d.get("driver"),
+            "python": platform.python_version(), "numpy": np.__version__}
+
+
+def device_facts(dev: dict, mode: str) -> dict:
+    """host_facts, with what the parity child saw of its device (`dev`: device.py's facts);
+    nvidia-smi is asked only in cuda mode (the host stand-in's verdict names no driver)."""
+    facts = host_facts(driver_facts() if mode == "cuda" else {})
+    return dict(facts, gpu=dev.get("name") or facts["gpu"], driver_api_version=dev.get("driver_api_version"),
+                cuda_runtime=dev.get("runtime_version"), cupy=dev.get("cupy"))
