@@ -7,17 +7,21 @@ a clever wrong answer cannot pass.
 
 How (details in the modules):
   spec.py     targets/<t>/parity/<unit>.py: inputs, shapes, reference, tolerances
-  gate.py     inputs + references in this process (two fresh os.urandom seeds),
-              the verdict check by check (compare.CHECK_ORDER)
+  gate.py     run_spec, the one pipeline of both kinds of spec (op specs here,
+              runtime scenarios in scenario.py): inputs + references in this
+              process (two fresh os.urandom seeds), the verdict check by check
+              (compare.CHECK_ORDER), the evidence
   runner.py   the sandboxed child process: time limit, crash and hang containment
   pool.py     where plans run: a pre-started sandboxed worker per GPU, or a
               fresh child per plan; either serves one plan only
   worker.py   the pre-started worker: numpy, cupy and a CUDA context opened
               before the candidate exists, then one plan, then exit
-  child.py    loads the library with ctypes and calls the unit on fenced cupy
-              buffers (sentinel-filled outputs, guard bytes, const hashes,
+  child.py    the one child entry point: loads the library (loader.py, the
+              only module that loads one); an op plan calls the unit on fenced
+              cupy buffers (sentinel-filled outputs, guard bytes, const hashes,
               stream probe, second call in the same buffers, CUDA-event timing
-              with L2 flushed and the timed outputs read back for re-checking)
+              with L2 flushed and the timed outputs read back for re-checking),
+              a scenario plan makes its calls in scenario_child.py
   compare.py  metrics (max abs, max rel, NMSE, exact with tie rule)
   device.py   cupy buffers, events, the stream hold; a host stand-in for CI
 

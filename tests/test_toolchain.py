@@ -1,0 +1,58 @@
+"""Toolchain facts are asked in one module (porter/toolchain.py), once per process and tool."""
+
+from __future__ import annotations
+
+import ast
+import os
+from pathlib import Path
+
+import pytest
+
+from porter import toolchain
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def version_askers(root: Path) -> list[str]:
+    """Python modules under root/porter whose code holds the literal "--version" (a tool's version asked)."""
+    return sorted(str(p.relative_to(root)) for p in (root / "porter").rglob("*.py")
+                  if any(isinstance(n, ast.Constant) and n.value == "--version" for n in ast.walk(ast.parse(p.read_text()))))
+
+
+def test_only_the_toolchain_module_asks_a_tool_its_version(tmp_path):
+    assert version_askers(REPO) == ["porter/toolchain.py"]
+    (tmp_path / "porter").mkdir()
+    (tmp_path / "porter" / "build.py").write_text('import subprocess\nsubprocess.run(["nvcc", "--version"])\n')
+    assert version_askers(tmp_path) == ["porter/build.py"]  # the walk sees a second asker
+
+
+@pytest.fixture
+def fake_nvcc(tmp_path, monkeypatch):
+    """An nvcc on PATH that counts how often it is asked."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    count = tmp_path / "asked"
+    nvcc = bin_dir / "nvcc"
+    nvcc.write_text(f"#!/bin/sh\necho x >> {count}\necho 'nvcc: NVIDIA (R) Cuda compiler driver'\n"
+                    "echo 'Cuda compilation tools, release 12.4, V12.4.131'\n")
+    nvcc.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    toolchain._version_output.cache_clear()
+    yield nvcc, count
+    toolchain._version_output.cache_clear()
+
+
+def test_nvcc_is_asked_once_for_both_views_of_its_version(fake_nvcc):
+    nvcc, count = fake_nvcc
+    # the build gate's view (evidence and object cache key) and parity's (evidence): the same values as before
+    assert toolchain.nvcc_release_line(str(nvcc)) == "Cuda compilation tools, release 12.4, V12.4.131"
+    assert toolchain.nvcc_version() == "release 12.4, V12.4.131"
+    assert toolchain.nvcc_release_line(str(nvcc)) == toolchain.nvcc_release_line(str(nvcc))
+    assert count.read_text().count("x") == 1
+
+
+def test_evidence_toolchain_of_a_host_stand_in_names_no_driver(monkeypatch):
+    monkeypatch.setattr(toolchain, "driver_facts", lambda: pytest.fail("nvidia-smi asked in host mode"))
+    facts = toolchain.device_facts({"name": "host stand-in"}, "host")
+    assert facts["gpu"] == "host stand-in" and facts["driver"] is None
+    assert set(facts) == {"nvcc", "gpu", "driver", "driver_api_version", "cuda_runtime", "cupy", "python", "numpy"}
