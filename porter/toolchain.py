@@ -1,8 +1,9 @@
 """Facts about the tools and the machine a verdict was reached with, asked once per process.
 
 Every gate's evidence names its toolchain (porter.evidence.gate_facts) and the build cache keys
-objects by the compilers' identities: all of them ask here, so nvcc, nvidia-smi and a host
-compiler are each run at most once per process (and per path).
+objects by the compilers' identities: all of them ask here, so nvcc, nvidia-smi, a host compiler
+and bwrap are each run at most once per process (and per path).  tests/test_toolchain.py fails
+if another module asks a tool its --version.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from porter.errors import PorterError
 
 
 @lru_cache(maxsize=None)
-def _version_output(exe: str, path_env: str | None = None) -> str:
-    """`exe --version`'s stdout (PATH=path_env when given: a compiler wrapper finds its own tools there)."""
+def version_output(exe: str, path_env: str | None = None) -> str:
+    """`exe --version`'s stdout, asked once per process (PATH=path_env when given: a compiler wrapper
+    finds its own tools there); OSError or subprocess.TimeoutExpired when the tool cannot say."""
     env = dict(os.environ, PATH=path_env) if path_env is not None else None
     return subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60, env=env).stdout
 
@@ -28,7 +30,7 @@ def nvcc_release_line(nvcc: str) -> str:
     """nvcc's whole release line ("Cuda compilation tools, release 12.4, V12.4.131"): the build
     gate's evidence and its object cache key; PorterError when nvcc cannot say."""
     try:
-        out = _version_output(nvcc)
+        out = version_output(nvcc)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise PorterError(f"{nvcc} --version failed: {exc}") from exc
     lines = [line.strip() for line in out.splitlines() if line.strip()]
@@ -41,7 +43,7 @@ def nvcc_version() -> str | None:
     if not exe:
         return None
     try:
-        out = _version_output(exe)
+        out = version_output(exe)
     except (OSError, subprocess.SubprocessError):
         return None
     m = re.search(r"release [^\n]*", out)
@@ -51,7 +53,7 @@ def nvcc_version() -> str | None:
 def compiler_identity(compiler: str, path_env: str) -> str:
     """A host compiler's --version text (part of the precompiled header's cache key)."""
     try:
-        return _version_output(compiler, path_env).strip()
+        return version_output(compiler, path_env).strip()
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
 

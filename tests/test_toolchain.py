@@ -37,9 +37,9 @@ def fake_nvcc(tmp_path, monkeypatch):
                     "echo 'Cuda compilation tools, release 12.4, V12.4.131'\n")
     nvcc.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    toolchain._version_output.cache_clear()
+    toolchain.version_output.cache_clear()
     yield nvcc, count
-    toolchain._version_output.cache_clear()
+    toolchain.version_output.cache_clear()
 
 
 def test_nvcc_is_asked_once_for_both_views_of_its_version(fake_nvcc):
