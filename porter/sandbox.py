@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from porter import toolchain
+
 UNSAFE_ENV = "PORTER_UNSAFE_NO_SANDBOX"
 INSTALL_HINT = "apt-get install bubblewrap"
 HOME_INSIDE = "/nonexistent"
@@ -94,7 +96,7 @@ def version() -> str | None:
     if exe is None:
         return None
     try:
-        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=10).stdout.strip()
+        out = toolchain.version_output(exe).strip()
     except (OSError, subprocess.SubprocessError):
         return None
     return out or "bubblewrap"
