@@ -15,8 +15,8 @@ from pathlib import Path
 
 
 class Tensor(ctypes.Structure):
-    """The target's tensor descriptor {void *data; uint64_t bytes; int32_t owner} (its conventions
-    header: struct mini_gpu_tensor; ds4's struct ds4_gpu_tensor has the same layout)."""
+    """The target's tensor descriptor {void *data; uint64_t bytes; int32_t owner}: the layout every
+    target's conventions header gives its tensor struct (op arguments, scenario handles)."""
 
     _fields_ = [("data", ctypes.c_void_p), ("bytes", ctypes.c_uint64), ("owner", ctypes.c_int32)]
 
