@@ -1,4 +1,8 @@
-"""Small C build steps for e2e engines: compile an object once (content-addressed), link an engine."""
+"""Small C steps for e2e engines: compile an object once (content-addressed), link an engine, run it.
+
+An engine linked with a candidate library runs the candidate's host code (constructors, static
+initialisers) as well as its kernels, so `run_engine` starts it inside porter.sandbox like the parity
+child: it sees only the files its run names, read-only, and writes only its output folder."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from porter import sandbox
 from porter.errors import PorterError
 
 COMPILE_TIMEOUT_S = 300
@@ -53,15 +58,27 @@ def link(out: Path, objects: list[Path], *, library: Path | None = None, wrap: l
     return out
 
 
-def cuda_runtime_env() -> dict:
-    """The environment for running an engine linked with a CUDA library: the toolkit's lib dir on
-    LD_LIBRARY_PATH (libcudart is found there when it is not in the loader's cache)."""
-    env = dict(os.environ)
+def _runtime_library_path() -> str:
+    """LD_LIBRARY_PATH for an engine linked with a CUDA library: the toolkit's lib dirs (libcudart is
+    found there when it is not in the loader's cache), then the driver's folders the sandbox shows."""
+    dirs = []
     nvcc = shutil.which("nvcc")
     if nvcc:
         from porter.gates.build import toolkit_root
 
         root = toolkit_root(nvcc)
         dirs = [str(d) for d in (root / "lib64", root / "lib") if d.is_dir()]
-        env["LD_LIBRARY_PATH"] = ":".join(dirs + [p for p in [env.get("LD_LIBRARY_PATH", "")] if p])
-    return env
+    return ":".join(dirs + sandbox.cuda_dirs())
+
+
+def run_engine(cmd: list[str], *, reads: list[Path], writes: list[Path], env: dict | None = None,
+               timeout: float, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """cmd (an engine executable and its arguments) inside the sandbox with the GPU: `reads` are shown
+    read-only (the executable, the libraries it links, the model, inputs), `writes` writable (its output
+    folder); env is the whole environment of the run besides the sandbox's own.  A timeout kills the
+    sandbox and everything in it (subprocess.TimeoutExpired propagates)."""
+    inside = {"LD_LIBRARY_PATH": _runtime_library_path(), **(env or {})}
+    w = sandbox.wrap(list(map(str, cmd)), ro=[str(p) for p in reads], rw=[str(p) for p in writes], gpu=True,
+                     env=inside, cwd=str(cwd or writes[0]), python=False)
+    return subprocess.run(w.argv, env=w.env, preexec_fn=w.preexec, capture_output=True, text=True,
+                          timeout=timeout, close_fds=True)

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from porter import toolchain
+from porter import sandbox
 from porter.digest import sha256_file
 from porter.evidence import gate_facts
 from porter.errors import PorterError
@@ -72,7 +73,8 @@ def run_e2e(target, workspace_root: Path, library_path: Path, *, options: E2EOpt
     try:
         rule, cal_setup, cal_sha = cal_mod.load_rule(cal_path)
         driver = load_driver(target)
-    except PorterError as exc:
+        sandbox.require()  # the engine runs the backend's host code: never outside the sandbox unasked
+    except (PorterError, sandbox.SandboxUnavailable) as exc:
         return GateResult(GATE, False, f"e2e skipped: {exc}", skipped=True)
 
     dirs = tree.backend_dirs(target)
@@ -125,7 +127,7 @@ def _evidence(target, ok, lib, lib_sha, tree_hash, head, head_tree, cal_path, ca
         calibration={"file": str(cal_path.relative_to(target.workspace)) if target.workspace in cal_path.parents
                      else str(cal_path), "sha256": cal_sha},
         verdict=verdict.to_json() if verdict else None, comparison=cmp.to_json() if cmp else None,
-        wall_s=walls, error=error)
+        wall_s=walls, error=error, sandbox=sandbox.label())
 
 
 def _diagnostics(cmp, rule) -> str:

@@ -30,6 +30,7 @@ import numpy as np
 from porter.calibration import libraries
 from porter.calibration.mutants import rule_mutants
 from porter.errors import PorterError
+from porter.gates.e2e import cbuild
 from porter.gates.e2e.compare import PrefillOutputs, ReferenceFailure
 from porter.target_code import sibling
 
@@ -159,7 +160,8 @@ def run_command(build_dir: Path, model: Path, backend: str, prompt_file: Path, c
 
 
 def run_env(out_dir: Path, positions: list[int], extra: dict | None = None, threads: int | None = None) -> dict:
-    env = dict(os.environ)
+    """The whole environment of a sandboxed run besides the sandbox's own (porter.gates.e2e.cbuild.run_engine)."""
+    env = {}
     # CPU: our accessor writes the prefill logits; GPU: ds4's CLI does (DS4_METAL_DUMP_PREFILL_LOGITS)
     env.update({"DS4_E2E_STATES": str(out_dir / "states.bin"), "DS4_E2E_LOGITS": str(out_dir / "logits.f32"),
                 "DS4_E2E_HEAD": str(out_dir / "head.f32"),
@@ -268,6 +270,11 @@ class Ds4Reduced:
             raise PorterError(f"ds4 build {v.name} failed: {err[:300]}")
         return d
 
+    @staticmethod
+    def linked(v: Ds4Variant) -> list[Path]:
+        """The backend library v's executable loads at run time (shown to its sandboxed run)."""
+        return [Path(v.library).resolve()] if v.library else []
+
     def run(self, build_dir: Path, v: Ds4Variant) -> PrefillOutputs:
         out = self.scratch / "out" / v.name
         if out.exists():
@@ -280,8 +287,9 @@ class Ds4Reduced:
         # the CPU reference leaves two cores to the GPU runs it overlaps with
         threads = max(1, (os.cpu_count() or 4) - 2) if v.backend == "cpu" else None
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
-                                  env=run_env(out, self.positions, v.env, threads))
+            proc = cbuild.run_engine(cmd, reads=[build_dir, self.model, self.prompt_file, *self.linked(v)],
+                                     writes=[out], env=run_env(out, self.positions, v.env, threads),
+                                     timeout=RUN_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             raise PorterError(f"ds4 {v.name} ran past {RUN_TIMEOUT_S}s") from None
         wall = time.monotonic() - t0

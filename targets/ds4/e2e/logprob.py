@@ -156,12 +156,13 @@ def run_logprob_vectors(target, workspace: Path, library: Path, model: Path, scr
     if proc.returncode != 0:
         raise PorterError(f"ds4_test build failed: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
     argv, env_extra = run_command(build, model)
-    import os
+    from porter import sandbox
+    from porter.gates.e2e import cbuild
 
     t0 = time.monotonic()
     try:
-        run = subprocess.run(argv, capture_output=True, text=True, cwd=build, env={**os.environ, **env_extra},
-                             timeout=RUN_TIMEOUT_S)
+        run = cbuild.run_engine(argv, reads=[model, Path(library).resolve()], writes=[build], env=env_extra,
+                                cwd=build, timeout=RUN_TIMEOUT_S)
         result = parse_output(run.stdout, run.stderr, run.returncode)
     except subprocess.TimeoutExpired:
         result = LogprobResult(False, [], None, 124, f"ds4_test --logprob-vectors ran past {RUN_TIMEOUT_S}s")
@@ -174,7 +175,8 @@ def run_logprob_vectors(target, workspace: Path, library: Path, model: Path, scr
           "candidate_sha256": sha256_file(Path(library)), "tree_hash": th, "commit": head,
           "tree_matches_head": head is not None and th == tree.tree_hash_at(ws, dirs, head),
           "model": {"path": str(model), "bytes": model.stat().st_size}, "result": result.to_json(),
-          "command": argv, "wall_s": round(wall, 1), "toolchain": host_facts()}
+          "command": argv, "wall_s": round(wall, 1), "toolchain": host_facts(),
+          "sandbox": sandbox.label()}
     metrics = {"ok": result.ok, "wall_s": round(wall, 1)}
     if store:
         from porter.evidence import store_evidence

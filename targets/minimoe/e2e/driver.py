@@ -138,6 +138,7 @@ class MinimoeEngine:
         self.n_decode = n_decode
         self.src = target.checkout  # engine.c, mini_cpu.c, mini_gpu.h
         self.faults = target.dir / "e2e" / "faults.c"
+        self.linked: dict[Path, list[Path]] = {}  # executable -> the backend library it links
 
     @property
     def stage_names(self) -> list[str]:
@@ -159,6 +160,8 @@ class MinimoeEngine:
         if b.fault:
             parts.append(cbuild.compile_object(self.faults, objs, ["-O2", f"-DFAULT_{b.fault}"], inc))
         exe = self.scratch / "bin" / f"minimoe-{b.name}"
+        # the sandboxed run sees the executable and these; nothing else of the host's files
+        self.linked[exe] = [Path(b.library).resolve()] if b.library is not None else []
         return cbuild.link(exe, parts, library=b.library, wrap=b.wrap if b.fault else [])
 
     def run(self, exe: Path, tag: str) -> PrefillOutputs:
@@ -171,7 +174,8 @@ class MinimoeEngine:
                "--logits-out", str(logits), "--states-out", str(states)]
         t0 = time.monotonic()
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=cbuild.cuda_runtime_env())
+            proc = cbuild.run_engine(cmd, reads=[exe, self.model, *self.linked.get(exe, [])], writes=[out],
+                                     timeout=RUN_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             raise PorterError(f"engine {exe.name} ran past {RUN_TIMEOUT_S}s") from None
         wall = time.monotonic() - t0
