@@ -22,8 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from porter import toolchain
-from porter import sandbox
+from porter import sandbox, toolchain
 from porter.digest import sha256_file
 from porter.evidence import gate_facts
 from porter.errors import PorterError
