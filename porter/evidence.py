@@ -20,7 +20,8 @@ from pathlib import Path
 from porter.durable import write_atomic
 from porter.errors import PorterError
 from porter.digest import sha256_bytes
-from porter.ledger import LEDGER_DIR, canonical, read_regular
+from porter.durable import read_regular
+from porter.ledger import LEDGER_DIR, canonical
 
 EVIDENCE_DIR = "evidence"
 REQUIRED = ("target", "unit", "gate", "ok", "candidate_sha256")

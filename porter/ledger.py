@@ -44,7 +44,6 @@ re-verifies the whole chain every time it runs.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import hmac as hmac_mod
 import json
@@ -56,7 +55,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from porter.digest import sha256_bytes
-from porter.durable import fsync_dir
+from porter.durable import fsync_dir, read_regular
 from porter.errors import PorterError
 
 ZERO = "0" * 64
@@ -90,37 +89,6 @@ def _strict_object(pairs):
 def loads_strict(line: bytes):
     """json.loads that refuses an object with a duplicated member (DuplicateMember, a ValueError)."""
     return json.loads(line, object_pairs_hook=_strict_object)
-
-
-def read_regular(path: Path, limit: int) -> bytes:
-    """The bytes of `path` when it is a regular file (not a symlink) of at most `limit` bytes; an
-    OSError naming what it is otherwise (FileNotFoundError when absent)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise OSError(exc.errno, "not a regular file (a symlink)") from exc
-        raise
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file (a device, fifo or directory)")
-        if st.st_size > limit:
-            raise OSError(errno.EFBIG, f"{st.st_size} bytes, over the {limit} bytes allowed")
-        chunks, left = [], limit + 1
-        want = st.st_size + 1  # one read for a file that does not grow meanwhile (status reads thousands)
-        while left > 0:
-            b = os.read(fd, min(left, want))
-            if not b:
-                break
-            chunks.append(b)
-            left -= len(b)
-            want = 1 << 20
-        if left <= 0:
-            raise OSError(errno.EFBIG, f"grew over the {limit} bytes allowed while read")
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-    finally:
-        os.close(fd)
 
 
 def canonical(obj) -> bytes:

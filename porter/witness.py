@@ -23,7 +23,7 @@ from pathlib import Path
 
 from porter.digest import sha256_bytes
 from porter.durable import write_atomic
-from porter.ledger import read_regular
+from porter.durable import read_regular
 from porter.signing import porter_home
 
 DIR_ENV = "PORTER_WITNESS_DIR"
