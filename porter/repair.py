@@ -24,7 +24,7 @@ from pathlib import Path
 
 from porter import gitops
 from porter.errors import PorterError
-from porter.ledger import Ledger, load_key
+from porter.ledger import Ledger
 
 
 def add_arguments(parser) -> None:

@@ -35,7 +35,6 @@ import site
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 from porter import toolchain

@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 from functools import lru_cache
+from pathlib import Path
 
 from porter.errors import PorterError
 
@@ -91,3 +92,41 @@ def device_facts(dev: dict, mode: str) -> dict:
     facts = host_facts(driver_facts() if mode == "cuda" else {})
     return dict(facts, gpu=dev.get("name") or facts["gpu"], driver_api_version=dev.get("driver_api_version"),
                 cuda_runtime=dev.get("runtime_version"), cupy=dev.get("cupy"))
+
+
+def nvcc_path() -> str:
+    """The nvcc on PATH; a one-line PorterError when there is none."""
+    path = shutil.which("nvcc")
+    if path is None:
+        raise PorterError(
+            "nvcc not found on PATH: install the CUDA toolkit or add its bin/ folder to PATH "
+            "(e.g. export PATH=/usr/local/cuda/bin:$PATH)"
+        )
+    return path
+
+
+@lru_cache(maxsize=None)
+def toolkit_root(nvcc: str) -> Path:
+    """The CUDA toolkit's folder, as nvcc itself reports it (`TOP=` in its dryrun): the nvcc on
+    PATH is often a wrapper script (/usr/local/bin/nvcc -> exec /usr/local/cuda-13.0/bin/nvcc,
+    module systems), whose own path says nothing about where lib64/ is."""
+    try:
+        r = subprocess.run([nvcc, "--dryrun", "-E", "-x", "cu", os.devnull], capture_output=True, text=True,
+                           timeout=60)
+        m = re.search(r"^#\$ TOP=(.+)$", r.stderr, re.M)
+        if m and Path(m.group(1).strip()).is_dir():
+            return Path(m.group(1).strip()).resolve()
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return Path(nvcc).resolve().parent.parent
+
+
+def toolkit_lib_dirs(nvcc: str) -> list[Path]:
+    root = toolkit_root(nvcc)
+    return [d for d in (root / "lib64", root / "targets" / "x86_64-linux" / "lib") if d.is_dir()]
+
+
+def toolkit_rpath(nvcc: str) -> list[str]:
+    """-rpath to the toolkit's library folders: the parity child dlopens the backend, and a
+    library it links (-lcublas) must resolve there even when the loader's path lacks the toolkit."""
+    return [a for d in toolkit_lib_dirs(nvcc) for a in ("-Xlinker", "-rpath", "-Xlinker", str(d))]

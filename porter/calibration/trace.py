@@ -143,7 +143,7 @@ def read_trace(path: Path) -> set[str]:
 def build_interposer(out_dir: Path) -> Path:
     """The interposer as a shared library.  Built by nvcc, which knows the toolkit's headers and links
     the shared runtime, so its cudaFuncGetName is the same libcudart the traced library calls."""
-    from porter.gates.build import nvcc_path, toolkit_rpath
+    from porter.toolchain import nvcc_path, toolkit_rpath
 
     nvcc = nvcc_path()
     out_dir.mkdir(parents=True, exist_ok=True)

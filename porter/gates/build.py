@@ -28,7 +28,6 @@ import subprocess
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from functools import lru_cache
 from pathlib import Path
 
 from porter.diagnostics import trim_diagnostics
@@ -39,7 +38,8 @@ from porter.gates import compile_jail, elf_exports, host_link, nvcc_split
 from porter.gates.keyed_lock import key_lock
 from porter.gates.result import GateResult
 from porter.placeholder import is_placeholder, placeholder_source
-from porter.toolchain import nvcc_release_line
+# the toolkit's whereabouts are toolchain facts; build re-exports them for its callers
+from porter.toolchain import nvcc_path, nvcc_release_line, toolkit_lib_dirs, toolkit_rpath, toolkit_root  # noqa: F401
 
 GATE = "build"
 NVCC_TIMEOUT_S = float(os.environ.get("PORTER_NVCC_TIMEOUT", "300"))
@@ -50,44 +50,6 @@ SPLIT_COMPILE = os.environ.get("PORTER_NVCC_SPLIT", "1") != "0"
 HOST_PCH = os.environ.get("PORTER_HOST_PCH", "1") != "0"
 LINK_TIMEOUT_S = 120.0
 PORTER_LINK_FLAGS = ["-Xlinker", "-z", "-Xlinker", "defs"]
-
-
-def nvcc_path() -> str:
-    """The nvcc on PATH; a one-line PorterError when there is none."""
-    path = shutil.which("nvcc")
-    if path is None:
-        raise PorterError(
-            "nvcc not found on PATH: install the CUDA toolkit or add its bin/ folder to PATH "
-            "(e.g. export PATH=/usr/local/cuda/bin:$PATH)"
-        )
-    return path
-
-
-@lru_cache(maxsize=None)
-def toolkit_root(nvcc: str) -> Path:
-    """The CUDA toolkit's folder, as nvcc itself reports it (`TOP=` in its dryrun): the nvcc on
-    PATH is often a wrapper script (/usr/local/bin/nvcc -> exec /usr/local/cuda-13.0/bin/nvcc,
-    module systems), whose own path says nothing about where lib64/ is."""
-    try:
-        r = subprocess.run([nvcc, "--dryrun", "-E", "-x", "cu", os.devnull], capture_output=True, text=True,
-                           timeout=60)
-        m = re.search(r"^#\$ TOP=(.+)$", r.stderr, re.M)
-        if m and Path(m.group(1).strip()).is_dir():
-            return Path(m.group(1).strip()).resolve()
-    except (OSError, subprocess.TimeoutExpired):
-        pass
-    return Path(nvcc).resolve().parent.parent
-
-
-def toolkit_lib_dirs(nvcc: str) -> list[Path]:
-    root = toolkit_root(nvcc)
-    return [d for d in (root / "lib64", root / "targets" / "x86_64-linux" / "lib") if d.is_dir()]
-
-
-def toolkit_rpath(nvcc: str) -> list[str]:
-    """-rpath to the toolkit's library folders: the parity child dlopens the backend, and a
-    library it links (-lcublas) must resolve there even when the loader's path lacks the toolkit."""
-    return [a for d in toolkit_lib_dirs(nvcc) for a in ("-Xlinker", "-rpath", "-Xlinker", str(d))]
 
 
 def toolchain() -> dict:

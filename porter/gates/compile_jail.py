@@ -47,7 +47,7 @@ def clean_env(**extra: str) -> dict[str, str]:
 def toolchain_ro(nvcc: str) -> tuple[str, ...]:
     """nvcc as named on PATH (often a wrapper script), its toolkit (as named and resolved), the host
     compiler's folder when it is not under /usr."""
-    from porter.gates.build import toolkit_root
+    from porter.toolchain import toolkit_root
 
     out = [nvcc, str(Path(nvcc).resolve()), str(toolkit_root(nvcc))]
     for cc in (os.environ.get("NVCC_CCBIN"), "gcc", "g++"):
@@ -93,7 +93,7 @@ def for_command(argv: list[str], cwd: Path | None, rw: list[Path | str] = ()) ->
     writable = [str(Path(p).resolve()) for p in (cwd, *rw) if p is not None]
     if "-o" in argv[:-1]:
         writable.append(str(Path(cwd or ".", argv[argv.index("-o") + 1]).resolve().parent))
-    from porter.gates.build import nvcc_path
+    from porter.toolchain import nvcc_path
 
     # the toolkit of the nvcc on PATH, whatever runs (nvcc's dryrun names its g++ and tools bare)
     ro = [p for p in (*toolchain_ro(nvcc_path()), *named_paths(argv)) if not Path(p).is_relative_to("/usr")]

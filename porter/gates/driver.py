@@ -20,7 +20,6 @@ from typing import Callable
 
 from porter.digest import sha256_text
 from porter.gates import build, registry
-from porter.gates.e2e.gate import UNIT as E2E_UNIT
 from porter.gates.result import GateResult
 from porter.history import History
 

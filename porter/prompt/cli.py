@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 from porter.history import History
 from porter.prompt import render_prompt

@@ -17,7 +17,7 @@ from porter.gates import registry
 from porter.history import Attempt, Failure, History, Step
 from porter.ledger import load_key
 from porter.plan import TIERS, ranked_units
-from porter.status import CRITICAL_TIERS, STATES, StatusReport, _resolve_target_name, derive
+from porter.status import STATES, StatusReport, _resolve_target_name, derive
 from porter.target import Target, load_target
 
 # Until the end-to-end gate lands in derive(), its slot reads as this.

@@ -50,8 +50,9 @@ from pathlib import Path
 from porter import gitops
 from porter.calibration.baseline import take_baselines
 from porter.errors import PorterError
-from porter.gates.build import nvcc_path
-from porter.gates.driver import E2E_UNIT, Candidate, GateContext, run_gates
+from porter.toolchain import nvcc_path
+from porter.gates.driver import Candidate, GateContext, run_gates
+from porter.gates.e2e.gate import UNIT as E2E_UNIT
 from porter.gates.e2e.state import head_backend_tree, run_e2e_if_due
 from porter.gates.result import GateResult
 from porter.history import Usage

@@ -64,7 +64,7 @@ def _runtime_library_path() -> str:
     dirs = []
     nvcc = shutil.which("nvcc")
     if nvcc:
-        from porter.gates.build import toolkit_root
+        from porter.toolchain import toolkit_root
 
         root = toolkit_root(nvcc)
         dirs = [str(d) for d in (root / "lib64", root / "lib") if d.is_dir()]

@@ -127,7 +127,7 @@ def make_command(build_dir: Path, backend: str, *, library: Path | None = None, 
     cmd = base + ["ds4", f"CUDA_ARCH={cuda_arch}", f"CORE_OBJS={core}", nvccflags]
     nvcc = shutil.which("nvcc")
     if nvcc:  # ds4's Makefile assumes /usr/local/cuda; use the toolkit on PATH
-        from porter.gates.build import toolkit_root
+        from porter.toolchain import toolkit_root
 
         cmd += [f"NVCC={nvcc}", f"CUDA_HOME={toolkit_root(nvcc)}"]
     if library:
