@@ -175,3 +175,40 @@ def test_fail_loudly_on_bad_blocks(monkeypatch, tmp_path):
     monkeypatch.setattr(mf.rq, "random_blocks", broken)
     with pytest.raises(RuntimeError, match="IQ2_XXS"):
         mf.write_fixture(tmp_path / "bad.gguf")
+
+
+def test_specs_side_by_side_never_read_a_half_written_fixture(tmp_path):
+    """calibrate --jobs 4 on a fresh workspace: several specs asked for the fixture at once, one read the
+    GGUF while another was still writing it ("cannot reshape array of size 14208", measured on an H100).
+    ensure_fixture writes it once, under a name of its own, and renames the whole file into place."""
+    import threading
+    from types import SimpleNamespace
+
+    from porter.gates.parity.spec import ensure_fixture
+
+    slow = tmp_path / "slow_fixture.py"
+    # writes its output in two halves with a pause between, and counts its runs
+    slow.write_text("import sys, time, pathlib\n"
+                    f"runs = pathlib.Path({str(tmp_path / 'runs.txt')!r})\n"
+                    "runs.open('a').write('x')\n"
+                    "out = open(sys.argv[1], 'wb'); out.write(b'A' * 1000); out.flush(); time.sleep(0.5)\n"
+                    "out.write(b'B' * 1000); out.close()\n")
+    target = SimpleNamespace(name="t", fixture_path=tmp_path / "fx" / "model.gguf", fixture_script=slow,
+                             workspace=tmp_path)
+    seen, errors = [], []
+
+    def reader():
+        try:
+            seen.append(ensure_fixture(target).read_bytes())
+        except Exception as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=reader) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert all(len(b) == 2000 for b in seen), [len(b) for b in seen]
+    assert (tmp_path / "runs.txt").read_text() == "x"  # written once
+    assert [p.name for p in (tmp_path / "fx").iterdir()] == ["model.gguf"]  # no temporary left

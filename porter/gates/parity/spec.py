@@ -55,6 +55,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from porter.errors import PorterError
+from porter.gates.keyed_lock import key_lock
 from porter.gates.parity import weights as W
 
 SPEC_DIR = "parity"
@@ -365,12 +366,21 @@ def ensure_fixture(target) -> Path:
         raise SpecError(f"target {target.name} declares no fixture")
     if path.is_file():
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True,
-                          cwd=target.workspace, timeout=300)
-    if proc.returncode != 0 or not path.is_file():
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise SpecError(f"fixture script {script.name} failed: {tail[0]}")
+    # specs run side by side (calibrate --jobs, porter run --jobs) and each may be the first to need the
+    # fixture: one thread of this process writes it, and only a whole file ever appears at `path` (a reader
+    # of a half-written GGUF saw tensors of the wrong size)
+    with key_lock(f"fixture:{path}"):
+        if path.is_file():
+            return path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        proc = subprocess.run([sys.executable, str(script), str(tmp)], capture_output=True, text=True,
+                              cwd=target.workspace, timeout=300)
+        if proc.returncode != 0 or not tmp.is_file():
+            tmp.unlink(missing_ok=True)
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise SpecError(f"fixture script {script.name} failed: {tail[0]}")
+        os.replace(tmp, path)
     return path
 
 
