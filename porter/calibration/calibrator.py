@@ -204,7 +204,8 @@ def _unit_runs(target, libs, opts, good, plan, mutants, specs, unit, out) -> tup
     rec = {"ok": res.ok and variants_ok == len(variants) and bool(mine) and rejected == len(mine) and not blind,
            "summary": summary, "known_good_ok": res.ok and variants_ok == len(variants),
            "variants": len(variants), "variants_ok": variants_ok, "mutants": len(mine), "mutants_rejected": rejected,
-           "evidence": res.evidence, "spec": specs[unit]}
+           # a skipped run (a spec or harness error) measured nothing: no evidence to keep
+           "evidence": None if res.skipped else res.evidence, "spec": specs[unit]}
     return rows, rec
 
 
