@@ -5,7 +5,7 @@ initialisers, inline asm) runs with the rights of the process that loads it.
 So such a process sees only what it needs, read-only, and nothing of the user:
 
     w = sandbox.wrap(argv, ro=[lib_dir], rw=[plan_dir], gpu=True)
-    subprocess.Popen(w.argv, env=w.env, preexec_fn=w.preexec, close_fds=True, ...)
+    subprocess.Popen(w.argv, env=w.env, close_fds=True, ...)
 
 The mechanism is bubblewrap (`bwrap`): the Debian package Flatpak uses, kept
 up to date, unprivileged (Linux user namespaces), and measured to run CUDA on
@@ -35,7 +35,6 @@ import site
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from typing import Callable
 
 from porter import toolchain
 
@@ -67,7 +66,6 @@ class Limits:
 class Wrapped:
     argv: list[str]
     env: dict[str, str]  # for Popen: bubblewrap itself gets no secrets either
-    preexec: Callable[[], None] | None
     label: str  # "bubblewrap 0.8.0" or "none": what evidence records
     binds: list[tuple[str, str]] = field(default_factory=list)  # (kind, path), for tests and messages
 
@@ -114,7 +112,7 @@ def available() -> tuple[bool, str]:
     w = _bwrap(["/bin/true"], ro=(), rw=(), devices=(), gpu=False, env={}, limits=Limits(), cwd=None, tmp=None,
                python=False)
     try:
-        p = subprocess.run(w.argv, env=w.env, preexec_fn=w.preexec, capture_output=True, text=True, timeout=60)
+        p = subprocess.run(w.argv, env=w.env, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.SubprocessError) as exc:
         return False, f"bwrap did not start: {exc}"
     if p.returncode != 0:
@@ -193,21 +191,25 @@ def _check_bind(path: str, forbidden: list[str], *, writable: bool) -> None:
             raise SandboxUnavailable(f"refusing to show {path} inside the sandbox: it exposes {f}")
 
 
-def _setlimits(limits: Limits) -> Callable[[], None]:
-    pairs = [(resource.RLIMIT_CORE, 0), (resource.RLIMIT_FSIZE, limits.file_size),
-             (resource.RLIMIT_NPROC, limits.processes), (resource.RLIMIT_AS, limits.address_space),
-             (resource.RLIMIT_NOFILE, limits.open_files)]
-
-    def preexec() -> None:  # runs in the forked child before exec: no locks, no imports
-        for res, value in pairs:
-            if value is None:
-                continue
-            soft, hard = resource.getrlimit(res)
-            if hard != resource.RLIM_INFINITY:
-                value = min(value, hard)
-            resource.setrlimit(res, (value, value))
-
-    return preexec
+def _limits_prefix(limits: Limits) -> list[str]:
+    """prlimit(1) in front of the command: the limits are set before anything of it runs, and hard, so the
+    candidate cannot raise them.  Not a preexec_fn: Python code between fork and exec deadlocks in a
+    process with threads (measured: the build's compile chains hung in _execute_child during porter run)."""
+    exe = shutil.which("prlimit")
+    if exe is None:
+        raise SandboxUnavailable("prlimit not found: apt-get install util-linux")
+    pairs = [("core", resource.RLIMIT_CORE, 0), ("fsize", resource.RLIMIT_FSIZE, limits.file_size),
+             ("nproc", resource.RLIMIT_NPROC, limits.processes), ("as", resource.RLIMIT_AS, limits.address_space),
+             ("nofile", resource.RLIMIT_NOFILE, limits.open_files)]
+    out = [exe]
+    for name, res, value in pairs:
+        if value is None:
+            continue
+        hard = resource.getrlimit(res)[1]
+        if hard != resource.RLIM_INFINITY:
+            value = min(value, hard)  # only root may raise a hard limit
+        out.append(f"--{name}={value}:{value}")
+    return out + ["--"]
 
 
 def wrap(argv: list[str], *, ro: list = (), rw: list = (), devices: list = (), gpu: bool = False,
@@ -222,7 +224,7 @@ def wrap(argv: list[str], *, ro: list = (), rw: list = (), devices: list = (), g
     if unsafe():
         outer = dict(os.environ)
         outer.update(env or {})
-        return Wrapped(list(argv), outer, _setlimits(limits or Limits()), "none")
+        return Wrapped(_limits_prefix(limits or Limits()) + list(argv), outer, "none")
     require()
     return _bwrap(argv, ro=ro, rw=rw, devices=devices, gpu=gpu, env=env, limits=limits or Limits(), cwd=cwd,
                   tmp=tmp, python=python)
@@ -272,4 +274,4 @@ def _bwrap(argv, *, ro, rw, devices, gpu, env, limits, cwd, tmp, python) -> Wrap
     where = cwd or (str(rw[0]) if rw else "/")
     args += ["--chdir", where, "--"]
     outer = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-    return Wrapped(args + list(argv), outer, _setlimits(limits), version() or "bubblewrap", binds)
+    return Wrapped(_limits_prefix(limits) + args + list(argv), outer, version() or "bubblewrap", binds)

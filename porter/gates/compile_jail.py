@@ -84,7 +84,7 @@ class Jail:
         except sandbox.SandboxUnavailable as exc:
             raise PorterError(f"the compiler runs sandboxed: {exc}") from None
         # --unsafe-no-sandbox runs the command as it is, but still without the user's keys
-        return subprocess.run(w.argv, capture_output=True, text=text, cwd=cwd, preexec_fn=w.preexec,
+        return subprocess.run(w.argv, capture_output=True, text=text, cwd=cwd,
                               env=env if w.label == "none" else w.env, timeout=timeout)
 
 

@@ -80,5 +80,5 @@ def run_engine(cmd: list[str], *, reads: list[Path], writes: list[Path], env: di
     inside = {"LD_LIBRARY_PATH": _runtime_library_path(), **(env or {})}
     w = sandbox.wrap(list(map(str, cmd)), ro=[str(p) for p in reads], rw=[str(p) for p in writes], gpu=True,
                      env=inside, cwd=str(cwd or writes[0]), python=False)
-    return subprocess.run(w.argv, env=w.env, preexec_fn=w.preexec, capture_output=True, text=True,
+    return subprocess.run(w.argv, env=w.env, capture_output=True, text=True,
                           timeout=timeout, close_fds=True)

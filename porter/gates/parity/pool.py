@@ -71,8 +71,7 @@ class Standby:
         self.started = time.monotonic()
         with open(self.slot / "worker.stderr", "wb") as err:
             self.proc = subprocess.Popen(self.wrapped.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
-                                         close_fds=True, start_new_session=True, env=self.wrapped.env,
-                                         preexec_fn=self.wrapped.preexec)
+                                         close_fds=True, start_new_session=True, env=self.wrapped.env)
         self.hello: dict | None = None
 
     def ready(self) -> bool:

@@ -199,7 +199,7 @@ def run_child(plan_dir: Path, timeout: float, *, argv: list[str] | None = None,
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
         try:
             proc = subprocess.Popen(w.argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, close_fds=True,
-                                    start_new_session=True, env=w.env, preexec_fn=w.preexec, cwd=plan_dir)
+                                    start_new_session=True, env=w.env, cwd=plan_dir)
         except OSError as exc:
             return ChildOutcome("harness", None, 0.0, f"cannot start the parity child: {exc.strerror}", argv=argv)
         timed_out = False
