@@ -155,7 +155,7 @@ def commit_paths(workspace: Path, paths: list[str], message: str) -> str:
 def signing_args(workspace: Path) -> tuple[str, ...]:
     """In a signed workspace, sign the commit with the ledger's key through git's own SSH signing
     (gpg.format=ssh: ssh-keygen -Y sign), so `git verify-commit` checks it against ledger/signer.pub
-    (see README: allowed-signers line). Nothing when the workspace is unsigned or ssh-keygen is absent."""
+    (see docs/security.md: allowed-signers line). Nothing when the workspace is unsigned or ssh-keygen is absent."""
     from porter import signing
 
     if not signing.workspace_key_path(workspace).is_file() or shutil.which("ssh-keygen") is None:

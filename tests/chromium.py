@@ -142,13 +142,15 @@ def box(browser: Browser, selector: str) -> dict | None:
     return browser.eval(f"({VISIBLE_JS})({json.dumps(selector)})")
 
 
-if __name__ == "__main__":  # retake the README's screenshots from a report directory
+if __name__ == "__main__":  # retake the README's screenshots: SITE DOCS UNIT [NAME], NAME as in report-NAME-overview.png
     import sys
 
     site, docs, unit = Path(sys.argv[1]).resolve(), Path(sys.argv[2]), sys.argv[3]
+    stem = f"report-{sys.argv[4]}-" if len(sys.argv) > 4 else "report-"
+    shots = (docs / f"{stem}overview.png", docs / f"{stem}unit.png")
     with Browser(height=900) as b:
         b.open((site / "index.html").as_uri())
-        b.screenshot(docs / "report-overview.png")
+        b.screenshot(shots[0])
         b.open((site / "units" / f"{unit}.html").as_uri())
-        b.screenshot(docs / "report-unit.png")
-    print(f"wrote {docs / 'report-overview.png'} and {docs / 'report-unit.png'}")
+        b.screenshot(shots[1])
+    print(f"wrote {shots[0]} and {shots[1]}")
