@@ -118,3 +118,27 @@ def test_worker_exits_when_its_parent_is_killed(tmp_path, tiny_lib):
     else:
         os.kill(wpid, signal.SIGKILL)
         pytest.fail("the warm worker outlived its parent")
+
+
+def test_a_spare_outlives_the_thread_whose_plan_started_it(tmp_path, tiny_lib):
+    """--jobs N runs units in threads that end with their unit: the spare started after one thread's plan
+    serves another thread's plan.  --die-with-parent is a thread's death signal (PR_SET_PDEATHSIG), so a
+    spare started by the short-lived thread died of SIGKILL before its next plan (calibrate --jobs 3)."""
+    import threading
+
+    p = pool.WarmPool("host", 1)
+    try:
+        def first_unit():
+            p.run(_plan(tmp_path, tiny_lib, "ok", 0), timeout=10)
+            assert p.spares[0].ready()  # the unit's thread goes on working while the spare warms up
+
+        first = threading.Thread(target=first_unit)
+        first.start()
+        first.join()  # the thread that started the spare is gone
+        time.sleep(0.5)
+        o = p.run(_plan(tmp_path, tiny_lib, "ok", 1), timeout=10)
+        assert o.status == "done", o.detail
+        assert "warm worker unavailable" not in o.detail  # the spare served it, no fallback hid its death
+        assert o.results["rc"] == 7
+    finally:
+        p.close()

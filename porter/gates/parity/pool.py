@@ -38,6 +38,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
 
@@ -45,6 +46,11 @@ from porter.gates.parity import runner
 
 WORKER = Path(__file__).resolve().parent / "worker.py"
 READY_TIMEOUT_S = 180.0
+
+# bwrap's --die-with-parent is PR_SET_PDEATHSIG, which fires when the *thread* that started it ends.  A
+# spare outlives the plan (and the --jobs thread) that started it, so spares are started from this one
+# thread, which lives as long as porter does: killing porter still kills every worker.
+_spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="porter-spare-spawner")
 
 
 class Executor(Protocol):
@@ -70,8 +76,9 @@ class Standby:
         self.wrapped = runner.sandboxed(self.argv, self.slot, mode, ro=self.ro, env=env)
         self.started = time.monotonic()
         with open(self.slot / "worker.stderr", "wb") as err:
-            self.proc = subprocess.Popen(self.wrapped.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
-                                         close_fds=True, start_new_session=True, env=self.wrapped.env)
+            self.proc = _spawner.submit(subprocess.Popen, self.wrapped.argv, stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=err, close_fds=True, start_new_session=True,
+                                        env=self.wrapped.env).result()
         self.hello: dict | None = None
 
     def ready(self) -> bool:
