@@ -42,7 +42,6 @@ judgement is made here, by the check names of compare.CHECK_ORDER:
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,7 +49,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from porter.gates.parity import compare, gate
+from porter.gates.parity import compare, gate, identity
 from porter.gates.parity.compare import Failure
 from porter.gates.parity.spec import Context, SpecError
 from porter.placeholder import is_placeholder
@@ -318,7 +317,13 @@ class Scenario:
 
     @property
     def sha256(self) -> str:
-        return hashlib.sha256(self.path.read_bytes()).hexdigest() if self.path else ""
+        """The scenario's identity: its file, the helpers it loads and the harness it is judged by
+        (porter.gates.parity.identity)."""
+        return identity.digest(identity.of(self))
+
+    @property
+    def identity_components(self) -> dict[str, str]:
+        return identity.of(self)
 
     @property
     def outputs(self) -> dict:

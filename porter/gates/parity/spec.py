@@ -42,7 +42,6 @@ every parameter bound exactly once, with an argument of its kind.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import subprocess
@@ -56,6 +55,7 @@ import numpy as np
 
 from porter.errors import PorterError
 from porter.gates.keyed_lock import key_lock
+from porter.gates.parity import identity
 from porter.gates.parity import weights as W
 
 SPEC_DIR = "parity"
@@ -238,7 +238,13 @@ class UnitSpec:
 
     @property
     def sha256(self) -> str:
-        return hashlib.sha256(self.path.read_bytes()).hexdigest() if self.path else ""
+        """The spec's identity (porter.gates.parity.identity): its file, the helpers and reference
+        modules it loads, and the harness code and settings its verdict depends on."""
+        return identity.digest(identity.of(self))
+
+    @property
+    def identity_components(self) -> dict[str, str]:
+        return identity.of(self)
 
 
 # ---------------------------------------------------------------------------
@@ -443,7 +449,9 @@ def spec_unreachable(target, unit: str) -> dict[str, str]:
 def sibling(spec_file: str, name: str):
     """Import a helper module kept beside the specs (a file starting with '_', never a spec itself)."""
     path = Path(spec_file).resolve().parent / f"{name}.py"
-    key = f"porter_parity_helper_{path.parent.parent.name}_{name}"
+    # keyed by content too: a helper edited since it was first loaded runs again (the spec's identity,
+    # pinned when it loads, names the helper's bytes, so they must be the bytes that ran)
+    key = f"porter_parity_helper_{path.parent.parent.name}_{name}_{identity.file_sha(path)[:16]}"
     if key in sys.modules:
         return sys.modules[key]
     mod_spec = importlib.util.spec_from_file_location(key, path)
@@ -493,11 +501,15 @@ def _validate_any(s, path: Path, target) -> None:
     if not isinstance(s, UnitSpec) and callable(getattr(s, "validate_against", None)):
         s.path = path
         s.validate_against(target)
-        return
-    if not isinstance(s, UnitSpec):
+    elif not isinstance(s, UnitSpec):
         raise SpecError(f"parity spec {path.name}: SPEC is not a UnitSpec (nor SCENARIO a Scenario)")
-    s.path = path
-    validate_spec(s, target.api_function(s.unit))
+    else:
+        s.path = path
+        validate_spec(s, target.api_function(s.unit))
+    try:  # a spec whose identity would miss a file it loads is refused here, not found out in calibration
+        identity.pin(s)
+    except identity.IdentityError as exc:
+        raise SpecError(f"parity spec {path.name}: {exc}") from None
 
 
 def param_kind(type_text: str) -> str:
