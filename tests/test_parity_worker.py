@@ -8,6 +8,7 @@ candidate survives into the next.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -20,12 +21,32 @@ CC = shutil.which("cc") or shutil.which("gcc")
 pytestmark = pytest.mark.skipif(CC is None, reason="no C compiler (cc)")
 
 TINY_C = r"""
+#include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 int ok(void) { return 7; }
 int counter(void) { static int n; return ++n; }
 int hang(void) { for (volatile int spin = 1; spin;) {} return 0; }
 int segv(void) { volatile int *p = (int *)0; return *p; }
 int die(void) { abort(); }
+int early_done(void) {  /* says "done" on every descriptor before any result exists */
+    static const char line[] = "{\"done\": 0}\n";
+    for (int fd = 3; fd < 256; fd++) write(fd, line, sizeof line - 1);
+    sleep(2);
+    return 7;
+}
+static void *plant(void *arg) {
+    (void)arg;
+    for (;;) { unlink("planted"); symlink("/etc/hostname", "planted"); }
+    return 0;
+}
+int planter(void) {  /* a thread that keeps planting a link in the plan folder after the plan is done */
+    pthread_t t;
+    pthread_create(&t, 0, plant, 0);
+    usleep(20000);
+    return 7;
+}
 """
 
 
@@ -33,7 +54,7 @@ int die(void) { abort(); }
 def tiny_lib(tmp_path_factory):
     d = tmp_path_factory.mktemp("tiny")
     (d / "tiny.c").write_text(TINY_C)
-    subprocess.run([CC, "-shared", "-fPIC", "-o", str(d / "libtiny.so"), str(d / "tiny.c")], check=True)
+    subprocess.run([CC, "-shared", "-fPIC", "-o", str(d / "libtiny.so"), str(d / "tiny.c"), "-lpthread"], check=True)
     return d / "libtiny.so"
 
 
@@ -142,3 +163,46 @@ def test_a_spare_outlives_the_thread_whose_plan_started_it(tmp_path, tiny_lib):
         assert o.results["rc"] == 7
     finally:
         p.close()
+
+
+def test_a_done_line_from_the_candidate_only_ends_its_own_plan_early(tmp_path, tiny_lib):
+    """The reply channel is open while the candidate runs (the worker's "done" line travels on it): a
+    forged line makes the parent look at the files at once, where no result is yet."""
+    p = pool.WarmPool("host", 1)
+    try:
+        o = p.run(_plan(tmp_path, tiny_lib, "early_done", 0), timeout=10)
+        assert o.status != "done" and o.results is None or o.results.get("rc") != 7, o
+        good = p.run(_plan(tmp_path, tiny_lib, "ok", 1), timeout=10)
+        assert good.status == "done" and good.results["rc"] == 7
+    finally:
+        p.close()
+
+
+def test_nothing_of_the_sandbox_runs_once_the_verdict_is_back(tmp_path, tiny_lib):
+    """After "done" the sandbox is killed, not waited for: the parent moves the folder back and scrubs it only
+    once every task in the sandbox's pid namespace has stopped, so a thread planting links loses the race."""
+    p = pool.WarmPool("host", 1)
+    try:
+        plan = _plan(tmp_path, tiny_lib, "planter", 0)
+        o = p.run(plan, timeout=10)
+        assert o.status == "done" and o.results["rc"] == 7, o
+        time.sleep(0.3)
+        assert not (plan / "planted").is_symlink()
+    finally:
+        p.close()
+
+
+def test_a_partial_reply_line_does_not_hang_the_parent(tmp_path):
+    r, w = os.pipe()
+    os.write(w, b'{"done": 0')  # no newline, the writer stays open
+    t0 = time.monotonic()
+    with os.fdopen(r, "rb", buffering=0) as stream:
+        assert pool._done_line(stream, time.monotonic() + 0.5) is None
+    assert time.monotonic() - t0 < 2
+    os.close(w)
+    for line, want in [(b'{"done": 3}\n', 3), (b'{"done": "0"}\n', None), (b'[1]\n', None), (b"", None)]:
+        r, w = os.pipe()
+        os.write(w, line)
+        os.close(w)
+        with os.fdopen(r, "rb", buffering=0) as stream:
+            assert pool._done_line(stream, time.monotonic() + 1) == want, line

@@ -12,9 +12,12 @@ Protocol: one line {"ready": ...} on stdout when warm; then one job line on
 stdin {"plan_dir": P, "staged": S, "library": L}.  The parent has moved the plan
 folder P to S, a folder this sandbox can write; P is made a link to S here, so
 every path the plan names is valid as written.  Before the candidate loads,
-stdin and the reply channel are closed: nothing the candidate writes can reach
-the parent except files in the plan folder, and the verdict comes from the
-exit status and the output bytes the parent compares itself.
+stdin is closed.  When the plan is done (results.json written) one line
+{"done": rc} on the reply channel lets the parent kill the sandbox instead of
+waiting out the CUDA teardown.  The candidate can write to that channel too:
+the parent reads it only as "look at the files now" (an early line leaves
+results incomplete, a refusal), and the verdict comes from the output bytes
+the parent compares itself.
 """
 
 from __future__ import annotations
@@ -50,7 +53,6 @@ def main(argv: list[str]) -> int:
         return 3
     reply.write(json.dumps({"ready": True, "pid": os.getpid()}) + "\n")
     line = sys.stdin.readline()
-    reply.close()
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     sys.stdin = open(os.devnull)
     if not line:
@@ -62,7 +64,15 @@ def main(argv: list[str]) -> int:
         plan_dir.symlink_to(staged)
     os.chdir(plan_dir)  # as the fresh child, which starts in its plan folder
     _redirect(plan_dir)
-    return childmod.run_plan(plan_dir, dev=dev, library=job["library"])
+    rc = childmod.run_plan(plan_dir, dev=dev, library=job["library"])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        reply.write(json.dumps({"done": rc}) + "\n")
+        reply.flush()
+    except (OSError, ValueError):
+        pass  # the candidate closed it: the parent waits for the exit status instead
+    os._exit(rc)  # no interpreter teardown: the parent has what it needs
 
 
 if __name__ == "__main__":
