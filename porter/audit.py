@@ -210,13 +210,12 @@ def audit(workspace: Path, target_name: str | None, unit: str, source=None, key=
 
 
 def render(data: dict, console=None) -> None:
-    from rich.console import Console
     from rich.syntax import Syntax
 
-    if console is None:
-        console = Console()
-        if not console.is_terminal:
-            console.width = max(console.width, 160)
+    from porter.term import console as make_console
+
+    # the terminal's width, COLUMNS in a pipe, 200 in a log (porter.term)
+    console = console or make_console()
 
     def say(text: str, style: str | None = None) -> None:  # ledger text is data, never rich markup
         console.print(text, style=style, markup=False, highlight=False)

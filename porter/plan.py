@@ -262,14 +262,29 @@ def _important(reason: str) -> bool:
     return reason.startswith(("census FLAG", "census: absent")) or "UNRESOLVED" in reason or "unreachable" in reason
 
 
-def _print_table(target, s, ranked: list[RankedUnit], model, wide: bool = False) -> None:
-    from rich import box
-    from rich.table import Table
-    from rich.text import Text
+def plan_table(ranked: list[RankedUnit], wide: bool = False):
+    """One row per unit in plan order, a section per tier; its kernels and notes are the tail."""
+    from porter.term import Column, Table
 
+    table = Table([Column("#", right=True), Column("unit", key=True), Column("tier"),
+                   Column("depth", right=True), Column("quant types")], tail="kernels / notes")
+    tier = None
+    for r in ranked:
+        if tier is not None and r.tier != tier:
+            table.add_section()
+        tier = r.tier
+        shown = r.kernels if wide else r.kernels[:3]
+        ks = ", ".join(shown) + (f" +{len(r.kernels) - len(shown)}" if len(r.kernels) > len(shown) else "")
+        notes = "; ".join(x for x in r.reasons if wide or _important(x))
+        table.add_row(str(r.rank), r.unit, r.tier, str(r.depth) if r.depth is not None else "",
+                      "/".join(r.quant_types) or "-", tail="; ".join(x for x in (ks, notes) if x))
+    return table
+
+
+def _print_table(target, s, ranked: list[RankedUnit], model, wide: bool = False, con=None) -> None:
     from porter.term import console as make_console
 
-    con = make_console(wide)
+    con = con or make_console(wide)
 
     def say(text: str) -> None:  # scanned names and paths are data, never rich markup
         con.print(text, markup=False, highlight=False)
@@ -286,39 +301,7 @@ def _print_table(target, s, ranked: list[RankedUnit], model, wide: bool = False)
         say(f"  not found in the checkout: {', '.join(s.missing)}")
     say(f"  model: {model}" if model else "  model: none (quant types are what the target expects; pass --model GGUF)")
 
-    # On a narrow terminal the kernels and notes go under the unit's name; wide enough, each has a column.
-    narrow = not wide and con.width < 140
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False)
-    table.add_column("#", justify="right", no_wrap=True)
-    table.add_column("unit / kernels / notes" if narrow else "unit", no_wrap=not narrow, ratio=1 if narrow else None)
-    table.add_column("tier", no_wrap=True)
-    table.add_column("depth", justify="right", no_wrap=True)
-    table.add_column("quant types", no_wrap=wide)
-    if not narrow:
-        table.add_column("kernels", no_wrap=wide)
-        table.add_column("notes", no_wrap=wide, min_width=20)
-    tier = None
-    for r in ranked:
-        if tier is not None and r.tier != tier:
-            table.add_section()
-        tier = r.tier
-        shown = r.kernels if wide else r.kernels[:3]
-        ks = ", ".join(shown) + (f" +{len(r.kernels) - len(shown)}" if len(r.kernels) > len(shown) else "")
-        notes = "; ".join(x for x in r.reasons if wide or _important(x))
-        row = [Text(str(r.rank))]
-        if narrow:
-            cell = Text(r.unit)
-            for extra in (f"kernels: {ks}" if ks else "", notes):
-                if extra:
-                    cell.append("\n" + extra, style="dim")
-            row.append(cell)
-        else:
-            row.append(Text(r.unit))
-        row += [Text(r.tier), Text(str(r.depth) if r.depth is not None else ""), Text("/".join(r.quant_types) or "-")]
-        if not narrow:
-            row += [Text(ks or "-"), Text(notes)]
-        table.add_row(*row)
-    con.print(table)
+    plan_table(ranked, wide).print(con, wide)
     unres = s.unresolved()
     if unres:
         say(f"\nUNRESOLVED dispatches ({len(unres)}):")

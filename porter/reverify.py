@@ -51,8 +51,14 @@ def contradicted(recorded: dict[str, str], fresh: list[Reverdict]) -> list[str]:
     return [r.unit for r in fresh if r.ok is False and recorded.get(r.unit, "").startswith(("built", "verified"))]
 
 
-def render_lines(fresh: list[Reverdict]) -> list[str]:
+def reverify_table(fresh: list[Reverdict]):
+    """Each unit's fresh gate verdicts, the last gate's summary as the tail (term.Table: fits the width)."""
+    from porter.term import Column, Table
+
     if not fresh:
         raise PorterError("no units to re-verify")
-    w = max(len(r.unit) for r in fresh)
-    return [f"  {r.unit:<{w}}  {' · '.join(r.verdicts) or '-':<40}  {r.summary}" for r in fresh]
+    table = Table([Column("unit", key=True), Column("now")], tail="summary",
+                  title="re-verified now (nothing recorded):", tail_style=None)
+    for r in fresh:
+        table.add_row(r.unit, " · ".join(r.verdicts) or "-", tail=r.summary)
+    return table

@@ -63,7 +63,7 @@ from porter.digest import sha256_bytes
 from porter.ledger import LEDGER_DIR, LEDGER_FILE, Ledger, load_key
 from porter.placeholder import is_placeholder
 from porter.plan import ranked_units
-from porter.reverify import contradicted, render_lines, reverify
+from porter.reverify import contradicted, reverify, reverify_table
 from porter.target import Target, load_target
 
 PERF_UNMEASURED = "verified (perf unmeasured)"
@@ -724,11 +724,29 @@ def counts_line(counts: dict) -> str:
     return ", ".join(f"{counts[s]} {s}" for s in STATES if counts.get(s)) or "none"
 
 
-def render(report: StatusReport, console=None, wide: bool = False) -> None:
-    from rich import box
-    from rich.table import Table
+def status_columns(ranked: bool) -> list:
+    """The status table's columns, in order; the reason is the table's tail (term.Table)."""
+    from porter.term import Column
+
+    return ([Column("unit", key=True)] + ([Column("tier")] if ranked else [])
+            + [Column("state"), Column("att", right=True), Column("commit", give_way=True)])
+
+
+def status_table(report: StatusReport):
     from rich.text import Text
 
+    from porter.term import Table
+
+    ranked = report.critical_path["available"]
+    table = Table(status_columns(ranked), tail="reason", title=f"porter status: {report.target}")
+    for u in report.units:
+        # Text, not markup: reasons quote ledger and compiler text
+        table.add_row(u.unit, *([u.tier or ""] if ranked else []), Text(u.state, style=_STYLE[u.state]),
+                      str(u.attempts), u.commit[:10] if u.commit else "", tail=u.reason)
+    return table
+
+
+def render(report: StatusReport, console=None, wide: bool = False) -> None:
     if console is None:
         from porter.term import console as make_console
 
@@ -745,28 +763,7 @@ def render(report: StatusReport, console=None, wide: bool = False) -> None:
         say(f"witness: none for this ledger on this machine ({witness.witness_dir()}): a rollback cannot be seen here")
     for t in report.ledger.get("torn") or []:
         say(f"ledger: {t}; exit 3 until then", "bold red")
-    ranked = report.critical_path["available"]
-    # On a narrow terminal the reason goes under its unit's name (headed "unit / reason") and the commit
-    # column gives way; wide enough, each gets its own column.
-    narrow = not wide and console.width < 120
-    table = Table(title=f"porter status: {report.target}", title_justify="left", box=box.SIMPLE_HEAD)
-    table.add_column("unit / reason" if narrow else "unit", no_wrap=not narrow, ratio=1 if narrow else None)
-    if ranked:
-        table.add_column("tier", no_wrap=True)
-    table.add_column("state", no_wrap=True)
-    table.add_column("att", justify="right", no_wrap=True)
-    if not narrow:
-        table.add_column("commit", no_wrap=True)
-        table.add_column("reason", no_wrap=wide, min_width=20)
-    for u in report.units:
-        # Text, not markup: reasons quote ledger and compiler text
-        first = Text.assemble(u.unit, "\n", Text(u.reason, style="dim")) if narrow else Text(u.unit)
-        row = [first] + ([Text(u.tier or "")] if ranked else [])
-        row += [Text(u.state, style=_STYLE[u.state]), Text(str(u.attempts))]
-        if not narrow:
-            row += [Text(u.commit[:10] if u.commit else ""), Text(u.reason)]
-        table.add_row(*row)
-    console.print(table)
+    status_table(report).print(console, wide)
 
     say(f"units ({report.counts['total']}): {counts_line(report.counts)}")
     say(prefill_line((report.prefill["state"], report.prefill["commit"], report.prefill["reason"])),
@@ -812,12 +809,17 @@ def run(args) -> int:
             out["reverify"] = {"units": [r.to_json() for r in fresh], "contradicted": contradicted_units}
         sys.stdout.write(json.dumps(out, indent=2, sort_keys=False) + "\n")
     else:
-        render(report, wide=getattr(args, "wide", False))
+        from porter.term import console as make_console
+
+        wide = getattr(args, "wide", False)
+        con = make_console(wide)
+        render(report, con, wide=wide)
         if fresh is not None:
-            print("\nre-verified now (nothing recorded):")
-            print("\n".join(render_lines(fresh)))
+            con.print()
+            reverify_table(fresh).print(con, wide)
             if contradicted_units:
-                print(f"recorded state contradicted now: {', '.join(contradicted_units)}")
+                con.print(f"recorded state contradicted now: {', '.join(contradicted_units)}", markup=False,
+                          highlight=False)
     if report.exit_code == 0 and contradicted_units:
         return 1
     return report.exit_code

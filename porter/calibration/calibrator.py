@@ -233,35 +233,41 @@ def record(target, workspace: Path, records: dict, describe: str, good_lib: Path
 # tables
 # ---------------------------------------------------------------------------
 
-def table(report: dict) -> str:
-    rows = report["rows"]
-    w = max([len(r["name"]) for r in rows if r["kind"] != "known-good"] + [10])
-    lines = [f"{'unit':<40} {'kind':<11} {'candidate':<{w}} {'must':<12} {'got':<12} verdict"]
-    for r in rows:
-        name = r["name"] if r["kind"] != "known-good" else "known-good"
-        lines.append(f"{r['unit']:<40} {r['kind']:<11} {name:<{w}} {r['expect']:<12} {r['got']:<12} "
-                     f"{'ok' if r['ok'] else 'WRONG'}")
-    return "\n".join(lines)
+def table(report: dict, width: int | None = None) -> str:
+    """One line per run: what it must do and what it did (term.Table: fits `width`, None = no limit)."""
+    from porter.term import Column, Table
+
+    t = Table([Column("unit", key=True), Column("kind"), Column("candidate"), Column("must"), Column("got"),
+               Column("verdict")], rule=False)
+    for r in report["rows"]:
+        t.add_row(r["unit"], r["kind"], r["name"] if r["kind"] != "known-good" else "known-good", r["expect"],
+                  r["got"], "ok" if r["ok"] else "WRONG")
+    return t.text(width)
 
 
-def matrix(report: dict, prefix: str = "") -> str:
+MATRIX_LEGEND = ("cells: mutants rejected by that check (the first check that failed); '!' = not the check the "
+                 "mutant names; good: P = known-good (and each env-knob variant) passed, X = one was rejected "
+                 "(broken spec)")
+
+
+def matrix(report: dict, prefix: str = "", width: int | None = None) -> str:
     """unit x check: how many mutants each check rejected (known-good pass shown as 'P')."""
+    import textwrap
+
+    from porter.term import Column, Table
+
     rows = report["rows"]
     units = sorted({r["unit"] for r in rows})
     used = [c for c in CHECK_ORDER if any(r["got"] == c for r in rows)]
-    short = {u: u.removeprefix(prefix).removesuffix("_tensor") for u in units}
-    w = max(short.values(), key=len, default="unit").__len__()
-    lines = [f"{'unit':<{w}} good " + " ".join(f"{c:>{max(len(c), 3)}}" for c in used)]
+    t = Table([Column("unit", key=True), Column("good", right=True)] + [Column(c, right=True) for c in used],
+              rule=False)
     for u in units:
         good = [r for r in rows if r["unit"] == u and r["kind"] in ("known-good", "variant")]
         g = "P" if good and all(r["ok"] for r in good) else ("-" if not good else "X")
         cells = []
         for c in used:
             hits = [r for r in rows if r["unit"] == u and r["kind"] not in ("known-good", "variant") and r["got"] == c]
-            cell = (f"{len(hits)}" + ("!" if any(not r["ok"] for r in hits) else "")) if hits else "."
-            cells.append(f"{cell:>{max(len(c), 3)}}")
-        lines.append(f"{short[u]:<{w}} {g:>4} " + " ".join(cells))
-    lines.append("cells: mutants rejected by that check (the first check that failed); '!' = not the check the "
-                 "mutant names; good: P = known-good (and each env-knob variant) passed, X = one was rejected "
-                 "(broken spec)")
-    return "\n".join(lines)
+            cells.append((f"{len(hits)}" + ("!" if any(not r["ok"] for r in hits) else "")) if hits else ".")
+        t.add_row(u.removeprefix(prefix).removesuffix("_tensor"), g, *cells)
+    legend = textwrap.fill(MATRIX_LEGEND, width) if width else MATRIX_LEGEND
+    return t.text(width) + "\n" + legend

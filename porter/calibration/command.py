@@ -91,7 +91,10 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(report, indent=1, default=str))
     else:
-        print(f"\n{table(report)}\n\n{matrix(report, target.symbol_prefix)}")
+        from porter.term import width
+
+        cols = width()
+        print(f"\n{table(report, cols)}\n\n{matrix(report, target.symbol_prefix, cols)}")
         print(f"\n{len(report['rows']) - len(bad)} of {len(report['rows'])} behaved as they must"
               + (f"; {len(bad)} did not" if bad else "") + f" ({report['seconds']} s)")
     return 1 if bad else 0
