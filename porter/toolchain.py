@@ -12,6 +12,7 @@ import os
 import platform
 import re
 import shutil
+import socket
 import subprocess
 from functools import lru_cache
 from pathlib import Path
@@ -86,12 +87,30 @@ def host_facts(driver: dict | None = None) -> dict:
             "python": platform.python_version(), "numpy": np.__version__}
 
 
-def device_facts(dev: dict, mode: str) -> dict:
-    """host_facts, with what the parity child saw of its device (`dev`: device.py's facts);
+def where_facts(executor: str, mode: str) -> dict:
+    """The machine a parity run happens on, asked by the harness there (never by the child):
+    host name, and in cuda mode its nvidia-smi's GPU and driver.  A Ray worker sends these back
+    with the run's outputs (porter.gates.parity.cluster), so a verdict names the host it ran on."""
+    return {"host": socket.gethostname(), "executor": executor, **(driver_facts() if mode == "cuda" else {})}
+
+
+def arch_of(dev: dict) -> str | None:
+    """"sm_90" from device.py's facts ("compute_capability": "9.0"); None for the host stand-in."""
+    cc = str(dev.get("compute_capability") or "")
+    m = re.fullmatch(r"(\d+)\.(\d+)", cc)
+    return f"sm_{m.group(1)}{m.group(2)}" if m else None
+
+
+def device_facts(dev: dict, mode: str, where: dict | None = None) -> dict:
+    """host_facts, with what the parity child saw of its device (`dev`: device.py's facts) and the
+    machine it ran on (`where`: where_facts() of that machine; default this one): its host, GPU,
+    architecture and driver.  nvcc is this process's: the toolkit that built the library.
     nvidia-smi is asked only in cuda mode (the host stand-in's verdict names no driver)."""
-    facts = host_facts(driver_facts() if mode == "cuda" else {})
+    where = where or where_facts("local", mode)
+    facts = host_facts({"gpu": where.get("gpu"), "driver": where.get("driver")})
     return dict(facts, gpu=dev.get("name") or facts["gpu"], driver_api_version=dev.get("driver_api_version"),
-                cuda_runtime=dev.get("runtime_version"), cupy=dev.get("cupy"))
+                cuda_runtime=dev.get("runtime_version"), cupy=dev.get("cupy"), arch=arch_of(dev),
+                host=where.get("host"), executor=where.get("executor"))
 
 
 def nvcc_path() -> str:

@@ -625,7 +625,8 @@ def _run_spec(target, spec, library: Path, *, workspace: Path | None = None, see
     failed_checks = sorted({f.check for f in failures}, key=compare.check_rank)
     in_ws = spec.path and target.workspace in spec.path.parents
     evidence = gate_facts(
-        target, spec.unit, "parity", candidate_sha256, toolchain.device_facts(dev, mode), ok=ok, mode=mode,
+        target, spec.unit, "parity", candidate_sha256, toolchain.device_facts(dev, mode, outcome.where or None), ok=ok,
+        mode=mode,
         library={"path": str(library), "sha256": sha256_file(library)}, sandbox=outcome.sandbox, device=dev,
         spec={"file": str(spec.path.relative_to(target.workspace)) if in_ws else str(spec.path),
               "sha256": spec.sha256, "identity": spec.identity_components, "reference": spec.reference,

@@ -19,8 +19,10 @@ for the job and back after it) and, read-only, the files the previous plan
 named outside its folder (a fixture GGUF, weight maps).  A plan that needs
 other files, or lies on another file system, gets a worker started for it.
 
-$PORTER_PARITY_EXECUTOR: "warm" (default) or "spawn".  $PORTER_PARITY_WORKERS:
-how many workers (default: one per visible CUDA device, one in host mode).
+$PORTER_PARITY_EXECUTOR: "warm" (default), "spawn", or "ray" (cluster.RayExecutor:
+one such warm worker per GPU of a Ray cluster, $PORTER_RAY_ADDRESS).  $PORTER_PARITY_WORKERS:
+how many workers (default: one per visible CUDA device, one in host mode; with Ray, one per GPU
+of the cluster).
 """
 
 from __future__ import annotations
@@ -349,7 +351,11 @@ def executor(mode: str) -> Executor:
         ex = _executors.get(mode)
         if ex is None:
             n = os.environ.get("PORTER_PARITY_WORKERS")
-            if mode == "cuda":
+            if kind == "ray":
+                from porter.gates.parity.cluster import RayExecutor
+
+                ex = RayExecutor(mode, n_workers=int(n) if n else None)
+            elif mode == "cuda":
                 gpus = visible_gpus() or [None]
                 slots = gpus[: int(n)] if n else gpus
                 # CUDA_VISIBLE_DEVICES renumbers: a worker gets the physical index of its GPU

@@ -49,6 +49,8 @@ class ChildOutcome:
     stderr_tail: str = ""
     argv: list[str] = field(default_factory=list)
     sandbox: str = "none"  # what the child ran in: the bwrap version, or "none" (--unsafe-no-sandbox)
+    # where it ran, said by the harness on that machine (never the child): toolchain.where_facts()
+    where: dict = field(default_factory=dict)
 
 
 def _tail(path: Path, limit: int = 4000) -> str:
@@ -79,6 +81,12 @@ def scrub(plan_dir: Path) -> None:
 def external_files(plan_dir: Path) -> list[str]:
     """Files outside the plan folder the plan names (library, weight maps, a fixture GGUF) and the
     preloaded libraries: what the child must see read-only.  Read before the child starts."""
+    return sorted(set(plan_files(plan_dir)) | {p for p in os.environ.get("LD_PRELOAD", "").split()
+                                                 if p.startswith("/") and os.path.isfile(p)})
+
+
+def plan_files(plan_dir: Path) -> list[str]:
+    """Files outside the plan folder that plan.json names: what another machine must be sent."""
     try:
         plan = json.loads((plan_dir / "plan.json").read_text())
     except (OSError, ValueError):
@@ -96,7 +104,6 @@ def external_files(plan_dir: Path) -> list[str]:
             found.add(v)
 
     walk(plan)
-    walk(os.environ.get("LD_PRELOAD", "").split())
     return sorted(found)
 
 

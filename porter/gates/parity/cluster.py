@@ -1,0 +1,355 @@
+"""Parity plans on a Ray cluster: the pool's executor interface with one warm gate worker per GPU
+of the cluster, wherever it is.
+
+    PORTER_PARITY_EXECUTOR=ray [PORTER_RAY_ADDRESS=ADDR]   (the CLI's --executor ray --ray-address)
+
+Why Ray: a maintained scheduler that already knows GPUs as resources, places one actor per GPU
+on whichever host has one free, moves objects between hosts, and says when a worker or a node
+died; porter adds nothing of that kind itself.
+
+What crosses the network, and which way:
+  orchestrator -> worker  the plan folder (plan.json, inputs.npz: inputs drawn here from fresh
+                          seeds), the built library and the files the plan names (a fixture GGUF,
+                          weight maps), each file once per worker host (content-addressed)
+  worker -> orchestrator  the child's raw files (results.json, outputs.npz, progress, the tails
+                          of its stdout/stderr), its exit status and time, and the worker host's
+                          own facts (name, GPU, driver), asked outside the sandbox
+Never a key, a reference output or a verdict: the orchestrator judges the raw outputs against
+references it kept, classifies the exit itself, and alone writes the ledger, git and signatures.
+
+On the worker host each job runs exactly as locally: pool.WarmPool with one slot (the actor's
+GPU, which Ray names in CUDA_VISIBLE_DEVICES), so the candidate runs in the same sandbox, in a
+worker pre-started while the previous job ran.  A worker or node lost mid-job (the actor died,
+its node died, or it did not answer within the run's limit and a grace) is replaced and the job
+run again on another worker; the job's result is used once, so nothing is recorded twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+from porter.digest import sha256_file
+from porter.errors import PorterError
+from porter.gates.parity import runner
+
+ADDRESS_ENV = "PORTER_RAY_ADDRESS"
+# files of the child sent back, and their bounds (a candidate may write gigabytes into its folder)
+RETURNED = {"results.json": runner.RESULTS_MAX_BYTES, "outputs.npz": 8 << 30, "progress.jsonl": 64 << 10,
+            "child.stdout": 4000, "child.stderr": 4000}
+TAILS = {"progress.jsonl", "child.stdout", "child.stderr"}  # their last bytes, as runner reads them
+TRIES = 3  # runs of one job on successive workers before it is given up as a harness fault
+GRACE_S = 120.0  # beyond the run's own limit: shipping files, a spare worker's start
+NO_WORKER_S = 600.0  # no live worker for this long (all lost, none placed again): the job is given up
+SHIPPED_KEEP = 64  # files kept in the object store: the fixture and weights stay, old libraries go
+
+
+class WorkersLost(PorterError):
+    """A job whose workers were all lost: a harness fault (the gate is skipped), never a verdict."""
+
+
+def ray_available() -> tuple[bool, str]:
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return False, "ray is not installed (pip install 'porter[ray]')"
+    return True, "ray"
+
+
+def connect(address: str | None = None):
+    """ray, connected to the cluster at `address` ($PORTER_RAY_ADDRESS; none: a Ray of this machine).
+    Workers import this checkout's porter: the package is sent with the job (runtime_env), so a
+    cluster needs Python, numpy (and cupy) but no porter of its own, and never runs another version."""
+    ok, why = ray_available()
+    if not ok:
+        raise PorterError(f"--executor ray: {why}", exit_code=2)
+    import ray
+
+    if not ray.is_initialized():
+        address = address or os.environ.get(ADDRESS_ENV) or None
+        package = str(Path(__file__).resolve().parents[2])
+        ray.init(address=address, log_to_driver=False, include_dashboard=False if address is None else None,
+                 runtime_env={"py_modules": [package]} if os.environ.get("PORTER_RAY_SHIP_CODE", "1") != "0" else None)
+    return ray
+
+
+def cluster_slots(mode: str) -> tuple[str, int]:
+    """(resource, count): one worker per GPU of the cluster; in host mode without GPUs, per CPU."""
+    import ray
+
+    res = ray.cluster_resources()
+    gpus = int(res.get("GPU", 0))
+    if mode == "cuda" or gpus:
+        return "GPU", gpus
+    return "CPU", int(res.get("CPU", 0))
+
+
+class GateWorker:
+    """The actor: one GPU's warm worker on its host.  Jobs arrive one at a time (Ray's default)."""
+
+    def __init__(self, mode: str):
+        from porter.gates.parity import pool
+
+        self.mode = mode
+        self.base = Path(tempfile.mkdtemp(prefix="porter-ray-worker-"))
+        (self.base / "files").mkdir()
+        (self.base / "jobs").mkdir()
+        self.pool = pool.WarmPool(mode, 1)  # device None: the GPU Ray gave this process (CUDA_VISIBLE_DEVICES)
+        self.where = None
+
+    def hello(self) -> dict:
+        from porter import toolchain
+
+        import ray
+
+        if self.where is None:
+            self.where = dict(toolchain.where_facts("ray", self.mode), node=ray.get_runtime_context().get_node_id(),
+                              pid=os.getpid(), gpus=os.environ.get("CUDA_VISIBLE_DEVICES"))
+        return self.where
+
+    def _shared(self, sha: str, name: str, ref) -> str:
+        """The file `sha` on this host, fetched from the object store the first time."""
+        import ray
+
+        dest = self.base / "files" / sha / name
+        if not dest.is_file():
+            data = ray.get(ref)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(dest.name + ".part")
+            tmp.write_bytes(data)
+            os.replace(tmp, dest)
+        return str(dest)
+
+    def run(self, job: dict) -> dict:
+        plan_dir = Path(tempfile.mkdtemp(prefix=job["name"] + "-", dir=self.base / "jobs"))
+        try:
+            for rel, data in job["files"].items():
+                p = plan_dir / rel
+                p.parent.mkdir(parents=True, exist_ok=True)
+                p.write_bytes(data)
+            moved = {orig: self._shared(sha, name, ref) for orig, (sha, name, ref) in job["shared"].items()}
+            _rewrite_plan(plan_dir / "plan.json", job["orig_dir"], str(plan_dir), moved)
+            o = self.pool.run(plan_dir, job["timeout"])
+            return {"rc": o.returncode, "elapsed_s": o.elapsed_s, "timed_out": o.status == "timeout",
+                    "argv": o.argv, "sandbox": o.sandbox, "files": _returned(plan_dir), "where": self.hello(),
+                    "local_detail": o.detail}
+        finally:
+            shutil.rmtree(plan_dir, ignore_errors=True)
+
+    def close(self) -> None:
+        self.pool.close()
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+def _rewrite_plan(path: Path, orig_dir: str, local_dir: str, moved: dict[str, str]) -> None:
+    """plan.json as written on the orchestrator, with its paths valid on this host: the plan
+    folder's own and every shared file's (the harness rewrites it before any candidate runs)."""
+    def fix(v):
+        if isinstance(v, dict):
+            return {k: fix(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [fix(x) for x in v]
+        if isinstance(v, str):
+            if v in moved:
+                return moved[v]
+            if v == orig_dir or v.startswith(orig_dir + "/"):
+                return local_dir + v[len(orig_dir):]
+        return v
+
+    path.write_text(json.dumps(fix(json.loads(path.read_text()))))
+
+
+def _returned(plan_dir: Path) -> dict[str, bytes]:
+    """The child's files to send back: regular files only (runner.scrub ran), each bounded."""
+    out = {}
+    for name, limit in RETURNED.items():
+        p = plan_dir / name
+        try:
+            if not p.is_file() or p.is_symlink():
+                continue
+            size = p.stat().st_size
+            if name in TAILS:
+                with open(p, "rb") as f:
+                    f.seek(max(0, size - limit))
+                    out[name] = f.read(limit)
+            elif size <= limit:
+                out[name] = p.read_bytes()
+        except OSError:
+            continue
+    trace = os.environ.get("PORTER_LAUNCH_TRACE")
+    if trace and (plan_dir / trace).is_file() and not (plan_dir / trace).is_symlink():
+        out[trace] = (plan_dir / trace).read_bytes()[: 64 << 20]
+    return out
+
+
+def _lost_errors() -> tuple:
+    from ray import exceptions as e
+
+    return tuple(getattr(e, n) for n in ("NodeDiedError", "WorkerCrashedError", "ObjectLostError",
+                                         "OwnerDiedError", "ActorUnavailableError") if hasattr(e, n))
+
+
+class RayExecutor:
+    """pool.Executor over the cluster's GPUs: run() blocks until a worker is free, like WarmPool."""
+
+    def __init__(self, mode: str, address: str | None = None, n_workers: int | None = None):
+        ray = connect(address)
+        self.ray = ray
+        self.mode = mode
+        resource, n = cluster_slots(mode)
+        n = min(n, n_workers) if n_workers else n
+        if n < 1:
+            raise PorterError(f"--executor ray: the cluster has no {resource} for parity workers "
+                              f"({ray.cluster_resources()})", exit_code=2)
+        opts = {"num_gpus": 1, "num_cpus": 0} if resource == "GPU" else {"num_cpus": 1}
+        self._actor_class = ray.remote(max_restarts=0, **opts)(GateWorker)
+        self.free: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self.workers: dict = {}  # actor -> its hello (host, node, pid), once it answered
+        self.in_flight: dict = {}  # job name -> the hello of the worker running it
+        self.lost: list[str] = []  # one line per lost worker (job, where, why)
+        self.retried: list[str] = []  # jobs run again after a lost worker
+        self._shipped: OrderedDict = OrderedDict()  # (path, size, mtime, inode) -> (sha, name, ObjectRef)
+        self._closed = False
+        for _ in range(n):
+            self._add_worker()
+        self.size = n
+
+    # -- workers ------------------------------------------------------------
+    def _add_worker(self) -> None:
+        """A new actor, handed out once Ray has placed it and it answered (a node may have no room
+        now: the thread waits for one, and the others keep working)."""
+        actor = self._actor_class.remote(self.mode)
+
+        def placed():
+            try:
+                hello = self.ray.get(actor.hello.remote())
+            except Exception:  # noqa: BLE001 - it died before its first job: the executor goes on without it
+                return
+            with self._lock:
+                if self._closed:
+                    self.ray.kill(actor)
+                    return
+                self.workers[actor] = hello
+            self.free.put(actor)
+
+        threading.Thread(target=placed, name="porter-ray-place", daemon=True).start()
+
+    def _drop(self, actor, why: str) -> None:
+        with self._lock:
+            self.workers.pop(actor, None)
+        try:
+            self.ray.kill(actor)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+        if not self._closed:
+            self._add_worker()
+
+    # -- files --------------------------------------------------------------
+    def _ship(self, path: str) -> tuple[str, str, object]:
+        st = os.stat(path)
+        key = (path, st.st_size, st.st_mtime_ns, st.st_ino)
+        with self._lock:
+            if key in self._shipped:
+                self._shipped.move_to_end(key)
+                return self._shipped[key]
+        sha = sha256_file(Path(path))
+        entry = (sha, Path(path).name, self.ray.put(Path(path).read_bytes()))
+        with self._lock:
+            self._shipped[key] = entry
+            while len(self._shipped) > SHIPPED_KEEP:
+                self._shipped.popitem(last=False)
+        return entry
+
+    def _job(self, plan_dir: Path, timeout: float) -> dict:
+        files = {}
+        for p in sorted(plan_dir.rglob("*")):
+            if p.is_file() and not p.is_symlink():
+                files[str(p.relative_to(plan_dir))] = p.read_bytes()
+        shared = {f: self._ship(f) for f in runner.plan_files(plan_dir)}
+        return {"name": plan_dir.name[:40], "orig_dir": str(plan_dir), "files": files, "shared": shared,
+                "timeout": timeout}
+
+    # -- the executor interface ----------------------------------------------
+    def run(self, plan_dir: Path, timeout: float) -> runner.ChildOutcome:
+        from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+        plan_dir = Path(plan_dir)
+        runner.clear_outputs(plan_dir)
+        expected = runner.expected_results(plan_dir)  # from the plan as the orchestrator wrote it
+        job = self._job(plan_dir, timeout)
+        for attempt in range(TRIES):
+            actor = self._take(job["name"])
+            where = self.workers.get(actor, {})
+            with self._lock:
+                self.in_flight[job["name"]] = where
+            try:
+                res = self.ray.get(actor.run.remote(job), timeout=timeout + GRACE_S)
+            except RayTaskError:
+                self.free.put(actor)  # a harness bug on the worker host, not a lost worker
+                raise
+            except (RayActorError, GetTimeoutError, *_lost_errors()) as exc:
+                line = (f"{job['name']}: worker {where.get('host')} pid {where.get('pid')} lost "
+                        f"({type(exc).__name__}); run again" + (" elsewhere" if attempt + 1 < TRIES else ""))
+                self.lost.append(line)
+                self._drop(actor, line)
+                continue
+            finally:
+                with self._lock:
+                    self.in_flight.pop(job["name"], None)
+            self.free.put(actor)
+            if attempt:
+                self.retried.append(job["name"])
+            return self._outcome(plan_dir, res, timeout, expected)
+        raise WorkersLost(f"parity job {job['name']}: {TRIES} workers lost in a row ({self.lost[-1]})")
+
+    def _take(self, name: str):
+        """A free worker; waits while others run (--jobs above the cluster's GPUs), but not forever
+        once none is alive."""
+        idle_since = time.monotonic()
+        while True:
+            try:
+                return self.free.get(timeout=10)
+            except queue.Empty:
+                if self.workers:
+                    idle_since = time.monotonic()
+                elif time.monotonic() - idle_since > NO_WORKER_S:
+                    raise WorkersLost(f"parity job {name}: no live Ray worker for {NO_WORKER_S:.0f} s "
+                                      f"({self.lost[-1] if self.lost else 'none was placed'})") from None
+
+    def _outcome(self, plan_dir: Path, res: dict, timeout: float, expected: dict) -> runner.ChildOutcome:
+        """The worker's raw files in the plan folder, and the outcome classified HERE from them."""
+        for name in list(RETURNED) + [os.environ.get("PORTER_LAUNCH_TRACE") or ""]:
+            if name:
+                (plan_dir / name).unlink(missing_ok=True)
+        for name, data in (res.get("files") or {}).items():
+            if name in RETURNED or name == os.environ.get("PORTER_LAUNCH_TRACE"):
+                (plan_dir / name).write_bytes(data)
+        o = runner.classify(plan_dir, res.get("rc"), float(res.get("elapsed_s") or 0.0), bool(res.get("timed_out")),
+                            timeout, list(res.get("argv") or []), expected)
+        o.sandbox = res.get("sandbox") or "unknown"
+        o.where = {k: v for k, v in (res.get("where") or {}).items() if k in ("host", "executor", "gpu", "driver", "node")}
+        return o
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            actors = list(self.workers)
+            self.workers.clear()
+        for a in actors:
+            try:
+                self.ray.get(a.close.remote(), timeout=30)
+            except Exception:  # noqa: BLE001 - best effort: the actor may be gone
+                pass
+            try:
+                self.ray.kill(a)
+            except Exception:  # noqa: BLE001
+                pass
+
