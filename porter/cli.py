@@ -128,10 +128,14 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--unit", action="append", metavar="UNIT", help="port only this unit (repeatable; retries exhausted ones)")
     p.add_argument("--max-attempts", type=int, default=3, metavar="N", help="attempts per unit in this run (default 3)")
     p.add_argument("--max-units", type=int, metavar="N", help="stop after N units")
-    p.add_argument("--jobs", type=int, default=1, metavar="N",
-                   help="units in flight at once, in dependency order (default 1)")
+    p.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="units in flight at once, in dependency order (default 1; with --executor ray, "
+                   "the cluster's GPUs)")
     p.add_argument("--time-budget", metavar="DURATION", help="stop starting attempts after e.g. 30m, 2h, 90s")
     p.add_argument("--quiet", action="store_true", help="no progress lines (runs/<run>/run.log still has them)")
+    from porter.gates.parity.pool import executor_arguments
+
+    executor_arguments(p)
     g = p.add_argument_group("provider settings (override target.toml [provider]; API keys only from the environment)")
     g.add_argument("--base-url", help="server URL (OpenAI-compatible local servers)")
     g.add_argument("--price-input", type=float, metavar="USD", help="USD per million input tokens")
@@ -272,13 +276,17 @@ def _dispatch(args) -> int:
         return _cmd_units(args)
     if args.command == "run":
         from porter.run import RunOptions, run
+        from porter.gates.parity.pool import use_executor
+
+        workers = use_executor(args)
+        jobs = args.jobs if args.jobs is not None else (workers or 1)
 
         keys = ("provider", "model", "base_url", "price_input", "price_output", "budget_run_usd", "budget_unit_usd",
                 "budget_run_tokens", "budget_unit_tokens", "flaws")
         return run(RunOptions(args.workspace, args.target, getattr(args, "source", None), list(args.unit or []), args.max_attempts,
                               args.max_units, args.time_budget, args.quiet,
                               {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None},
-                              jobs=args.jobs))
+                              jobs=jobs))
     mod = getattr(args, "_delegate", None)
     if mod is None:
         raise PorterError(f"unknown command {args.command!r}")

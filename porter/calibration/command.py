@@ -25,6 +25,7 @@ from porter.calibration.libraries import libraries_for
 from porter.errors import PorterError
 from porter.gates import parity
 from porter.gates.driver import ParityOptions
+from porter.gates.parity.pool import executor_arguments, use_executor
 from porter.gates.parity.spec import MODEL_ENV
 from porter.target import load_target
 
@@ -56,6 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", metavar="GGUF", help="the user's model: spec shapes with a 'model:' source read its "
                    "tensors by name (default: $PORTER_PARITY_MODEL, else synthetic tensors of the census types)")
     p.add_argument("--mode", choices=("cuda", "host"), default="cuda", help=argparse.SUPPRESS)
+    executor_arguments(p)
 
 
 def run(args) -> int:
@@ -63,6 +65,7 @@ def run(args) -> int:
     if getattr(args, "model", None):  # read by porter.gates.parity.spec.Context.for_target
         os.environ[MODEL_ENV] = str(Path(args.model).resolve())
     target = load_target(ws, args.target, getattr(args, "source", None))
+    workers = use_executor(args, args.mode)
     if args.mode == "cuda":
         ok, why = parity.available()
         if not ok:
@@ -83,6 +86,8 @@ def run(args) -> int:
         if args.jobs < 1:
             raise PorterError(f"--jobs must be at least 1, not {args.jobs}")
         opts.jobs = args.jobs
+    elif workers:
+        opts.jobs = workers  # one unit per cluster worker: its runs keep that worker busy
     log = (lambda *a, **k: print(*a, file=sys.stderr, **k)) if args.json else print
     report = calibrate(target, libs, opts, out=log)
     if args.report:

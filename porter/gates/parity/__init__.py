@@ -59,6 +59,10 @@ def available() -> tuple[bool, str]:
     """(True, what) when cupy is importable and sees a CUDA device; else (False, why)."""
     if os.environ.get("PORTER_PARITY", "").lower() in ("off", "0", "no"):
         return False, "parity disabled by PORTER_PARITY=off"
+    if os.environ.get("PORTER_PARITY_EXECUTOR", "").lower() == "ray":  # the cluster's GPUs, not this machine's
+        from porter.gates.parity.cluster import available as on_cluster
+
+        return on_cluster()
     if importlib.util.find_spec("cupy") is None:
         return False, "cupy is not installed (pip install 'porter[gpu]'); parity needs cupy and an NVIDIA GPU"
     probe = "import cupy; print(cupy.cuda.runtime.getDeviceCount())"

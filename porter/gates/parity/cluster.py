@@ -63,6 +63,20 @@ def ray_available() -> tuple[bool, str]:
     return True, "ray"
 
 
+def available() -> tuple[bool, str]:
+    """parity.available() under --executor ray: the cluster has GPUs (each worker host's cupy is
+    its own to have; a worker that cannot open its GPU says so in the first verdict's detail)."""
+    ok, why = ray_available()
+    if not ok:
+        return False, why
+    try:
+        connect()
+        resource, n = cluster_slots("cuda")
+    except Exception as exc:  # noqa: BLE001 - no cluster at the address: parity cannot run
+        return False, f"no Ray cluster: {type(exc).__name__}: {exc}"[:300]
+    return (True, f"{n} GPU(s) on the Ray cluster") if n else (False, "the Ray cluster has no GPU")
+
+
 def connect(address: str | None = None):
     """ray, connected to the cluster at `address` ($PORTER_RAY_ADDRESS; none: a Ray of this machine).
     Workers import this checkout's porter: the package is sent with the job (runtime_env), so a
@@ -213,6 +227,7 @@ class RayExecutor:
         self.free: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self.workers: dict = {}  # actor -> its hello (host, node, pid), once it answered
+        self.pending: set = set()  # actors asked for, not placed yet (a replacement waits for a free GPU)
         self.in_flight: dict = {}  # job name -> the hello of the worker running it
         self.lost: list[str] = []  # one line per lost worker (job, where, why)
         self.retried: list[str] = []  # jobs run again after a lost worker
@@ -227,22 +242,23 @@ class RayExecutor:
         """A new actor, handed out once Ray has placed it and it answered (a node may have no room
         now: the thread waits for one, and the others keep working)."""
         actor = self._actor_class.remote(self.mode)
+        with self._lock:
+            self.pending.add(actor)
 
         def placed():
             try:
                 hello = self.ray.get(actor.hello.remote())
-            except Exception:  # noqa: BLE001 - it died before its first job: the executor goes on without it
-                return
+            except BaseException:  # noqa: BLE001 - died before its first job, or Ray shut down (SystemExit)
+                hello = None
             with self._lock:
-                if self._closed:
-                    self.ray.kill(actor)
-                    return
-                self.workers[actor] = hello
-            self.free.put(actor)
+                self.pending.discard(actor)
+                if hello is not None and not self._closed:
+                    self.workers[actor] = hello
+                    self.free.put(actor)
 
         threading.Thread(target=placed, name="porter-ray-place", daemon=True).start()
 
-    def _drop(self, actor, why: str) -> None:
+    def _drop(self, actor) -> None:
         with self._lock:
             self.workers.pop(actor, None)
         try:
@@ -299,7 +315,7 @@ class RayExecutor:
                 line = (f"{job['name']}: worker {where.get('host')} pid {where.get('pid')} lost "
                         f"({type(exc).__name__}); run again" + (" elsewhere" if attempt + 1 < TRIES else ""))
                 self.lost.append(line)
-                self._drop(actor, line)
+                self._drop(actor)
                 continue
             finally:
                 with self._lock:
@@ -341,13 +357,14 @@ class RayExecutor:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            actors = list(self.workers)
+            actors, waiting = list(self.workers), list(self.pending)
             self.workers.clear()
         for a in actors:
             try:
                 self.ray.get(a.close.remote(), timeout=30)
             except Exception:  # noqa: BLE001 - best effort: the actor may be gone
                 pass
+        for a in actors + waiting:
             try:
                 self.ray.kill(a)
             except Exception:  # noqa: BLE001

@@ -367,6 +367,30 @@ def executor(mode: str) -> Executor:
         return ex
 
 
+def executor_arguments(p) -> None:
+    """--executor and --ray-address, for every command that runs parity plans (run, calibrate,
+    the trace, the parity bench)."""
+    p.add_argument("--executor", choices=("local", "ray"), default=None,
+                   help="where parity plans run: 'local' (this machine's GPUs, the default) or 'ray' "
+                   "(one sandboxed worker per GPU of a Ray cluster; pip install 'porter[ray]')")
+    p.add_argument("--ray-address", metavar="ADDR",
+                   help="the Ray cluster to use (e.g. ray://head:10001 or head:6379; implies --executor ray; "
+                   "default: $RAY_ADDRESS, else a Ray started on this machine)")
+
+
+def use_executor(args, mode: str = "cuda") -> int | None:
+    """Apply --executor/--ray-address for this process (and the children it starts, as
+    --unsafe-no-sandbox does); returns the number of parity workers when they are a cluster's
+    (the default --jobs there), else None."""
+    kind = getattr(args, "executor", None) or ("ray" if getattr(args, "ray_address", None) else None)
+    if kind != "ray":
+        return None
+    os.environ["PORTER_PARITY_EXECUTOR"] = "ray"
+    if getattr(args, "ray_address", None):
+        os.environ["PORTER_RAY_ADDRESS"] = args.ray_address
+    return executor(mode).size
+
+
 def shutdown() -> None:
     with _exec_lock:
         for ex in _executors.values():

@@ -1,0 +1,309 @@
+"""Parity on a Ray cluster (--executor ray): a cluster of two raylets on this machine, each with one
+fake GPU, runs host-mode parity (no GPU needed) for a scripted minimoe port.
+
+What must hold: the verdicts and the ledger's story are the local pool's; a worker killed in the
+middle of a job costs a rerun of that job elsewhere, and nothing is lost or recorded twice; the
+evidence names the host and the executor each verdict ran on; the raw outputs come back and are
+judged here (a worker cannot say "ok").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from conftest import gates_with
+from porter.digest import sha256_bytes
+from porter.extract import extract_unit_source
+from porter.gates.result import GateResult
+from porter.ledger import Ledger
+from porter.target import load_target
+
+from tests.test_parity_compare import FAKE_BACKEND
+
+ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'porter[ray]'): the Ray executor's "
+                          "tests need a local Ray cluster")
+CC = shutil.which("cc") or shutil.which("gcc")
+pytestmark = [pytest.mark.skipif(CC is None, reason="no C compiler (cc) for the host stand-in backend"),
+              pytest.mark.skipif(shutil.which("nvcc") is None, reason="porter run needs nvcc on PATH")]
+
+OPS = ["mini_gpu_swiglu_tensor", "mini_gpu_matmul_q8_0_tensor", "mini_gpu_router_topk_tensor",
+       "mini_gpu_embed_rows_tensor"]  # the units the host stand-in backend implements
+# a scripted answer the manifest expects perf to refuse is built as a stand-in parity must refuse,
+# so the run's verdicts include a parity failure judged from a worker's outputs
+FAULTS = {"bad/matmul_q8_0_serial.md": "FIRST_BLOCK"}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 1, "include_dashboard": False})
+    c.add_node(num_cpus=1, num_gpus=1)  # a second raylet: a second "host" with its own GPU
+    yield c
+    from porter.gates.parity import pool
+
+    pool.shutdown()
+    ray.shutdown()
+    c.shutdown()
+
+
+class HostBuild:
+    """The build gate's stand-in: each candidate becomes the C host backend (with the fault its
+    scripted answer stands for), so host-mode parity runs the real gate on it without a GPU."""
+
+    def __init__(self, target, out: Path, slow_s: float = 0.0):
+        self.out, self.slow_s = out, slow_s
+        self.faults = {}
+        for a in tomllib.loads((target.scripted_dir / "manifest.toml").read_text())["answer"]:
+            if a["file"] in FAULTS:
+                code = extract_unit_source((target.scripted_dir / a["file"]).read_text(), a["unit"], target)
+                self.faults[sha256_bytes(code.encode())] = FAULTS[a["file"]]
+
+    def run(self, candidate, ctx):
+        hack = self.faults.get(candidate.sha256)
+        lib = self.out / f"lib_{hack or 'good'}_{self.slow_s}.so"
+        if not lib.is_file():
+            src = self.out / "backend.c"
+            # a slow library load: a job is surely in flight when the test kills its worker
+            slow = (f"\n#include <unistd.h>\n__attribute__((constructor)) static void slow_load(void) "
+                    f"{{ usleep({int(self.slow_s * 1e6)}); }}\n") if self.slow_s else ""
+            src.write_text(FAKE_BACKEND + slow)
+            flags = [f"-DHACK_{hack}"] if hack else []
+            subprocess.run([CC, "-O1", "-shared", "-fPIC", *flags, "-o", str(lib), str(src), "-lm"], check=True)
+        ctx.library = lib
+        return GateResult("build", True, "built (host stand-in)",
+                          evidence={"candidate_sha256": candidate.sha256, "library": str(lib)})
+
+
+class HostParity:
+    """The real parity gate, in host mode without timing (the CI stand-in device)."""
+
+    def run(self, candidate, ctx):
+        from dataclasses import replace
+
+        from porter.gates import parity
+
+        ctx.parity = replace(ctx.parity, mode="host", timing_reps=0)
+        return parity.run(candidate, ctx)
+
+
+def _port(workspace, monkeypatch, tmp_path, executor: str, address: str | None = None, slow_s: float = 0.0):
+    from porter.gates import parity, registry
+    from porter.gates.parity import pool
+    from porter.run import RunOptions, run
+
+    pool.shutdown()
+    if executor == "ray":
+        monkeypatch.setenv("PORTER_PARITY_EXECUTOR", "ray")
+        monkeypatch.setenv("PORTER_RAY_ADDRESS", address)
+    else:
+        monkeypatch.delenv("PORTER_PARITY_EXECUTOR", raising=False)
+    target = load_target(workspace, "minimoe")
+    out = tmp_path / f"host-build-{executor}"
+    out.mkdir()
+    monkeypatch.setattr(registry, "ACTIVE", gates_with(build=HostBuild(target, out, slow_s), parity=HostParity()))
+    monkeypatch.setattr(parity, "available", lambda: (True, "host stand-in"))
+    rc = run(RunOptions(workspace, "minimoe", units=list(OPS), max_attempts=3, quiet=True, jobs=2,
+                        provider={"provider": "scripted"}))
+    return rc, pool
+
+
+def _story(ws) -> dict:
+    """Per unit, what the ledger says happened, without what differs between two honest runs (seeds,
+    times, hashes of evidence): each attempt's gate verdicts in order, and the steps' states."""
+    story: dict = {}
+    for r in Ledger(ws).records():
+        u = r.get("unit")
+        if u not in OPS:
+            continue
+        if r["kind"] == "gate":
+            story.setdefault(u, []).append(("gate", r["attempt"], r["gate"], r["ok"], r.get("skipped", False)))
+        elif r["kind"] in ("attempt", "failure", "step", "exhausted"):
+            story.setdefault(u, []).append((r["kind"], r.get("attempt"), r.get("state")))
+    return story
+
+
+def _parity_evidence(ws) -> list[dict]:
+    from porter.evidence import load_evidence
+
+    return [load_evidence(ws, r["evidence"]) for r in Ledger(ws).records()
+            if r["kind"] == "gate" and r["gate"] == "parity" and r["unit"] in OPS]
+
+
+def _kill_first_job_worker(pool, seen: list) -> threading.Thread:
+    """SIGKILL the Ray worker (the actor's process) of the first parity job seen in flight."""
+    def watch():
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not seen:
+            ex = pool._executors.get("host")
+            flying = dict(getattr(ex, "in_flight", {}) or {})
+            for job, where in flying.items():
+                if where.get("pid"):
+                    os.kill(where["pid"], signal.SIGKILL)
+                    seen.append((job, where))
+                    return
+            time.sleep(0.02)
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    return t
+
+
+def test_ray_port_has_the_local_pools_verdicts_and_a_killed_worker_costs_one_rerun(
+        cluster, tmp_path, monkeypatch, build_cache, porter_cli):
+    from tests.conftest import make_workspace
+    from tests.test_crash import assert_consistent
+
+    local_ws = make_workspace(tmp_path / "local")
+    rc, _ = _port(local_ws, monkeypatch, tmp_path, "local")
+    assert rc == 0
+    local = _story(local_ws)
+    assert any(("gate", a, "parity", False, False) in v for v in local.values() for a in (1, 2, 3)), \
+        "the stand-in's fault was not refused by parity: the comparison would show nothing"
+
+    ray_ws = make_workspace(tmp_path / "ray")
+    seen: list = []
+    from porter.gates.parity import pool
+
+    watcher = _kill_first_job_worker(pool, seen)
+    rc, pool = _port(ray_ws, monkeypatch, tmp_path, "ray", cluster.address, slow_s=1.5)
+    watcher.join(timeout=1)
+    ex = pool._executors["host"]
+    assert rc == 0
+    assert seen, "no parity job was seen in flight on the cluster"
+    assert len(ex.lost) == 1 and ex.retried == [seen[0][0]], (ex.lost, ex.retried)
+    assert _story(ray_ws) == local  # same verdicts, same records, nothing lost or doubled
+    for u in OPS:
+        assert_consistent(ray_ws, u, porter_cli)  # each step committed once, every attempt concluded
+    hosts = {(e["toolchain"]["executor"], e["toolchain"]["host"]) for e in _parity_evidence(ray_ws)}
+    assert hosts == {("ray", os.uname().nodename)}
+    assert {e["toolchain"]["executor"] for e in _parity_evidence(local_ws)} == {"local"}
+    assert {e["sandbox"] for e in _parity_evidence(ray_ws)} == {e["sandbox"] for e in _parity_evidence(local_ws)}
+
+
+def test_cluster_size_is_the_default_jobs(cluster, monkeypatch):
+    import argparse
+
+    from porter.gates.parity import pool
+
+    pool.shutdown()
+    monkeypatch.delenv("PORTER_PARITY_EXECUTOR", raising=False)
+    args = argparse.Namespace(executor=None, ray_address=cluster.address)
+    assert pool.use_executor(args, "host") == 2  # two raylets, one fake GPU each
+    assert os.environ["PORTER_PARITY_EXECUTOR"] == "ray"
+    assert pool.use_executor(argparse.Namespace(executor="local", ray_address=None), "host") is None
+    pool.shutdown()
+
+
+# ---------------------------------------------------------------------------
+# the orchestrator's side, without a cluster
+# ---------------------------------------------------------------------------
+
+def _plan(tmp_path, n_cases=2, name="plan") -> Path:
+    d = tmp_path / name
+    d.mkdir()
+    (d / "plan.json").write_text(json.dumps({"mode": "host", "cases": [
+        {"id": f"c{i}", "passes": [{}, {}]} for i in range(n_cases)]}))
+    return d
+
+
+class _FakeActor:
+    def __init__(self, reply):
+        self.reply = reply
+        self.run = self
+
+    def remote(self, job):
+        return self.reply
+
+
+def _executor(replies: list):
+    """A RayExecutor over stand-in actors: each get() answers the next reply (an exception is raised)."""
+    from porter.gates.parity.cluster import RayExecutor
+
+    ex = RayExecutor.__new__(RayExecutor)
+    ex.mode, ex._lock, ex._closed = "host", threading.Lock(), False
+    ex.free, ex.workers, ex.pending, ex.in_flight, ex.lost, ex.retried = __import__("queue").Queue(), {}, set(), {}, [], []
+    ex._shipped = {}
+    for r in replies:
+        a = _FakeActor(r)
+        ex.workers[a] = {"host": "h", "pid": 1}
+        ex.free.put(a)
+
+    class FakeRay:
+        @staticmethod
+        def get(ref, timeout=None):
+            if isinstance(ref, BaseException):
+                raise ref
+            return ref
+
+        @staticmethod
+        def kill(actor):
+            pass
+
+    ex.ray = FakeRay
+    ex._add_worker = lambda: None  # no cluster to place a replacement on
+    return ex
+
+
+def _reply(files: dict, rc=0) -> dict:
+    return {"rc": rc, "elapsed_s": 0.1, "timed_out": False, "argv": ["python", "worker.py"], "sandbox": "bubblewrap",
+            "files": {k: v.encode() if isinstance(v, str) else v for k, v in files.items()},
+            "where": {"host": "gpu-host-7", "executor": "ray", "secret": "x"}}
+
+
+def test_the_outcome_is_classified_here_from_the_raw_files(tmp_path):
+    """A worker host's reply is files and an exit status: a results file saying 'complete' without a
+    record of every call is a crash, whatever else the reply says."""
+    plan = _plan(tmp_path)
+    one_case = json.dumps({"complete": True, "cases": [{"id": "c0", "passes": [{"pass": 0}, {"pass": 1}]}]})
+    ex = _executor([_reply({"results.json": one_case}) | {"local_detail": "completed"}])
+    o = ex.run(plan, 5.0)
+    assert o.status == "crash" and "reported nothing for case c1" in o.detail
+    assert o.where == {"host": "gpu-host-7", "executor": "ray"}  # only the facts evidence names
+
+
+def test_files_the_worker_was_not_asked_for_are_not_written(tmp_path):
+    plan = _plan(tmp_path, 1)
+    full = json.dumps({"complete": True, "cases": [{"id": "c0", "passes": [{"pass": 0}, {"pass": 1}]}]})
+    ex = _executor([_reply({"results.json": full, "plan.json": "{}", "../escape": "x"})])
+    assert ex.run(plan, 5.0).status == "done"
+    assert json.loads((plan / "plan.json").read_text())["cases"]  # the orchestrator's plan, untouched
+    assert not (tmp_path / "escape").exists()
+
+
+def test_a_lost_worker_reruns_the_job_once_and_three_lost_give_a_harness_fault(tmp_path):
+    from ray.exceptions import ActorDiedError
+
+    from porter.gates.parity.cluster import WorkersLost
+
+    full = json.dumps({"complete": True, "cases": [{"id": "c0", "passes": [{"pass": 0}, {"pass": 1}]}]})
+    ex = _executor([ActorDiedError(), _reply({"results.json": full})])
+    assert ex.run(_plan(tmp_path, 1), 5.0).status == "done"
+    assert len(ex.lost) == 1 and ex.retried == ["plan"]
+    ex = _executor([ActorDiedError()] * 3)
+    with pytest.raises(WorkersLost):  # run_spec reports it as "parity skipped: harness error", never a verdict
+        ex.run(_plan(tmp_path, 1, "again"), 5.0)
+
+
+def test_plan_paths_are_rewritten_for_the_worker_host(tmp_path):
+    from porter.gates.parity.cluster import _rewrite_plan
+
+    p = tmp_path / "plan.json"
+    p.write_text(json.dumps({"library": "/ws/lib.so", "cases": [{"map": {"file": "/ws/fixture.gguf"}},
+                                                                {"dir": "/runs/p-1/files/w.bin"}],
+                             "note": "/runs/p-10/x"}))
+    _rewrite_plan(p, "/runs/p-1", "/tmp/job", {"/ws/lib.so": "/cache/aa/lib.so", "/ws/fixture.gguf": "/cache/bb/f"})
+    got = json.loads(p.read_text())
+    assert got == {"library": "/cache/aa/lib.so", "cases": [{"map": {"file": "/cache/bb/f"}},
+                                                            {"dir": "/tmp/job/files/w.bin"}],
+                   "note": "/runs/p-10/x"}  # a sibling folder with the same prefix is not the plan's
