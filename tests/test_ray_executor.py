@@ -307,3 +307,44 @@ def test_plan_paths_are_rewritten_for_the_worker_host(tmp_path):
     assert got == {"library": "/cache/aa/lib.so", "cases": [{"map": {"file": "/cache/bb/f"}},
                                                             {"dir": "/tmp/job/files/w.bin"}],
                    "note": "/runs/p-10/x"}  # a sibling folder with the same prefix is not the plan's
+
+
+PRELOAD = r"""
+#include <stdio.h>
+#include <stdlib.h>
+__attribute__((constructor)) static void mark(void) {
+    const char *path = getenv("PORTER_LAUNCH_TRACE");
+    FILE *f = path ? fopen(path, "a") : NULL;
+    if (f) { fputs("preloaded_in_the_worker_child\n", f); fclose(f); }
+}
+"""
+
+
+def test_the_launch_trace_runs_on_the_cluster(cluster, tmp_path, monkeypatch):
+    """`porter dev trace --executor ray`: the interposer goes with the plan, the worker host's child
+    starts with it preloaded, and the trace file it writes comes back into the kept plan folder."""
+    from porter.gates.parity import pool
+    from porter.gates.parity.gate import run_spec
+    from porter.gates.parity.spec import Context, load_spec
+
+    (tmp_path / "pre.c").write_text(PRELOAD)
+    subprocess.run([CC, "-shared", "-fPIC", "-o", str(tmp_path / "pre.so"), str(tmp_path / "pre.c")], check=True)
+    (tmp_path / "b.c").write_text(FAKE_BACKEND)
+    subprocess.run([CC, "-O1", "-shared", "-fPIC", "-o", str(tmp_path / "lib.so"), str(tmp_path / "b.c"), "-lm"],
+                   check=True)
+    target = load_target(Path(__file__).resolve().parents[1], "minimoe")
+    pool.shutdown()
+    monkeypatch.setenv("PORTER_PARITY_EXECUTOR", "ray")
+    monkeypatch.setenv("PORTER_RAY_ADDRESS", cluster.address)
+    monkeypatch.setenv("PORTER_LAUNCH_TRACE", "launch.trace")
+    monkeypatch.setenv("LD_PRELOAD", str(tmp_path / "pre.so"))
+    try:
+        res = run_spec(target, load_spec(target, "mini_gpu_swiglu_tensor"), tmp_path / "lib.so", workspace=tmp_path,
+                       mode="host", timing_reps=0, keep=True, ctx=Context(None))
+    finally:
+        monkeypatch.delenv("LD_PRELOAD")
+    assert res.ok, res.summary
+    assert res.evidence["toolchain"]["executor"] == "ray"
+    traces = list((tmp_path / "runs" / "parity").glob("mini_gpu_swiglu_tensor-*/launch.trace"))
+    assert [t.read_text() for t in traces] == ["preloaded_in_the_worker_child\n"]
+    pool.shutdown()

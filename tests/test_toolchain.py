@@ -55,4 +55,18 @@ def test_evidence_toolchain_of_a_host_stand_in_names_no_driver(monkeypatch):
     monkeypatch.setattr(toolchain, "driver_facts", lambda: pytest.fail("nvidia-smi asked in host mode"))
     facts = toolchain.device_facts({"name": "host stand-in"}, "host")
     assert facts["gpu"] == "host stand-in" and facts["driver"] is None
-    assert set(facts) == {"nvcc", "gpu", "driver", "driver_api_version", "cuda_runtime", "cupy", "python", "numpy"}
+    assert set(facts) == {"nvcc", "gpu", "driver", "driver_api_version", "cuda_runtime", "cupy", "python", "numpy",
+                          "arch", "host", "executor"}
+    assert facts["host"] and facts["executor"] == "local" and facts["arch"] is None
+
+
+def test_a_verdict_reached_on_another_host_names_that_hosts_gpu_driver_and_architecture(monkeypatch):
+    """--executor ray: the run happened on a worker host; its own nvidia-smi's answer (sent back by
+    the harness there) is the evidence, never this machine's."""
+    monkeypatch.setattr(toolchain, "driver_facts", lambda: {"gpu": "orchestrator's GPU", "driver": "1.0"})
+    where = {"host": "spark-2", "executor": "ray", "gpu": "NVIDIA GB10", "driver": "580.95"}
+    facts = toolchain.device_facts({"name": "NVIDIA GB10", "compute_capability": "12.1"}, "cuda", where)
+    assert (facts["host"], facts["executor"], facts["gpu"], facts["driver"], facts["arch"]) == \
+        ("spark-2", "ray", "NVIDIA GB10", "580.95", "sm_121")
+    here = toolchain.device_facts({"compute_capability": "9.0"}, "cuda")
+    assert (here["gpu"], here["driver"], here["arch"], here["executor"]) == ("orchestrator's GPU", "1.0", "sm_90", "local")

@@ -162,7 +162,7 @@ def build_interposer(out_dir: Path) -> Path:
 PARALLEL_SPECS = 6
 
 
-def trace_units(target, units: list[str], workspace: Path, out=print) -> list[dict]:
+def trace_units(target, units: list[str], workspace: Path, out=print, parallel: int = PARALLEL_SPECS) -> list[dict]:
     """Run each unit's spec on the upstream backend (shared runtime) with the interposer preloaded.
     Each child appends to a trace file in its own plan folder (its working directory), so several
     specs run at once (their inputs and references are most of the time) and each trace is its own."""
@@ -185,7 +185,9 @@ def trace_units(target, units: list[str], workspace: Path, out=print) -> list[di
     out(f"traced upstream backend: {lib}")
     plans = scratch / "ws"
     # every child from here on starts with the interposer, in a fresh process, and keeps its plan folder
-    os.environ.update({"PORTER_PARITY_EXECUTOR": "spawn", "LD_PRELOAD": str(interposer),
+    # (on a Ray cluster each worker host starts such a fresh child, the interposer sent with the plan)
+    ray = os.environ.get("PORTER_PARITY_EXECUTOR") == "ray"
+    os.environ.update({"PORTER_PARITY_EXECUTOR": "ray" if ray else "spawn", "LD_PRELOAD": str(interposer),
                        TRACE_ENV: "launch.trace", "PORTER_PARITY_KEEP": "1"})
     opts = CalibrateOptions(plans, ledger=False)
     variant_plan = VariantPlan(target, cf=cf, rules=rules)  # the backend is parsed once, above
@@ -212,7 +214,7 @@ def trace_units(target, units: list[str], workspace: Path, out=print) -> list[di
 
     rows = []
     try:
-        with ThreadPoolExecutor(max_workers=PARALLEL_SPECS) as pool:
+        with ThreadPoolExecutor(max_workers=parallel) as pool:
             for row in pool.map(one, units):
                 rows.append(row)
                 via = [f"{n} +{len(v['adds'])}" for n, v in row["variants"].items()]
@@ -233,6 +235,7 @@ def trace_units(target, units: list[str], workspace: Path, out=print) -> list[di
 def main(argv: list[str] | None = None) -> int:
     from porter.calibration.baseline import times_a_case
     from porter.gates import parity
+    from porter.gates.parity.pool import executor_arguments, use_executor
     from porter.gates.parity.spec import load_specs
     from porter.target import load_target
 
@@ -243,10 +246,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--unit", action="append", help="only this unit (repeatable; default: every op spec)")
     ap.add_argument("--chunk", metavar="I/N", help="only the I-th of N parts of those units, balanced by runs")
     ap.add_argument("--json", metavar="FILE", help="write the table as JSON")
+    executor_arguments(ap)
     a = ap.parse_args(argv)
     try:
         ws = Path(a.workspace).resolve()
         target = load_target(ws, a.target, a.source)
+        workers = use_executor(a)
         ok, why = parity.available()
         if not ok:
             raise PorterError(f"the launch trace runs the parity child on a GPU: {why}")
@@ -256,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
             from porter.calibration.chunks import chunk_units
 
             units = chunk_units(target, a.chunk, units)
-        rows = trace_units(target, units, ws)
+        rows = trace_units(target, units, ws, parallel=max(PARALLEL_SPECS, workers or 0))
     except PorterError as exc:
         print(f"porter: error: {exc}", file=sys.stderr)
         return exc.exit_code

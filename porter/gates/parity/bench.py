@@ -96,7 +96,9 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--scratch-reps", type=int, default=2)
     ap.add_argument("--json", metavar="FILE")
-    ap.add_argument("--paths", default="spawn,warm", help="comma list of spawn, warm (default both)")
+    ap.add_argument("--paths", default="spawn,warm", help="comma list of spawn, warm, ray (default spawn,warm; "
+                    "ray: the warm workers of the Ray cluster at --ray-address)")
+    ap.add_argument("--ray-address", metavar="ADDR", help="the Ray cluster of the 'ray' path (default: a Ray on this machine)")
     ap.add_argument("--isolation", action="store_true", help="bad candidates between good ones (warm path)")
     ap.add_argument("--workers", type=int, default=0, metavar="N", help="also: N workers vs 1 on one queue")
     ap.add_argument("--nvcc-phases", action="store_true", help="also: nvcc's phase times for the unit, with and "
@@ -107,6 +109,8 @@ def main(argv=None) -> int:
                     help="candidate code in the sandbox (on), without it (off: --unsafe-no-sandbox), or each path "
                     "both ways in turn: what the sandbox costs a verdict")
     a = ap.parse_args(argv)
+    if a.ray_address:
+        os.environ["PORTER_RAY_ADDRESS"] = a.ray_address
 
     ok, why = parity.available()
     if not ok and not a.build_only:

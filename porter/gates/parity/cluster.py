@@ -150,10 +150,16 @@ class GateWorker:
                 p.write_bytes(data)
             moved = {orig: self._shared(sha, name, ref) for orig, (sha, name, ref) in job["shared"].items()}
             _rewrite_plan(plan_dir / "plan.json", job["orig_dir"], str(plan_dir), moved)
-            o = self.pool.run(plan_dir, job["timeout"])
+            env = {k: " ".join(_moved(x, job["orig_dir"], str(plan_dir), moved) for x in v.split())
+                   if k == "LD_PRELOAD" else v for k, v in (job.get("env") or {}).items()}
+            if env.get("LD_PRELOAD"):
+                # a preloaded library is in the child from its first instruction: a fresh child, as locally
+                o = runner.run_child(plan_dir, job["timeout"], env=env)
+            else:
+                o = self.pool.run(plan_dir, job["timeout"])
             return {"rc": o.returncode, "elapsed_s": o.elapsed_s, "timed_out": o.status == "timeout",
-                    "argv": o.argv, "sandbox": o.sandbox, "files": _returned(plan_dir), "where": self.hello(),
-                    "local_detail": o.detail}
+                    "argv": o.argv, "sandbox": o.sandbox, "files": _returned(plan_dir, env.get("PORTER_LAUNCH_TRACE")),
+                    "where": self.hello(), "local_detail": o.detail}
         finally:
             shutil.rmtree(plan_dir, ignore_errors=True)
 
@@ -170,17 +176,21 @@ def _rewrite_plan(path: Path, orig_dir: str, local_dir: str, moved: dict[str, st
             return {k: fix(x) for k, x in v.items()}
         if isinstance(v, list):
             return [fix(x) for x in v]
-        if isinstance(v, str):
-            if v in moved:
-                return moved[v]
-            if v == orig_dir or v.startswith(orig_dir + "/"):
-                return local_dir + v[len(orig_dir):]
-        return v
+        return _moved(v, orig_dir, local_dir, moved) if isinstance(v, str) else v
 
     path.write_text(json.dumps(fix(json.loads(path.read_text()))))
 
 
-def _returned(plan_dir: Path) -> dict[str, bytes]:
+def _moved(v: str, orig_dir: str, local_dir: str, moved: dict[str, str]) -> str:
+    """One path as it is on this host."""
+    if v in moved:
+        return moved[v]
+    if v == orig_dir or v.startswith(orig_dir + "/"):
+        return local_dir + v[len(orig_dir):]
+    return v
+
+
+def _returned(plan_dir: Path, trace: str | None = None) -> dict[str, bytes]:
     """The child's files to send back: regular files only (runner.scrub ran), each bounded."""
     out = {}
     for name, limit in RETURNED.items():
@@ -197,8 +207,7 @@ def _returned(plan_dir: Path) -> dict[str, bytes]:
                 out[name] = p.read_bytes()
         except OSError:
             continue
-    trace = os.environ.get("PORTER_LAUNCH_TRACE")
-    if trace and (plan_dir / trace).is_file() and not (plan_dir / trace).is_symlink():
+    if trace and "/" not in trace and (plan_dir / trace).is_file() and not (plan_dir / trace).is_symlink():
         out[trace] = (plan_dir / trace).read_bytes()[: 64 << 20]
     return out
 
@@ -233,6 +242,12 @@ class RayExecutor:
         self.retried: list[str] = []  # jobs run again after a lost worker
         self._shipped: OrderedDict = OrderedDict()  # (path, size, mtime, inode) -> (sha, name, ObjectRef)
         self._closed = False
+        # what the worker host's harness reads of the orchestrator's environment, fixed at the actor's start
+        # (pool.shutdown() makes new workers after a change, as the bench does between its paths)
+        from porter import sandbox
+
+        self._actor_env = {k: os.environ[k] for k in (sandbox.UNSAFE_ENV, "PORTER_PARITY_HOST_PEAK_GBPS")
+                           if k in os.environ}
         for _ in range(n):
             self._add_worker()
         self.size = n
@@ -241,7 +256,8 @@ class RayExecutor:
     def _add_worker(self) -> None:
         """A new actor, handed out once Ray has placed it and it answered (a node may have no room
         now: the thread waits for one, and the others keep working)."""
-        actor = self._actor_class.remote(self.mode)
+        actor = self._actor_class.options(runtime_env={"env_vars": self._actor_env}).remote(self.mode) \
+            if self._actor_env else self._actor_class.remote(self.mode)
         with self._lock:
             self.pending.add(actor)
 
@@ -290,8 +306,16 @@ class RayExecutor:
             if p.is_file() and not p.is_symlink():
                 files[str(p.relative_to(plan_dir))] = p.read_bytes()
         shared = {f: self._ship(f) for f in runner.plan_files(plan_dir)}
+        env = runner.child_env()
+        if env.get("LD_PRELOAD"):  # the launch trace's interposer: sent in the plan folder, preloaded there
+            preload = []
+            for lib in env["LD_PRELOAD"].split():
+                rel = f"preload/{Path(lib).name}"
+                files[rel] = Path(lib).read_bytes()
+                preload.append(f"{plan_dir}/{rel}")
+            env["LD_PRELOAD"] = " ".join(preload)
         return {"name": plan_dir.name[:40], "orig_dir": str(plan_dir), "files": files, "shared": shared,
-                "timeout": timeout}
+                "timeout": timeout, "env": env}
 
     # -- the executor interface ----------------------------------------------
     def run(self, plan_dir: Path, timeout: float) -> runner.ChildOutcome:
