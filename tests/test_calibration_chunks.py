@@ -69,3 +69,38 @@ def test_porter_calibrate_chunk_runs_that_chunk_of_the_specs(monkeypatch, capsys
     # with --unit: the chunk is taken of those units only
     assert main(args + ["--unit", "mini_gpu_add_tensor", "--chunk", "1/1"]) == 0
     assert seen[-1] == ["mini_gpu_add_tensor"]
+
+
+def test_calibrate_starts_the_heaviest_units_first_and_reports_in_the_units_order(monkeypatch, tmp_path):
+    """One command over a whole target (--executor ray: --jobs is the cluster's GPUs): units go to the
+    slots longest first, as --chunk balanced them across runs; the report keeps the units' order."""
+    import porter.calibration.calibrator as calibrator
+    from porter.calibration.calibrator import CalibrateOptions, Row, calibrate, calibration_runs, select_mutants
+    from porter.gates.driver import ParityOptions
+    from porter.target import load_target
+
+    target = load_target(REPO, "minimoe")
+    started = []
+
+    def fake_unit(target, libs, opts, good, plan, mutants, specs, unit, emit):
+        started.append(unit)
+        return [Row(unit, "known-good", "-", "pass", "pass", True, "")], {"ok": True}
+
+    class Libs:
+        describe = "stand-in"
+
+        def prepare(self, mutants):
+            pass
+
+        def known_good(self):
+            return tmp_path / "lib.so"
+
+    monkeypatch.setattr(calibrator, "_calibrate_unit", fake_unit)
+    units = sorted(__import__("porter.gates.parity.spec", fromlist=["load_specs"]).load_specs(target))
+    opts = CalibrateOptions(tmp_path, units, None, True, ParityOptions(mode="host"), ledger=False, jobs=1)
+    report = calibrate(target, Libs(), opts, out=lambda *a: None)
+    mutants = select_mutants(target, Libs(), units, opts)
+    runs = {u: calibration_runs(u, None, mutants) for u in units}
+    assert len(set(runs.values())) > 1, "every unit weighs the same: the order would prove nothing"
+    assert started == sorted(units, key=lambda u: (-runs[u], units.index(u)))
+    assert [r["unit"] for r in report["rows"]] == units

@@ -107,7 +107,7 @@ def _port(workspace, monkeypatch, tmp_path, executor: str, address: str | None =
         monkeypatch.setenv("PORTER_PARITY_EXECUTOR", "ray")
         monkeypatch.setenv("PORTER_RAY_ADDRESS", address)
     else:
-        monkeypatch.delenv("PORTER_PARITY_EXECUTOR", raising=False)
+        monkeypatch.setenv("PORTER_PARITY_EXECUTOR", "warm")
     target = load_target(workspace, "minimoe")
     out = tmp_path / f"host-build-{executor}"
     out.mkdir()
@@ -191,13 +191,41 @@ def test_ray_port_has_the_local_pools_verdicts_and_a_killed_worker_costs_one_rer
     assert {e["sandbox"] for e in _parity_evidence(ray_ws)} == {e["sandbox"] for e in _parity_evidence(local_ws)}
 
 
+def test_run_and_calibrate_take_the_clusters_gpus_as_their_jobs(cluster, monkeypatch, workspace):
+    """`porter run/calibrate --executor ray --ray-address ADDR`: parity goes to the cluster, and --jobs
+    (not given) is its GPU count; a --jobs given is kept."""
+    import porter.calibration.command as command
+    import porter.run as porter_run
+    from porter.cli import main
+    from porter.gates.parity import pool
+
+    seen = {}
+    monkeypatch.setattr(porter_run, "run", lambda opts: seen.setdefault("run", []).append(opts.jobs) or 0)
+    monkeypatch.setattr(command, "calibrate", lambda target, libs, opts, out=print:
+                        seen.setdefault("calibrate", []).append(opts.jobs) or {"rows": [], "seconds": 0.0})
+    # set (not deleted) first: what the CLI writes into os.environ is put back after the test
+    monkeypatch.setenv("PORTER_PARITY_EXECUTOR", "warm")
+    monkeypatch.setenv("PORTER_RAY_ADDRESS", cluster.address)
+    pool.shutdown()
+    try:
+        assert main(["-C", str(workspace), "run", "--executor", "ray", "--ray-address", cluster.address]) == 0
+        assert main(["-C", str(workspace), "run", "--executor", "ray", "--jobs", "5"]) == 0
+        assert main(["-C", str(workspace), "calibrate", "--mode", "host", "--no-ledger", "--executor", "ray"]) == 0
+    finally:
+        pool.shutdown()
+    assert seen == {"run": [2, 5], "calibrate": [2]}
+    assert os.environ["PORTER_PARITY_EXECUTOR"] == "ray"
+
+
 def test_cluster_size_is_the_default_jobs(cluster, monkeypatch):
     import argparse
 
     from porter.gates.parity import pool
 
     pool.shutdown()
-    monkeypatch.delenv("PORTER_PARITY_EXECUTOR", raising=False)
+    # set (not deleted) first: what the CLI writes into os.environ is put back after the test
+    monkeypatch.setenv("PORTER_PARITY_EXECUTOR", "warm")
+    monkeypatch.setenv("PORTER_RAY_ADDRESS", cluster.address)
     args = argparse.Namespace(executor=None, ray_address=cluster.address)
     assert pool.use_executor(args, "host") == 2  # two raylets, one fake GPU each
     assert os.environ["PORTER_PARITY_EXECUTOR"] == "ray"

@@ -129,9 +129,14 @@ def calibrate(target, libs, opts: CalibrateOptions, out=print) -> dict:
     # Units side by side: each one's inputs and references are host work (minutes for the prefill
     # MoE) while its parity children take the GPU one at a time through the worker pool.  Each
     # unit's lines are printed together when it ends; rows and records keep the units' order.
+    # Heaviest first (parity runs: the known-good, its variants, its mutants), each unit to the first
+    # free slot: the longest-first schedule --chunk used across runs, here across the --jobs slots
+    # (with --executor ray, one per GPU of the cluster), so one command calibrates a whole target.
+    heaviest = sorted(units, key=lambda u: (-calibration_runs(u, plan, mutants), units.index(u)))
     with ThreadPoolExecutor(max_workers=max(1, min(opts.jobs, len(units) or 1))) as pool:
-        done = list(pool.map(lambda u: _calibrate_unit(target, libs, opts, good, plan, mutants, specs, u, out),
-                             units))
+        started = {u: pool.submit(_calibrate_unit, target, libs, opts, good, plan, mutants, specs, u, out)
+                   for u in heaviest}
+        done = [started[u].result() for u in units]
     rows: list[Row] = [r for unit_rows, _ in done for r in unit_rows]
     records: dict[str, dict] = {u: rec for u, (_, rec) in zip(units, done)}
     report = {"target": target.name, "known_good": libs.describe, "library": str(good),
@@ -142,6 +147,11 @@ def calibrate(target, libs, opts: CalibrateOptions, out=print) -> dict:
 
 
 _OUT_LOCK = threading.Lock()
+
+
+def calibration_runs(unit: str, plan, mutants: list[Mutant]) -> int:
+    """Parity runs a unit's calibration makes: the known-good, its env-knob variants, its mutants."""
+    return 1 + (len(plan.for_unit(unit)) if plan is not None else 0) + sum(1 for m in mutants if m.unit == unit)
 
 
 def _calibrate_unit(target, libs, opts: CalibrateOptions, good: Path, plan, mutants: list[Mutant], specs: dict,

@@ -23,16 +23,14 @@ from porter.errors import PorterError
 
 def unit_weights(target) -> dict[str, int]:
     """spec -> parity runs its calibration makes (known-good + variants + mutants)."""
+    from porter.calibration.calibrator import calibration_runs
     from porter.calibration.mutants import load_mutants
     from porter.calibration.variants import VariantPlan
     from porter.gates.parity.spec import load_specs
 
-    units = sorted(load_specs(target))
     plan = VariantPlan(target) if target.checkout else None
-    mutants: dict[str, int] = {}
-    for m in load_mutants(target):
-        mutants[m.unit] = mutants.get(m.unit, 0) + 1
-    return {u: 1 + mutants.get(u, 0) + (len(plan.for_unit(u)) if plan else 0) for u in units}
+    mutants = load_mutants(target)
+    return {u: calibration_runs(u, plan, mutants) for u in sorted(load_specs(target))}
 
 
 def parse_chunk(text: str) -> tuple[int, int]:
