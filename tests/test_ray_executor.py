@@ -376,3 +376,25 @@ def test_the_launch_trace_runs_on_the_cluster(cluster, tmp_path, monkeypatch):
     traces = list((tmp_path / "runs" / "parity").glob("mini_gpu_swiglu_tensor-*/launch.trace"))
     assert [t.read_text() for t in traces] == ["preloaded_in_the_worker_child\n"]
     pool.shutdown()
+
+
+def test_the_build_is_for_every_architecture_of_the_cluster_unless_named(monkeypatch):
+    """The orchestrator builds, the workers load: a library for this machine's GPU (or the target's
+    default) would not load on a GB10 worker (sm_121) of an H100 (sm_90) orchestrator."""
+    import argparse
+
+    from porter.gates.parity import pool
+
+    ex = _executor([])
+    ex.workers = {object(): {"arch": "sm_121"}, object(): {"arch": "sm_90"}, object(): {"arch": None}}
+    assert ex.archs(wait_s=0) == ["sm_90", "sm_121"]
+    ex.size = 3
+    monkeypatch.setattr(pool, "executor", lambda mode: ex)
+    monkeypatch.setenv("PORTER_PARITY_EXECUTOR", "warm")
+    monkeypatch.setenv("PORTER_ARCH", "")
+    args = argparse.Namespace(executor="ray", ray_address=None)
+    assert pool.use_executor(args, "cuda") == 3
+    assert os.environ["PORTER_ARCH"] == "sm_90,sm_121"
+    monkeypatch.setenv("PORTER_ARCH", "sm_120")  # --arch named: kept
+    pool.use_executor(args, "cuda")
+    assert os.environ["PORTER_ARCH"] == "sm_120"

@@ -123,7 +123,8 @@ def calibrate(target, libs, opts: CalibrateOptions, out=print) -> dict:
     t0 = time.monotonic()
     libs.prepare(mutants)
     good = libs.known_good()
-    out(f"known-good: {libs.describe} -> {good}  ({time.monotonic() - t0:.1f} s to build, {len(mutants)} mutant(s))")
+    build_s = time.monotonic() - t0
+    out(f"known-good: {libs.describe} -> {good}  ({build_s:.1f} s to build, {len(mutants)} mutant(s))")
 
     plan = VariantPlan(target) if opts.variants and isinstance(libs, UpstreamLibraries) else None
     # Units side by side: each one's inputs and references are host work (minutes for the prefill
@@ -140,7 +141,8 @@ def calibrate(target, libs, opts: CalibrateOptions, out=print) -> dict:
     rows: list[Row] = [r for unit_rows, _ in done for r in unit_rows]
     records: dict[str, dict] = {u: rec for u, (_, rec) in zip(units, done)}
     report = {"target": target.name, "known_good": libs.describe, "library": str(good),
-              "rows": [asdict(r) for r in rows], "seconds": round(time.monotonic() - t0, 1)}
+              "rows": [asdict(r) for r in rows], "seconds": round(time.monotonic() - t0, 1),
+              "build_seconds": round(build_s, 1)}
     if opts.ledger:
         record(target, opts.workspace, records, libs.describe, good)
     return report

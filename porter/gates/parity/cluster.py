@@ -124,8 +124,9 @@ class GateWorker:
         import ray
 
         if self.where is None:
+            gpus = os.environ.get("CUDA_VISIBLE_DEVICES")
             self.where = dict(toolchain.where_facts("ray", self.mode), node=ray.get_runtime_context().get_node_id(),
-                              pid=os.getpid(), gpus=os.environ.get("CUDA_VISIBLE_DEVICES"))
+                              pid=os.getpid(), gpus=gpus, arch=_gpu_arch(gpus) if self.mode == "cuda" else None)
         return self.where
 
     def _shared(self, sha: str, name: str, ref) -> str:
@@ -166,6 +167,23 @@ class GateWorker:
     def close(self) -> None:
         self.pool.close()
         shutil.rmtree(self.base, ignore_errors=True)
+
+
+def _gpu_arch(visible: str | None) -> str | None:
+    """"sm_121" for the GPU Ray gave this worker (nvidia-smi lists every GPU: ask for that one)."""
+    import shutil
+    import subprocess
+
+    exe = shutil.which("nvidia-smi")
+    if not exe or not visible:
+        return None
+    try:
+        out = subprocess.run([exe, "-i", visible.split(",")[0], "--query-gpu=compute_cap", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    major, _, minor = out.partition(".")
+    return f"sm_{major}{minor}" if major.isdigit() and minor.isdigit() else None
 
 
 def _rewrite_plan(path: Path, orig_dir: str, local_dir: str, moved: dict[str, str]) -> None:
@@ -251,6 +269,15 @@ class RayExecutor:
         for _ in range(n):
             self._add_worker()
         self.size = n
+
+    def archs(self, wait_s: float = 120.0) -> list[str]:
+        """The GPU architectures of the cluster's workers (lowest first), once the first ones are placed:
+        a library must load on every one of them, so the build is for all of them."""
+        deadline = time.monotonic() + wait_s
+        while self.pending and time.monotonic() < deadline:
+            time.sleep(0.2)
+        found = {w.get("arch") for w in list(self.workers.values())} - {None}
+        return sorted(found, key=lambda a: int("".join(c for c in a if c.isdigit()) or 0))
 
     # -- workers ------------------------------------------------------------
     def _add_worker(self) -> None:

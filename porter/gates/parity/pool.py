@@ -388,7 +388,13 @@ def use_executor(args, mode: str = "cuda") -> int | None:
     os.environ["PORTER_PARITY_EXECUTOR"] = "ray"
     if getattr(args, "ray_address", None):
         os.environ["PORTER_RAY_ADDRESS"] = args.ray_address
-    return executor(mode).size
+    ex = executor(mode)
+    # the library is built here and loaded on the cluster's GPUs: unless --arch named them, build for every
+    # architecture the workers have (porter.arch reads $PORTER_ARCH), not for this machine's GPUs
+    archs = ex.archs() if mode == "cuda" else []
+    if archs and not os.environ.get("PORTER_ARCH"):
+        os.environ["PORTER_ARCH"] = ",".join(archs)
+    return ex.size
 
 
 def shutdown() -> None:
