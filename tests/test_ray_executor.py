@@ -261,7 +261,7 @@ def _executor(replies: list):
     ex = RayExecutor.__new__(RayExecutor)
     ex.mode, ex._lock, ex._closed = "host", threading.Lock(), False
     ex.free, ex.workers, ex.pending, ex.in_flight, ex.lost, ex.retried = __import__("queue").Queue(), {}, set(), {}, [], []
-    ex._shipped = {}
+    ex._shipped = __import__("collections").OrderedDict()
     for r in replies:
         a = _FakeActor(r)
         ex.workers[a] = {"host": "h", "pid": 1}
@@ -398,3 +398,38 @@ def test_the_build_is_for_every_architecture_of_the_cluster_unless_named(monkeyp
     monkeypatch.setenv("PORTER_ARCH", "sm_120")  # --arch named: kept
     pool.use_executor(args, "cuda")
     assert os.environ["PORTER_ARCH"] == "sm_120"
+
+
+def test_what_crosses_the_network_is_the_plan_its_files_and_no_key(tmp_path, monkeypatch):
+    """A job for a worker host: the plan folder, the files the plan names (each sent once, by content),
+    the child's allowed variables; never the signing key, an API key or another file of the user's."""
+    from porter.gates.parity import runner
+
+    home = tmp_path / "porter-home"
+    home.mkdir(exist_ok=True)
+    key = home / "signing_key"
+    key.write_bytes(b"SIGNING-KEY-BYTES-0123456789")
+    monkeypatch.setenv("PORTER_SIGNING_KEY", str(key))
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-SECRET-TOKEN")
+    monkeypatch.setenv("PORTER_PARITY_HOST_PEAK_GBPS", "12")
+    fixture = tmp_path / "fixture.gguf"
+    fixture.write_bytes(b"GGUF-fixture")
+    lib = tmp_path / "lib.so"
+    lib.write_bytes(b"\x7fELF-library")
+    plan = tmp_path / "plan"
+    plan.mkdir()
+    (plan / "plan.json").write_text(json.dumps({"mode": "host", "library": str(lib),
+                                                "cases": [{"id": "c0", "passes": [{"map": {"file": str(fixture)}}]}]}))
+    (plan / "inputs.npz").write_bytes(b"inputs")
+    ex = _executor([])
+    put = []
+    ex.ray.put = staticmethod(lambda data: put.append(data) or f"ref{len(put)}")
+    job = ex._job(plan, 5.0)
+    again = ex._job(plan, 5.0)
+    assert sorted(job["files"]) == ["inputs.npz", "plan.json"]
+    assert sorted(job["shared"]) == sorted([str(lib), str(fixture)])
+    assert sorted(put) == [b"GGUF-fixture", b"\x7fELF-library"], "each named file is sent once, whatever the jobs"
+    assert again["shared"] == job["shared"]
+    assert set(job["env"]) <= set(runner.PASSED_ENV) and job["env"]["PORTER_PARITY_HOST_PEAK_GBPS"] == "12"
+    blob = repr(job).encode() + b"".join(put)
+    assert b"SIGNING-KEY" not in blob and b"SECRET-TOKEN" not in blob and str(home).encode() not in blob
