@@ -249,8 +249,10 @@ class _FakeActor:
     def __init__(self, reply):
         self.reply = reply
         self.run = self
+        self.jobs: list[dict] = []
 
     def remote(self, job):
+        self.jobs.append(job)
         return self.reply
 
 
@@ -433,3 +435,20 @@ def test_what_crosses_the_network_is_the_plan_its_files_and_no_key(tmp_path, mon
     assert set(job["env"]) <= set(runner.PASSED_ENV) and job["env"]["PORTER_PARITY_HOST_PEAK_GBPS"] == "12"
     blob = repr(job).encode() + b"".join(put)
     assert b"SIGNING-KEY" not in blob and b"SECRET-TOKEN" not in blob and str(home).encode() not in blob
+
+
+def test_sanitize_reruns_go_to_a_worker_host_and_its_verdict_is_read_here(tmp_path, monkeypatch):
+    """--sanitize under --executor ray: compute-sanitizer runs where the GPU is (this machine may have
+    none, and a missing tool here would be blamed on the candidate); its exit status is judged here."""
+    from porter.gates.parity import pool, runner
+
+    reply = _reply({}, rc=runner.SANITIZER_EXIT) | {"argv": ["/opt/cuda/bin/compute-sanitizer", "--tool", "memcheck"],
+                                                    "files": {"child.stdout": b"========= Invalid __global__ read\n"}}
+    ex = _executor([reply])
+    actor = next(iter(ex.workers))
+    monkeypatch.setattr(pool, "executor", lambda mode: ex)
+    o = pool.sanitizing("cuda").run(_plan(tmp_path, 1), 5.0)
+    assert actor.jobs and actor.jobs[0]["sanitize"] is True
+    assert o.status == "sanitize" and "Invalid __global__ read" in o.detail
+    monkeypatch.setattr(pool, "executor", lambda mode: pool.SpawnExecutor())
+    assert isinstance(pool.sanitizing("cuda"), pool.SanitizingExecutor)

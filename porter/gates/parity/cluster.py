@@ -153,7 +153,10 @@ class GateWorker:
             _rewrite_plan(plan_dir / "plan.json", job["orig_dir"], str(plan_dir), moved)
             env = {k: " ".join(_moved(x, job["orig_dir"], str(plan_dir), moved) for x in v.split())
                    if k == "LD_PRELOAD" else v for k, v in (job.get("env") or {}).items()}
-            if env.get("LD_PRELOAD"):
+            if job.get("sanitize"):  # compute-sanitizer around a fresh child, as locally
+                o = runner.run_child(plan_dir, job["timeout"], env=env,
+                                     argv=runner.child_argv(plan_dir, sanitize=True))
+            elif env.get("LD_PRELOAD"):
                 # a preloaded library is in the child from its first instruction: a fresh child, as locally
                 o = runner.run_child(plan_dir, job["timeout"], env=env)
             else:
@@ -345,13 +348,16 @@ class RayExecutor:
                 "timeout": timeout, "env": env}
 
     # -- the executor interface ----------------------------------------------
-    def run(self, plan_dir: Path, timeout: float) -> runner.ChildOutcome:
+    def sanitizing(self) -> "_Sanitizing":
+        return _Sanitizing(self)
+
+    def run(self, plan_dir: Path, timeout: float, sanitize: bool = False) -> runner.ChildOutcome:
         from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
         plan_dir = Path(plan_dir)
         runner.clear_outputs(plan_dir)
         expected = runner.expected_results(plan_dir)  # from the plan as the orchestrator wrote it
-        job = self._job(plan_dir, timeout)
+        job = dict(self._job(plan_dir, timeout), sanitize=sanitize)
         for attempt in range(TRIES):
             actor = self._take(job["name"])
             where = self.workers.get(actor, {})
@@ -421,3 +427,13 @@ class RayExecutor:
             except Exception:  # noqa: BLE001
                 pass
 
+
+
+class _Sanitizing:
+    """RayExecutor's --sanitize reruns: on a worker host, under its compute-sanitizer."""
+
+    def __init__(self, ex: RayExecutor):
+        self.ex = ex
+
+    def run(self, plan_dir: Path, timeout: float) -> runner.ChildOutcome:
+        return self.ex.run(plan_dir, timeout, sanitize=True)

@@ -610,8 +610,7 @@ def _run_spec(target, spec, library: Path, *, workspace: Path | None = None, see
         failures = _outcome_failures(outcome, {c.id: c.label for c in prepared.cases}) + failures
         if sanitize and kind.sanitizable and mode == "cuda" and outcome.status == "done":
             plan(plan_dir / "sanitize", mode="cuda", probe=None, timing_reps=0)
-            o = runner.run_child(plan_dir / "sanitize", limit * 10,
-                                 argv=runner.child_argv(plan_dir / "sanitize", sanitize=True))
+            o = pool.sanitizing(mode).run(plan_dir / "sanitize", limit * 10)
             san = {"status": o.status, "detail": o.detail, "elapsed_s": round(o.elapsed_s, 2)}
             if san["status"] != "done":
                 failures.append(Failure("sanitize", "all cases", None, san["detail"]))

@@ -66,6 +66,20 @@ class SpawnExecutor:
         return runner.run_child(Path(plan_dir), timeout)
 
 
+class SanitizingExecutor:
+    """A fresh process per plan, under compute-sanitizer memcheck (parity's --sanitize rerun)."""
+
+    def run(self, plan_dir: Path, timeout: float) -> runner.ChildOutcome:
+        return runner.run_child(Path(plan_dir), timeout, argv=runner.child_argv(Path(plan_dir), sanitize=True))
+
+
+def sanitizing(mode: str) -> Executor:
+    """Where --sanitize reruns a plan: beside the plans of `mode` (a Ray executor's worker hosts have
+    the GPU; this machine may have none)."""
+    ex = executor(mode)
+    return ex.sanitizing() if hasattr(ex, "sanitizing") else SanitizingExecutor()
+
+
 class Standby:
     """One pre-started sandboxed worker (parent side): started on construction, runs one plan."""
 
