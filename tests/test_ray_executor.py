@@ -263,6 +263,7 @@ def _executor(replies: list):
     ex = RayExecutor.__new__(RayExecutor)
     ex.mode, ex._lock, ex._closed = "host", threading.Lock(), False
     ex.free, ex.workers, ex.pending, ex.in_flight, ex.lost, ex.retried = __import__("queue").Queue(), {}, set(), {}, [], []
+    ex.unusable = []
     ex._shipped = __import__("collections").OrderedDict()
     for r in replies:
         a = _FakeActor(r)
@@ -452,3 +453,19 @@ def test_sanitize_reruns_go_to_a_worker_host_and_its_verdict_is_read_here(tmp_pa
     assert o.status == "sanitize" and "Invalid __global__ read" in o.detail
     monkeypatch.setattr(pool, "executor", lambda mode: pool.SpawnExecutor())
     assert isinstance(pool.sanitizing("cuda"), pool.SanitizingExecutor)
+
+
+def test_a_worker_whose_host_cannot_open_its_gpu_gets_no_job(tmp_path):
+    """A GPU host without a working cupy (or driver) would fail every candidate it ran: it is left out,
+    and with no usable worker the job is a harness fault (gate skipped), not a refusal of the candidate."""
+    from porter.gates.parity.cluster import WorkersLost
+
+    ex = _executor([])
+    ex._accept(object(), {"host": "gb10-1", "gpus": "0", "usable": False, "why": "cupy is not installed"})
+    assert not ex.workers and ex.free.empty()
+    assert ex.unusable == ["gb10-1 (GPU 0): cupy is not installed"]
+    with pytest.raises(WorkersLost, match="gb10-1 \\(GPU 0\\): cupy is not installed"):
+        ex.run(_plan(tmp_path, 1), 5.0)
+    good = object()
+    ex._accept(good, {"host": "h100-1", "usable": True})
+    assert ex.workers == {good: {"host": "h100-1", "usable": True}}

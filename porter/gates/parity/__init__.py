@@ -56,13 +56,20 @@ _AHEAD_LOCK = threading.Lock()
 
 @functools.lru_cache(maxsize=1)
 def available() -> tuple[bool, str]:
-    """(True, what) when cupy is importable and sees a CUDA device; else (False, why)."""
+    """(True, what) when parity can run on a GPU: this machine's (cupy sees one), or under
+    --executor ray the cluster's; else (False, why)."""
     if os.environ.get("PORTER_PARITY", "").lower() in ("off", "0", "no"):
         return False, "parity disabled by PORTER_PARITY=off"
     if os.environ.get("PORTER_PARITY_EXECUTOR", "").lower() == "ray":  # the cluster's GPUs, not this machine's
         from porter.gates.parity.cluster import available as on_cluster
 
         return on_cluster()
+    return on_this_machine()
+
+
+def on_this_machine() -> tuple[bool, str]:
+    """(True, what) when cupy is importable here and sees a CUDA device; else (False, why).  A Ray
+    worker asks it of its own host before taking a job (cluster.GateWorker.hello)."""
     if importlib.util.find_spec("cupy") is None:
         return False, "cupy is not installed (pip install 'porter[gpu]'); parity needs cupy and an NVIDIA GPU"
     probe = "import cupy; print(cupy.cuda.runtime.getDeviceCount())"

@@ -124,9 +124,14 @@ class GateWorker:
         import ray
 
         if self.where is None:
+            from porter.gates.parity import on_this_machine
+
             gpus = os.environ.get("CUDA_VISIBLE_DEVICES")
+            # a host whose cupy cannot open its GPU takes no job: every verdict there would be the host's fault
+            usable, why = on_this_machine() if self.mode == "cuda" else (True, "host stand-in")
             self.where = dict(toolchain.where_facts("ray", self.mode), node=ray.get_runtime_context().get_node_id(),
-                              pid=os.getpid(), gpus=gpus, arch=_gpu_arch(gpus) if self.mode == "cuda" else None)
+                              pid=os.getpid(), gpus=gpus, arch=_gpu_arch(gpus) if self.mode == "cuda" else None,
+                              usable=usable, why=why)
         return self.where
 
     def _shared(self, sha: str, name: str, ref) -> str:
@@ -261,6 +266,7 @@ class RayExecutor:
         self.in_flight: dict = {}  # job name -> the hello of the worker running it
         self.lost: list[str] = []  # one line per lost worker (job, where, why)
         self.retried: list[str] = []  # jobs run again after a lost worker
+        self.unusable: list[str] = []  # workers whose host could not open its GPU (never given a job)
         self._shipped: OrderedDict = OrderedDict()  # (path, size, mtime, inode) -> (sha, name, ObjectRef)
         self._closed = False
         # what the worker host's harness reads of the orchestrator's environment, fixed at the actor's start
@@ -296,23 +302,34 @@ class RayExecutor:
                 hello = self.ray.get(actor.hello.remote())
             except BaseException:  # noqa: BLE001 - died before its first job, or Ray shut down (SystemExit)
                 hello = None
-            with self._lock:
-                self.pending.discard(actor)
-                if hello is not None and not self._closed:
-                    self.workers[actor] = hello
-                    self.free.put(actor)
+            self._accept(actor, hello)
 
         threading.Thread(target=placed, name="porter-ray-place", daemon=True).start()
 
+    def _accept(self, actor, hello: dict | None) -> None:
+        """A placed actor joins the free workers, unless it died first or its host cannot run parity."""
+        with self._lock:
+            self.pending.discard(actor)
+            if hello is not None and hello.get("usable", True) and not self._closed:
+                self.workers[actor] = hello
+                self.free.put(actor)
+                return
+            if hello is not None:
+                self.unusable.append(f"{hello.get('host')} (GPU {hello.get('gpus')}): {hello.get('why')}")
+        try:
+            self.ray.kill(actor)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+
     def _drop(self, actor) -> None:
+        if not self._closed:
+            self._add_worker()  # first: a job waiting in _take never sees no worker alive and none coming
         with self._lock:
             self.workers.pop(actor, None)
         try:
             self.ray.kill(actor)
         except Exception:  # noqa: BLE001 - already gone
             pass
-        if not self._closed:
-            self._add_worker()
 
     # -- files --------------------------------------------------------------
     def _ship(self, path: str) -> tuple[str, str, object]:
@@ -387,15 +404,19 @@ class RayExecutor:
         """A free worker; waits while others run (--jobs above the cluster's GPUs), but not forever
         once none is alive."""
         idle_since = time.monotonic()
+        wait = 0.0  # look once without waiting: no worker alive and none coming fails at once
         while True:
             try:
-                return self.free.get(timeout=10)
+                return self.free.get(timeout=wait) if wait else self.free.get_nowait()
             except queue.Empty:
-                if self.workers:
+                wait = 10.0
+                with self._lock:
+                    alive, coming = bool(self.workers), bool(self.pending)
+                if alive:
                     idle_since = time.monotonic()
-                elif time.monotonic() - idle_since > NO_WORKER_S:
-                    raise WorkersLost(f"parity job {name}: no live Ray worker for {NO_WORKER_S:.0f} s "
-                                      f"({self.lost[-1] if self.lost else 'none was placed'})") from None
+                elif not coming or time.monotonic() - idle_since > NO_WORKER_S:
+                    why = (self.unusable or self.lost or ["none was placed"])[-1]
+                    raise WorkersLost(f"parity job {name}: no usable Ray worker ({why})") from None
 
     def _outcome(self, plan_dir: Path, res: dict, timeout: float, expected: dict) -> runner.ChildOutcome:
         """The worker's raw files in the plan folder, and the outcome classified HERE from them."""
