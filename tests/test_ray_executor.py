@@ -229,6 +229,13 @@ def test_cluster_size_is_the_default_jobs(cluster, monkeypatch):
     args = argparse.Namespace(executor=None, ray_address=cluster.address)
     assert pool.use_executor(args, "host") == 2  # two raylets, one fake GPU each
     assert os.environ["PORTER_PARITY_EXECUTOR"] == "ray"
+    from porter.gates import parity
+
+    parity.available.cache_clear()
+    try:  # parity can run: the cluster has GPUs, whatever this machine has
+        assert parity.available() == (True, "2 GPU(s) on the Ray cluster")
+    finally:
+        parity.available.cache_clear()
     assert pool.use_executor(argparse.Namespace(executor="local", ray_address=None), "host") is None
     pool.shutdown()
 
