@@ -438,10 +438,10 @@ def test_what_crosses_the_network_is_the_plan_its_files_and_no_key(tmp_path, mon
     again = ex._job(plan, 5.0)
     assert sorted(job["files"]) == ["inputs.npz", "plan.json"]
     assert sorted(job["shared"]) == sorted([str(lib), str(fixture)])
-    assert sorted(put) == [b"GGUF-fixture", b"\x7fELF-library"], "each named file is sent once, whatever the jobs"
+    assert sorted(bytes(x) for x in put) == [b"GGUF-fixture", b"\x7fELF-library"], "each file is sent once"
     assert again["shared"] == job["shared"]
     assert set(job["env"]) <= set(runner.PASSED_ENV) and job["env"]["PORTER_PARITY_HOST_PEAK_GBPS"] == "12"
-    blob = repr(job).encode() + b"".join(put)
+    blob = repr(job).encode() + b"".join(bytes(x) for x in put)
     assert b"SIGNING-KEY" not in blob and b"SECRET-TOKEN" not in blob and str(home).encode() not in blob
 
 

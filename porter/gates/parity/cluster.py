@@ -36,6 +36,8 @@ import time
 from collections import OrderedDict
 from pathlib import Path
 
+import numpy as np
+
 from porter.digest import sha256_file
 from porter.errors import PorterError
 from porter.gates.parity import runner
@@ -140,10 +142,11 @@ class GateWorker:
 
         dest = self.base / "files" / sha / name
         if not dest.is_file():
-            data = ray.get(ref)
+            data = ray.get(ref)  # bytes, or a read-only array over the object store's copy
             dest.parent.mkdir(parents=True, exist_ok=True)
             tmp = dest.with_name(dest.name + ".part")
-            tmp.write_bytes(data)
+            with open(tmp, "wb") as f:
+                f.write(memoryview(data))
             os.replace(tmp, dest)
         return str(dest)
 
@@ -340,7 +343,10 @@ class RayExecutor:
                 self._shipped.move_to_end(key)
                 return self._shipped[key]
         sha = sha256_file(Path(path))
-        entry = (sha, Path(path).name, self.ray.put(Path(path).read_bytes()))
+        # a fixture GGUF or weight map can be gigabytes: mapped, so it goes into the object store without a
+        # copy in this process's memory
+        data = np.memmap(path, dtype=np.uint8, mode="r") if st.st_size else b""
+        entry = (sha, Path(path).name, self.ray.put(data))
         with self._lock:
             self._shipped[key] = entry
             while len(self._shipped) > SHIPPED_KEEP:
@@ -361,7 +367,7 @@ class RayExecutor:
                 files[rel] = Path(lib).read_bytes()
                 preload.append(f"{plan_dir}/{rel}")
             env["LD_PRELOAD"] = " ".join(preload)
-        return {"name": plan_dir.name[:40], "orig_dir": str(plan_dir), "files": files, "shared": shared,
+        return {"name": plan_dir.name, "orig_dir": str(plan_dir), "files": files, "shared": shared,
                 "timeout": timeout, "env": env}
 
     # -- the executor interface ----------------------------------------------
