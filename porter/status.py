@@ -597,6 +597,8 @@ def _from_step(uh: UnitHistory, step: Step, f: UnitFile, evidence, committed: se
         reason += f"; {len(later)} later attempt{'s' if len(later) != 1 else ''} without a step"
     if step.hash not in committed:
         reason += "; not committed yet (run in progress or interrupted)"
+    if state == "verified":
+        reason += _ran_on(evidence(proof)[0].get("toolchain"))
     if state == "verified" and evidence(proof)[0].get("sandbox") == "none":
         return UNSANDBOXED, reason + "; the candidate ran outside the sandbox (--unsafe-no-sandbox)"
     if state == "verified" and not any((ev := evidence(sha)[0]) and ev.get("gate") == "perf" and ev.get("ok") is True
@@ -604,6 +606,17 @@ def _from_step(uh: UnitHistory, step: Step, f: UnitFile, evidence, committed: se
                                        for sha in step.evidence):
         return PERF_UNMEASURED, reason + "; no passing perf evidence (perf skipped or off)"
     return state, reason
+
+
+def _ran_on(toolchain) -> str:
+    """"; parity ran on sm_121 (NVIDIA GB10, host spark-2)": the GPU kind a verification holds for, from
+    its parity evidence (the host and GPU the worker's harness named, the architecture the child saw)."""
+    tc = toolchain if isinstance(toolchain, dict) else {}
+    arch, gpu, host = tc.get("arch"), tc.get("gpu"), tc.get("host")
+    if not arch:
+        return ""
+    said = ", ".join(x for x in (str(gpu) if gpu else "", f"host {host}" if host else "") if x)
+    return f"; parity ran on {arch}" + (f" ({said})" if said else "")
 
 
 def derive(

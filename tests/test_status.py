@@ -269,6 +269,18 @@ def test_benchmark_runs_small(capsys):
     assert out.startswith("status over ") and "target < 0.5 s" in out and "signed (Ed25519 SHA256:" in out
 
 
+def test_a_verified_unit_says_which_gpu_kind_and_host_its_parity_ran_on(ws):
+    """Issue 32: a verdict holds for the GPU kind it ran on (a unit verified on sm_90 can fail on sm_121):
+    status names the architecture, GPU and host its parity evidence records."""
+    ws.port("mini_gpu_synchronize", toolchain={"nvcc": "release 13.0", "arch": "sm_121", "gpu": "NVIDIA GB10",
+                                               "host": "spark-2", "executor": "ray"})
+    ws.port("mini_gpu_tensor_bytes")  # host stand-in evidence: no architecture to name
+    r = derive(ws.root, TARGET)
+    s, why = state(r, "mini_gpu_synchronize")
+    assert s == "verified" and why.endswith("; parity ran on sm_121 (NVIDIA GB10, host spark-2)")
+    assert "parity ran on" not in state(r, "mini_gpu_tensor_bytes")[1]
+
+
 def test_a_unit_verified_outside_the_sandbox_is_never_plain_verified(ws):
     """--unsafe-no-sandbox: the candidate could have written anything, so its parity evidence says
     "sandbox": "none" and status says so (with perf evidence too, it is not 'verified')."""

@@ -167,7 +167,8 @@ class Workspace:
         self.ledger.append("exhausted", target=TARGET, unit=unit, attempts=attempts)
 
     def port(self, unit: str, attempt: int = 1, state: str = "verified", source: str | None = None,
-             commit: bool = True, perf: bool = True, sandbox: str = "bubblewrap 0.8.0") -> tuple[dict, str | None]:
+             commit: bool = True, perf: bool = True, sandbox: str = "bubblewrap 0.8.0",
+             toolchain: dict | None = None) -> tuple[dict, str | None]:
         """One successful attempt: unit file, gate records, evidence, step record and its commit."""
         source = source if source is not None else SOURCES[unit]
         cand = self.write_unit(unit, source)
@@ -177,7 +178,8 @@ class Workspace:
         for gate in ("static", "build") + verified:
             facts = {"library": "runs/build/libmini_cuda.so"} if gate == "build" else {}
             if gate == "parity":
-                facts = {"seeds": [11, 12], "metrics": {"nmse": 1e-9}, "sandbox": sandbox}
+                facts = {"seeds": [11, 12], "metrics": {"nmse": 1e-9}, "sandbox": sandbox,
+                         **({"toolchain": toolchain} if toolchain else {})}
             if gate == "perf":
                 facts = {"ratio": 1.2}
             _, ev = self.gate(unit, attempt, gate, True, cand, **facts)
