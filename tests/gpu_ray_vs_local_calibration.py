@@ -29,7 +29,8 @@ def calibrate(extra: list[str], report: Path, args) -> tuple[dict, float]:
     for u in args.unit or []:
         cmd += ["--unit", u]
     t0 = time.monotonic()
-    r = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True)
+    path = os.pathsep.join(x for x in (str(REPO), os.environ.get("PYTHONPATH")) if x)  # carried wheels stay
+    r = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, PYTHONPATH=path), capture_output=True, text=True)
     wall = time.monotonic() - t0
     (report.with_suffix(".log")).write_text(r.stdout + r.stderr)
     if not report.is_file():
