@@ -3,6 +3,8 @@ GPUs; the two tables side by side, with wall times (issue 32's measurement; not 
 
     python3 tests/gpu_ray_vs_local_calibration.py --target ds4 --known-good upstream [--chunk 1/3] [--out DIR]
 
+Options it does not know (--timing-reps 0, --no-mutants, ...) are given to both calibrate runs.
+
 Both runs use --no-ledger and the same object cache (the first run's known-good and mutant builds are
 cached for the second: compare the 'parity s' column, which leaves the build out).  Exit 0 when every
 row has the same verdict both ways.
@@ -21,9 +23,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def calibrate(extra: list[str], report: Path, args) -> tuple[dict, float]:
+def calibrate(extra: list[str], report: Path, args, passed: list[str]) -> tuple[dict, float]:
     cmd = [sys.executable, "-m", "porter", "-C", str(REPO), "calibrate", "--target", args.target,
-           "--known-good", args.known_good, "--no-ledger", "--report", str(report)] + extra
+           "--known-good", args.known_good, "--no-ledger", "--report", str(report)] + extra + passed
     if args.chunk:
         cmd += ["--chunk", args.chunk]
     for u in args.unit or []:
@@ -46,11 +48,11 @@ def main() -> int:
     ap.add_argument("--unit", action="append")
     ap.add_argument("--jobs", type=int, help="local --jobs (default: calibrate's); Ray's is the cluster's GPUs")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"), help="reports and logs go here")
-    args = ap.parse_args()
+    args, passed = ap.parse_known_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    local, local_wall = calibrate(["--jobs", str(args.jobs)] if args.jobs else [], out / "local.json", args)
-    ray, ray_wall = calibrate(["--executor", "ray"], out / "ray.json", args)
+    local, local_wall = calibrate(["--jobs", str(args.jobs)] if args.jobs else [], out / "local.json", args, passed)
+    ray, ray_wall = calibrate(["--executor", "ray"], out / "ray.json", args, passed)
     key = lambda r: (r["unit"], r["kind"], r["name"])  # noqa: E731
     a, b = {key(r): r for r in local["rows"]}, {key(r): r for r in ray["rows"]}
     same = 0

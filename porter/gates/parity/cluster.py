@@ -48,7 +48,9 @@ RETURNED = {"results.json": runner.RESULTS_MAX_BYTES, "outputs.npz": 8 << 30, "p
             "child.stdout": 4000, "child.stderr": 4000}
 TAILS = {"progress.jsonl", "child.stdout", "child.stderr"}  # their last bytes, as runner reads them
 TRIES = 3  # runs of one job on successive workers before it is given up as a harness fault
-GRACE_S = 120.0  # beyond the run's own limit: shipping files, a spare worker's start
+# beyond the run's own limit: shipping the files, and a worker's start when no spare fitted (its hello may
+# take pool.READY_TIMEOUT_S before the fresh child's own limit begins)
+GRACE_S = 180.0 + 120.0
 NO_WORKER_S = 600.0  # no live worker for this long (all lost, none placed again): the job is given up
 SHIPPED_KEEP = 64  # files kept in the object store: the fixture and weights stay, old libraries go
 
