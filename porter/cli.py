@@ -47,8 +47,10 @@ DELEGATED = {
     "calibrate": ("porter.calibration.command", "check that each parity spec accepts a known-good build and rejects mutants"),
     "trust": ("porter.trust", "pin the ledger signing key you trust (a key swapped in the repository is then tampered)"),
     "repair": ("porter.repair", "accept a tampered tail or a rollback explicitly (recorded, signed), so runs can go on"),
+    "doctor": ("porter.doctor", "can this machine port this target? nvcc, toolkit headers and libraries, GPU and "
+               "architecture, cupy, sandbox, signing key, provider key; one line per check with what to do"),
 }
-READ_COMMANDS = {"units", "status", "audit", "plan", "prompt"}
+READ_COMMANDS = {"units", "status", "audit", "plan", "prompt", "doctor"}
 # `porter dev TOOL ...`: each module's main(argv) parses the tool's own options (`python -m MODULE` runs it too)
 DEV = {
     "e2e": ("porter.gates.e2e.__main__", "the e2e gate by hand: prepare, calibrate (--write stores the rule), run, logprob"),
@@ -68,6 +70,9 @@ def _common(json_flag: bool) -> argparse.ArgumentParser:
     p.add_argument("--source", metavar="DIR", help="the target's source checkout (default: target.toml / PORTER_<T>_SOURCE)")
     if json_flag:
         p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--arch", metavar="SM[,SM]",
+                   help="GPU architecture(s) to build for, e.g. sm_120 (default: this machine's GPUs, else the "
+                        "target's default_arch; also $PORTER_ARCH)")
     p.add_argument("--unsafe-no-sandbox", action="store_true",
                    help="run candidate code without the sandbox (where bwrap or user namespaces are missing); "
                         "recorded in the evidence, and such units show as 'verified (unsandboxed)'")
@@ -269,8 +274,17 @@ def _dispatch(args) -> int:
 
     sandbox.allow_unsafe(getattr(args, "unsafe_no_sandbox", False))
 
-    args.workspace = find_workspace(args.workspace_dir)
-    if not getattr(args, "target", None):
+    if getattr(args, "arch", None):  # every build of this command, and of its children, is for these
+        from porter.arch import ENV, normalize
+
+        os.environ[ENV] = ",".join(normalize(a) for a in args.arch.split(",") if a.strip())
+    try:
+        args.workspace = find_workspace(args.workspace_dir)
+    except PorterError:
+        if args.command != "doctor":  # the machine's checks need no workspace
+            raise
+        args.workspace = None
+    if args.workspace is not None and not getattr(args, "target", None):
         args.target = default_target(args.workspace)
     if args.command == "units":
         return _cmd_units(args)

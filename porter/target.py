@@ -13,8 +13,9 @@ import tomllib
 from functools import cached_property
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from porter import arch as gpu_arch
 from porter.cparse import ApiFunction, parse_api_header
 from porter.errors import PorterError
 
@@ -52,10 +53,32 @@ class CudaSpec(_Strict):
     conventions_header: str
     glue: list[str] = Field(default_factory=list)
     library: str
-    nvcc_flags: list[str] = Field(default_factory=list)
+    nvcc_flags: list[str] = Field(default_factory=list)  # never an architecture: see default_arch
+    # the GPU architecture a machine without a GPU builds for; one with GPUs builds for them, and the
+    # user may name others (porter.arch)
+    default_arch: str
     link_flags: list[str] = Field(default_factory=list)
+    # headers of the toolkit beyond the CUDA runtime's that the conventions header includes (cuBLAS, cub):
+    # a toolkit without one cannot build any unit, and `porter doctor` / the run's preflight say so first
+    toolkit_headers: list[str] = Field(default_factory=list)
     # the stream units launch on, in words for failure texts: "mini_cuda_stream()", "the legacy default stream (0)"
     stream: str = "the unit's stream"
+
+    @field_validator("default_arch")
+    @classmethod
+    def _arch_name(cls, v: str) -> str:
+        try:
+            return gpu_arch.normalize(v)
+        except PorterError as exc:
+            raise ValueError(str(exc)) from None
+
+    @model_validator(mode="after")
+    def _no_fixed_arch(self):
+        fixed = gpu_arch.arch_flag_in(self.nvcc_flags)
+        if fixed is not None:
+            raise ValueError(f"nvcc_flags fixes the architecture ({fixed}): declare default_arch instead, so "
+                             "builds target the GPU that runs them")
+        return self
 
 
 class FixtureSpec(_Strict):
@@ -186,6 +209,16 @@ class Target:
     @property
     def conventions_header(self) -> Path:
         return self.cuda_dir / self.spec.cuda.conventions_header
+
+    @cached_property
+    def arch(self) -> gpu_arch.ArchChoice:
+        """The GPU architectures this process builds for (named, detected, else default_arch)."""
+        return gpu_arch.choose(self.spec.cuda.default_arch)
+
+    @property
+    def nvcc_flags(self) -> list[str]:
+        """[cuda] nvcc_flags with the architectures of `arch`: every compile of the backend uses these."""
+        return [*self.spec.cuda.nvcc_flags, *gpu_arch.nvcc_flags(self.arch.archs)]
 
     @property
     def glue_sources(self) -> list[Path]:

@@ -61,7 +61,8 @@ def test_good_unit_compiles_links_and_exports_every_symbol(target, build_cache):
     ev = res.evidence
     assert ev["gate"] == "build" and ev["unit"] == UNIT and ev["ok"] is True
     assert "release" in ev["toolchain"]["nvcc_version"]
-    assert ev["nvcc_flags"] == target.spec.cuda.nvcc_flags and ev["force_include"] == "mini_cuda.cuh"
+    assert ev["nvcc_flags"] == target.nvcc_flags and ev["force_include"] == "mini_cuda.cuh"
+    assert ev["arch"] == list(target.arch.archs) and f"-arch={ev['arch'][0]}" in ev["nvcc_flags"]
     for key in ("candidate_sha256", "object_sha256", "library_sha256", "api_header_sha256", "conventions_sha256"):
         assert len(ev[key]) == 64, key
     assert ev["compile_seconds"] >= 0 and ev["exports_checked"] == len(target.units) == 24

@@ -207,3 +207,17 @@ def test_a_compile_does_not_wait_for_a_header_another_thread_is_building(target,
     pch = tmp_path / "pch"
     obj = _compile(target, tmp_path / "one", SOURCE, "9" * 64, pch)
     assert obj.is_file() and not _headers(pch) and not list(pch.glob("*.failed"))
+
+
+@needs_nvcc
+def test_each_architecture_reads_a_header_of_its_own(target, tmp_path, monkeypatch):
+    """The host compile of an sm_120 object defines __CUDA_ARCH_LIST__=1200: its prefix must not be the
+    one precompiled for sm_90 (the cache key holds the host compile's flags, the architecture among them)."""
+    from porter import arch
+
+    pch = tmp_path / "pch"
+    monkeypatch.setenv(arch.ENV, "sm_90")
+    _compile(load_target(target.workspace, "minimoe"), tmp_path / "h", SOURCE, "a" * 64, pch)
+    monkeypatch.setenv(arch.ENV, "sm_120")
+    _compile(load_target(target.workspace, "minimoe"), tmp_path / "b", SOURCE, "b" * 64, pch)
+    assert len(_headers(pch)) == 2

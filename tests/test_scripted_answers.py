@@ -196,7 +196,7 @@ def test_library_links_and_exports_every_unit(compiled, tmp_path):
     assert all(objs), "some translation unit failed to compile"
     cfg = bs.target_config()["cuda"]
     lib = tmp_path / cfg["library"]
-    arch = [f for f in cfg["nvcc_flags"] if f.startswith("-arch")]
+    arch = [f for f in bs.nvcc_flags() if f.startswith(("-arch", "-gencode", "arch="))]
     proc = subprocess.run([bs.nvcc(), *arch, "-o", str(lib), *map(str, objs), *cfg["link_flags"]],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -166,7 +166,7 @@ def build_upstream(target, mutant: Mutant | None = None, out_dir: Path | None = 
             raise PorterError(f"mutant {mutant.name}: {mutant.file} is not one of {', '.join(sources)}")
         sources[mutant.file] = mutant.apply(sources[mutant.file])
     nvcc = build_gate.nvcc_path()
-    flags = [*target.spec.cuda.nvcc_flags, "-shared", *extra_flags]
+    flags = [*target.nvcc_flags, "-shared", *extra_flags]
     h = hashlib.sha256()
     for part in [build_gate.toolchain()["nvcc_version"], " ".join(flags), " ".join(recipe.link_flags)]:
         h.update(str(part).encode() + b"\0")

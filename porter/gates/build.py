@@ -6,6 +6,9 @@
    function extern "C" first, so a candidate whose extern "C" signature drifts
    from the header is a hard error ("more than one instance of overloaded
    function ... has "C" linkage") instead of a silently different symbol.
+   The architectures are the target's choice (porter.arch: named, this
+   machine's GPUs, else the target's default_arch); they are part of the flags
+   and so of every cache key, and the evidence names them.
 2. The backend shared library is linked from: the glue sources, this unit, and
    every OTHER unit's current file in the workspace (ported or placeholder).
    Every object is cached under the build cache by the sha256 of what made it
@@ -32,7 +35,7 @@ from pathlib import Path
 
 from porter.diagnostics import trim_diagnostics
 from porter.digest import sha256_bytes, sha256_file
-from porter.errors import PorterError
+from porter.errors import EnvironmentFault, PorterError
 from porter.evidence import gate_facts
 from porter.gates import compile_jail, elf_exports, host_link, nvcc_split
 from porter.gates.keyed_lock import key_lock
@@ -64,7 +67,7 @@ def cache_dir(workspace: Path) -> Path:
 
 def compile_flags(target) -> list[str]:
     return [
-        *target.spec.cuda.nvcc_flags,
+        *target.nvcc_flags,
         "-I", str(target.api_header.parent),
         "-I", str(target.cuda_dir),
         "-include", str(target.conventions_header),
@@ -75,7 +78,7 @@ def _context_key(target) -> bytes:
     """Everything besides the source that decides an object's bytes."""
     parts = [
         nvcc_release_line(nvcc_path()),
-        "\0".join(target.spec.cuda.nvcc_flags),
+        "\0".join(target.nvcc_flags),  # the architectures too: an sm_90 object is no sm_120 one
         sha256_file(target.api_header),
         sha256_file(target.conventions_header),
     ]
@@ -194,6 +197,46 @@ def _nm_exported_symbols(library: Path) -> set[str]:
     return out
 
 
+def environment_sources(target) -> list[tuple[str, str, bytes]]:
+    """(label, name, source) of what every build compiles besides the candidate and needs no answer: the
+    glue and one placeholder (both read the conventions header, as every unit does)."""
+    jobs = [(f"glue:{g.name}", g.stem, g.read_bytes()) for g in target.glue_sources]
+    first = target.units[0] if target.units else None
+    if first is not None:
+        jobs.append((f"placeholder:{first}", first,
+                     placeholder_source(target.api_function(first), target.conventions_header.name).encode()))
+    return jobs
+
+
+def environment_fault(target, failures: list[CompileFailure], cache: Path) -> EnvironmentFault:
+    """One line for files no candidate wrote that do not compile: the toolkit or the target's own code."""
+    f = failures[0]
+    diag = trim_diagnostics(f.output, own=lambda _f: True, max_errors=2)
+    first = first_error(diag) if not f.timed_out else f"nvcc timed out after {NVCC_TIMEOUT_S:.0f} s"
+    where = f.name.split(":", 1)[-1]
+    missing = re.search(r"fatal error: ([\w./+-]+): No such file or directory", diag)
+    todo = (f"install what provides {missing.group(1)} (the CUDA toolkit's libraries) or add its folder to "
+            "the include path" if missing else "fix the toolkit or the target's CUDA files")
+    return EnvironmentFault(f"the build environment is broken, not the candidate: {where} does not compile "
+                            f"({first}); {todo}; `porter doctor` checks the rest")
+
+
+def check_environment(target, cache: Path) -> None:
+    """Compile the glue and a placeholder (cached: every build links them): EnvironmentFault when one of
+    them fails, so a machine that cannot build the backend stops a run before any answer is asked for."""
+    cache = Path(cache)
+    cache.mkdir(parents=True, exist_ok=True)
+    failures = []
+    for label, name, data in environment_sources(target):
+        try:
+            compile_object(target, name, data, cache)
+        except CompileFailure as exc:
+            exc.name = label
+            failures.append(exc)
+    if failures:
+        raise environment_fault(target, failures, cache)
+
+
 def unit_sources(target, unit: str, source: str) -> dict[str, bytes]:
     """unit -> the source linked for it: the candidate for `unit`, the current file for every other."""
     out: dict[str, bytes] = {}
@@ -218,7 +261,8 @@ def run(candidate, ctx) -> GateResult:
     cand_sha = candidate.sha256
     strip = [cache / "tu", target.workspace, target.checkout, target.cuda_dir, target.dir, str(Path(nvcc).parent.parent)]
     ev: dict = gate_facts(
-        target, unit, GATE, cand_sha, toolchain(), nvcc_flags=list(target.spec.cuda.nvcc_flags),
+        target, unit, GATE, cand_sha, toolchain(), nvcc_flags=list(target.nvcc_flags),
+        arch=list(target.arch.archs), arch_from=target.arch.how,
         include=[str(target.api_header.parent.relative_to(target.workspace)) if _inside(target.api_header.parent, target.workspace) else str(target.api_header.parent),
                  str(target.cuda_dir.relative_to(target.workspace))],
         force_include=target.conventions_header.name,
@@ -236,6 +280,8 @@ def run(candidate, ctx) -> GateResult:
     try:
         obj, secs, cached = compile_object(target, unit, source.encode(), cache, steps)
     except CompileFailure as exc:
+        # an error the candidate did not write (a header the toolkit lacks) fails the glue as well
+        check_environment(target, cache)
         diag = trim_diagnostics(exc.output, own=own_files(target, f"{unit}.cu", cache), strip=strip)
         if exc.timed_out:
             return fail("compile", f"nvcc timed out after {NVCC_TIMEOUT_S:.0f} s compiling {unit}.cu",
@@ -271,11 +317,8 @@ def run(candidate, ctx) -> GateResult:
             if path is not None:
                 objects[label] = path
     ev["others_compile_seconds"] = round(time.monotonic() - t1, 2)
-    if failures:
-        names = ", ".join(sorted(f.name for f in failures))
-        diag = "\n".join(trim_diagnostics(f.output, own=own_files(target, f.file, cache), strip=strip, max_errors=4)
-                         for f in failures)
-        return fail("compile-others", f"other files of the backend do not compile: {names}", diag)
+    if failures:  # the glue, placeholders and committed units: nothing of the candidate's
+        raise environment_fault(target, sorted(failures, key=lambda f: f.name), cache)
     ev["linked"] = {
         u: {"sha256": sha256_bytes(data), "placeholder": is_placeholder(data.decode("utf-8", "replace"))}
         for u, data in sorted(unit_sources(target, unit, source).items())
@@ -296,7 +339,7 @@ def run(candidate, ctx) -> GateResult:
         lib_dir.mkdir(parents=True, exist_ok=True)
         tmp = lib_dir / f".{os.getpid()}.{time.monotonic_ns()}.so"
         cmd = [nvcc, *link_flags, "-o", str(tmp), *[str(objects[k]) for k in order]]
-        how = host_link.link(cmd, list(target.spec.cuda.nvcc_flags), lib_dir, LINK_TIMEOUT_S)
+        how = host_link.link(cmd, list(target.nvcc_flags), lib_dir, LINK_TIMEOUT_S)
         ev["host_link"] = how == "ok"
         if how not in ("ok", "timeout"):  # nvcc links, and its diagnostics are the ones reported
             try:

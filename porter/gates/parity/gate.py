@@ -626,7 +626,8 @@ def _run_spec(target, spec, library: Path, *, workspace: Path | None = None, see
     evidence = gate_facts(
         target, spec.unit, "parity", candidate_sha256, toolchain.device_facts(dev, mode, outcome.where or None), ok=ok,
         mode=mode,
-        library={"path": str(library), "sha256": sha256_file(library)}, sandbox=outcome.sandbox, device=dev,
+        library={"path": str(library), "sha256": sha256_file(library), "arch": list(target.arch.archs)},
+        sandbox=outcome.sandbox, device=dev,
         spec={"file": str(spec.path.relative_to(target.workspace)) if in_ws else str(spec.path),
               "sha256": spec.sha256, "identity": spec.identity_components, "reference": spec.reference,
               "reference_sha256": _reference_sha(spec),

@@ -252,7 +252,8 @@ class Ds4Reduced:
         import hashlib
 
         ours = b"".join((self.target.dir / "e2e" / f).read_bytes() for f in ("patches.toml", ACCESSOR))
-        h = hashlib.sha256(repr((v.backend, v.source, v.rules, str(v.library), self.n_layer)).encode() + ours)
+        h = hashlib.sha256(repr((v.backend, v.source, v.rules, str(v.library), self.n_layer,
+                                 self.target.arch.archs)).encode() + ours)
         return f"{v.backend}-{v.source}-{h.hexdigest()[:10]}"
 
     def build(self, v: Ds4Variant) -> Path:
@@ -261,7 +262,7 @@ class Ds4Reduced:
         if exe.is_file():
             return d
         scratch_copy(self.target, d, self.n_layer, v.rules)
-        cmd = make_command(d, v.backend, library=v.library, cuda_arch=self.opts.get("cuda_arch", "sm_90"),
+        cmd = make_command(d, v.backend, library=v.library, cuda_arch=self.target.arch.archs[-1],
                            jobs=max(1, min(self.jobs, 8)))
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
         (d / "porter-build.log").write_text(" ".join(cmd) + "\n" + proc.stdout + proc.stderr)

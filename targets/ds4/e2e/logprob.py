@@ -134,7 +134,7 @@ RUN_TIMEOUT_S = 3600
 
 
 def run_logprob_vectors(target, workspace: Path, library: Path, model: Path, scratch: Path, *,
-                        cuda_arch: str = "sm_90", store: bool = True):
+                        cuda_arch: str | None = None, store: bool = True):
     """Build ds4_test against `library` (porter's workspace backend) and run the official vectors on the
     user's model; a GateResult('e2e') whose evidence names the backend tree it ran on."""
     import subprocess
@@ -151,7 +151,7 @@ def run_logprob_vectors(target, workspace: Path, library: Path, model: Path, scr
     if not model.is_file():
         return GateResult("e2e", False, f"logprob vectors skipped: no model at {model}", skipped=True)
     build = _driver().scratch_copy(target, Path(scratch) / "ds4-full", FULL_LAYERS)
-    cmd = build_command(build, library, cuda_arch)
+    cmd = build_command(build, library, cuda_arch or target.arch.archs[-1])  # the GPU it runs on (porter.arch)
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise PorterError(f"ds4_test build failed: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")

@@ -56,6 +56,18 @@ def target_config() -> dict:
     return tomllib.loads((TARGET_DIR / "target.toml").read_text())
 
 
+def nvcc_flags() -> list[str]:
+    """[cuda] nvcc_flags and the architecture: porter's choice when porter is importable (this machine's
+    GPU, --arch / $PORTER_ARCH), else the declared default_arch."""
+    cfg = target_config()["cuda"]
+    try:
+        from porter import arch
+        archs = arch.choose(cfg["default_arch"]).archs
+        return [*cfg["nvcc_flags"], *arch.nvcc_flags(archs)]
+    except ImportError:
+        return [*cfg["nvcc_flags"], f"-arch={os.environ.get('PORTER_ARCH') or cfg['default_arch']}"]
+
+
 def api_units() -> list[str]:
     """Function names declared by mini_gpu.h, in header order (no porter needed)."""
     text = (TARGET_DIR / "mini_gpu.h").read_text()
@@ -96,7 +108,7 @@ def nvcc() -> str:
 def compile_cmd(src: Path, obj: Path) -> list[str]:
     cfg = target_config()["cuda"]
     cuda_dir = TARGET_DIR / cfg.get("dir", "cuda")
-    return [nvcc(), "-c", *cfg["nvcc_flags"], "-I", str(TARGET_DIR), "-I", str(cuda_dir),
+    return [nvcc(), "-c", *nvcc_flags(), "-I", str(TARGET_DIR), "-I", str(cuda_dir),
             "-include", cfg["conventions_header"], str(src), "-o", str(obj)]
 
 
@@ -104,7 +116,7 @@ def _cache_key(source: str) -> str:
     cfg = target_config()["cuda"]
     h = hashlib.sha256()
     h.update(source.encode())
-    h.update("\0".join(cfg["nvcc_flags"]).encode())
+    h.update("\0".join(nvcc_flags()).encode())
     h.update((TARGET_DIR / "mini_gpu.h").read_bytes())
     h.update((TARGET_DIR / cfg.get("dir", "cuda") / cfg["conventions_header"]).read_bytes())
     return h.hexdigest()[:24]
@@ -167,7 +179,7 @@ def build_library(out_dir: Path, cache_dir: Path | None = None, jobs: int = 2) -
         raise RuntimeError(f"{len(failed)} translation unit(s) failed to compile:\n{msg}")
     cfg = target_config()["cuda"]
     lib = out_dir / cfg["library"]
-    cmd = [nvcc(), *[f for f in cfg["nvcc_flags"] if f.startswith("-arch")],
+    cmd = [nvcc(), *[f for f in nvcc_flags() if f.startswith(("-arch", "-gencode", "arch="))],
            "-o", str(lib), *[str(results[name].obj) for name, _ in items], *cfg["link_flags"]]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:

@@ -1,0 +1,102 @@
+"""Builds target the GPU that runs them (porter/arch.py): named, else detected, else the target's default."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import needs_nvcc
+from porter import arch
+from porter.errors import PorterError
+from porter.gates import build
+from porter.target import load_target
+
+
+@pytest.fixture(autouse=True)
+def _no_named_arch(monkeypatch):
+    monkeypatch.delenv(arch.ENV, raising=False)
+
+
+def test_names_are_read_in_every_usual_spelling():
+    assert [arch.normalize(a) for a in ("sm_120", "120", "12.0", "SM_121", "9.0", "sm_90a")] == \
+        ["sm_120", "sm_120", "sm_120", "sm_121", "sm_90", "sm_90a"]
+    assert arch.normalize("compute_90") == "compute_90"  # PTX only: kept as such
+    assert arch.number("sm_120") == 120 and arch.number("compute_90") == 90
+    for bad in ("hopper", "sm_", "sm_9", "1.2.3"):
+        with pytest.raises(PorterError, match="not understood"):
+            arch.normalize(bad)
+
+
+def test_named_beats_detected_beats_the_default(monkeypatch):
+    assert arch.choose("sm_90", found=()) == arch.ArchChoice(("sm_90",), "default")
+    assert arch.choose("sm_90", found=("sm_120",)) == arch.ArchChoice(("sm_120",), "detected")
+    assert arch.choose("sm_90", "sm_121", found=("sm_120",)) == arch.ArchChoice(("sm_121",), "named")
+    monkeypatch.setenv(arch.ENV, "12.0,sm_90,sm_120")
+    assert arch.choose("sm_80", found=("sm_100",)) == arch.ArchChoice(("sm_120", "sm_90"), "named")
+
+
+def test_one_arch_is_arch_several_are_one_gencode_each():
+    assert arch.nvcc_flags(("sm_90",)) == ["-arch=sm_90"]
+    assert arch.nvcc_flags(("sm_90", "sm_120")) == ["-gencode", "arch=compute_90,code=sm_90",
+                                                    "-gencode", "arch=compute_120,code=sm_120"]
+
+
+def test_detection_reads_nvidia_smi_when_cupy_is_absent(monkeypatch, tmp_path):
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\nprintf '12.0\\n9.0\\n12.0\\n'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    monkeypatch.setattr(arch, "_from_cupy", lambda: None)
+    arch.detected.cache_clear()
+    try:
+        assert arch.detected() == ("sm_90", "sm_120")  # every kind of GPU here, once each
+    finally:
+        arch.detected.cache_clear()
+
+
+def _copy_target(workspace: Path, edit) -> None:
+    toml = workspace / "targets" / "minimoe" / "target.toml"
+    toml.write_text(edit(toml.read_text()))
+
+
+def test_a_target_that_fixes_the_arch_in_its_flags_is_refused(workspace):
+    _copy_target(workspace, lambda t: t.replace('"-fPIC"]', '"-fPIC", "-arch=sm_90"]'))
+    with pytest.raises(PorterError, match="nvcc_flags fixes the architecture .*declare default_arch"):
+        load_target(workspace, "minimoe")
+
+
+def test_the_targets_build_flags_and_cache_keys_follow_the_gpu(workspace, monkeypatch):
+    monkeypatch.setattr(arch, "detected", lambda: ())
+    cpu_only = load_target(workspace, "minimoe")
+    assert cpu_only.arch.how == "default" and cpu_only.nvcc_flags[-1] == "-arch=sm_90"
+    monkeypatch.setattr(arch, "detected", lambda: ("sm_120",))
+    rtx = load_target(workspace, "minimoe")
+    assert rtx.arch == arch.ArchChoice(("sm_120",), "detected") and "-arch=sm_120" in build.compile_flags(rtx)
+    # an object for one GPU is never taken from the cache for another
+    assert build.object_key(rtx, b"x") != build.object_key(cpu_only, b"x")
+
+
+@needs_nvcc
+@pytest.mark.skipif(shutil.which("objcopy") is None, reason="objcopy (binutils) reads the object's fatbin")
+def test_a_named_arch_is_what_the_object_holds_and_the_evidence_says(workspace, build_cache, monkeypatch, tmp_path):
+    from porter.gates.driver import Candidate, GateContext, run_gates
+
+    monkeypatch.setenv(arch.ENV, "sm_120")
+    target = load_target(workspace, "minimoe")
+    unit = "mini_gpu_tensor_bytes"
+    src = ('#include "mini_cuda.cuh"\n__global__ static void k(int *p) { *p = 1; }\n'
+           'extern "C" uint64_t mini_gpu_tensor_bytes(const mini_gpu_tensor *t) { return t ? t->bytes : 0; }\n')
+    obj, _, _ = build.compile_object(target, unit, src.encode(), build_cache)
+    fatbin = tmp_path / "fatbin"
+    subprocess.run(["objcopy", "-O", "binary", "--only-section=.nv_fatbin", str(obj), str(fatbin)], check=True)
+    assert set(re.findall(rb"sm_\d+", fatbin.read_bytes())) == {b"sm_120"}  # its cubin and PTX are sm_120's
+    # the evidence of a build names the architectures (a refused one too: cheaper than linking them all)
+    broken = src.replace("return t ?", "return t ?? ")
+    res = run_gates(Candidate.of(unit, broken), GateContext(target, workspace), gates=("build",))[-1]
+    assert not res.ok and res.check == "compile"
+    assert res.evidence["arch"] == ["sm_120"] and res.evidence["arch_from"] == "named"
+    assert "-arch=sm_120" in res.evidence["nvcc_flags"]
