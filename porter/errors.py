@@ -14,3 +14,9 @@ class PorterError(Exception):
         super().__init__(" ".join(str(message).split()))
         if exit_code is not None:
             self.exit_code = exit_code
+
+
+class EnvironmentFault(PorterError):
+    """The machine cannot build or run the backend (a header missing from the toolkit, a glue file that
+    does not compile): never a candidate's failure, so it stops the command instead of being recorded
+    as an attempt (exit 2, before any answer is asked for where it can be seen that early)."""

@@ -67,6 +67,9 @@ def run(args) -> int:
     target = load_target(ws, args.target, getattr(args, "source", None))
     workers = use_executor(args, args.mode)
     if args.mode == "cuda":
+        from porter.doctor import preflight
+
+        preflight(ws, target, "calibrate")  # a machine that cannot build or load the libraries: one line, exit 2
         ok, why = parity.available()
         if not ok:
             raise PorterError(f"calibrate needs the parity gate to run: {why}")

@@ -49,6 +49,8 @@ from pathlib import Path
 
 from porter import gitops
 from porter.calibration.baseline import take_baselines
+from porter.doctor import preflight
+from porter.gates.build import cache_dir, check_environment
 from porter.errors import PorterError
 from porter.toolchain import nvcc_path
 from porter.gates.driver import Candidate, GateContext, run_gates
@@ -120,6 +122,7 @@ def run(opts: RunOptions) -> int:
     target = load_target(ws, opts.target, opts.source)
     opts.units = list(dict.fromkeys(opts.units))  # repeated --unit: once
     budget_s = check_options(target, opts)
+    preflight(ws, target, "run", opts.provider)  # nothing is asked for on a machine that cannot judge it
     key = load_key(ws)
     provider = get_provider(opts.provider.get("provider"), target, opts.provider)
     if opts.provider.get("answer_delay_s"):
@@ -163,6 +166,10 @@ def _run_locked(opts: RunOptions, target, key, provider, signer, budget_s: float
             out.line(f"{line}: nothing to do", "dim")
         out.line(f"porter run {run_id}: target {target.name}, provider {provider.describe()}, "
                  f"{len(todo)} unit(s) to port, {len(skipped)} already done or skipped", "bold")
+        if todo or reverify:
+            # the glue and a placeholder compile before the first answer is asked for: a toolkit that
+            # lacks a header the conventions include stops here (exit 2), never as a unit's failure
+            check_environment(target, cache_dir(ws))
         if not r.parity_ok:
             out.line(f"parity: not available here ({r.parity_reason}); passing units are committed as 'built'", "yellow")
         elif todo:

@@ -10,7 +10,7 @@ from pathlib import Path
 from porter import gitops
 from porter.digest import sha256_bytes
 from porter.durable import write_atomic
-from porter.errors import PorterError
+from porter.errors import EnvironmentFault, PorterError
 from porter.evidence import store_evidence
 from porter.gates import parity, registry
 from porter.gates.driver import Candidate, GateContext, passed, refusal, run_gates, verdict_word
@@ -182,7 +182,15 @@ class Run:
             evidence.append(self._record_gate(unit, attempt, res))
             outcome.verdicts.append(verdict_word(res))
 
-        results = run_gates(candidate, ctx, gates, on_result=record)
+        try:
+            results = run_gates(candidate, ctx, gates, on_result=record)
+        except EnvironmentFault as exc:
+            # the machine's fault, not the answer's: the attempt opened for it is given up (it counts
+            # for nothing, as a crash's would) and the run stops
+            if opened is not None and evidence:
+                self.ledger.append("reconcile", target=target.name, unit=unit, attempt=attempt,
+                                   action="abandon-attempt", reason=f"environment fault, not the candidate's: {exc}")
+            raise
         refused = refusal(results)
         if refused is not None:
             dsha = self._diagnostics(refused.diagnostics or refused.summary)

@@ -1,0 +1,290 @@
+"""`porter doctor`: can this machine port this target?  One line per check, with what to do.
+
+    checks(workspace, target_name, source, provider) -> list[Check]
+    preflight(workspace, target, provider, command)   the required checks; EnvironmentFault on the first failing
+
+A required check failing means every answer asked for would be wasted (no
+compiler, a header the target's conventions include missing from the toolkit,
+no sandbox, a signed ledger without its key, no API key): `porter doctor`
+exits 2, and `porter run` / `porter calibrate` run the same checks before any
+answer is asked for and stop with one line.  The others say what this machine
+cannot do (no GPU: units end as 'built', not 'verified') and how to get it.
+A secret is never printed: the provider's key is reported as present or not.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+import shutil
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from porter import arch as gpu_arch
+from porter import sandbox
+from porter.errors import EnvironmentFault, PorterError
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    todo: str = ""  # what to do when not ok
+    required: bool = True  # a failure stops run / calibrate
+
+    def line(self) -> str:
+        mark = "ok  " if self.ok else ("FAIL" if self.required else "warn")
+        text = f"{mark} {self.name:<13} {self.detail}"
+        return text + (f" -> {self.todo}" if self.todo and not self.ok else "")
+
+
+# -- the toolkit -----------------------------------------------------------------------------------
+
+def _nvcc() -> tuple[Check, str | None]:
+    from porter.toolchain import nvcc_release_line
+
+    exe = shutil.which("nvcc")
+    if exe is None:
+        return Check("nvcc", False, "not on PATH", "install the CUDA toolkit and add its bin/ to PATH "
+                     "(export PATH=/usr/local/cuda/bin:$PATH)"), None
+    try:
+        return Check("nvcc", True, f"{nvcc_release_line(exe)} ({exe})"), exe
+    except PorterError as exc:
+        return Check("nvcc", False, str(exc), "reinstall the CUDA toolkit"), None
+
+
+def include_dirs(nvcc: str) -> list[Path]:
+    """Where nvcc finds `#include <...>`: the toolkit's include folders (cccl: cub, thrust) and the system's."""
+    from porter.toolchain import toolkit_root
+
+    root = toolkit_root(nvcc)
+    out = [root / "include", *sorted(root.glob("targets/*/include"))]
+    out += [d / "cccl" for d in list(out)]
+    return [d for d in (*out, Path("/usr/local/include"), Path("/usr/include")) if d.is_dir()]
+
+
+def library_dirs(nvcc: str) -> list[Path]:
+    from porter.toolchain import toolkit_lib_dirs
+
+    system = [Path(p) for p in ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64",
+                                "/usr/lib", "/lib/x86_64-linux-gnu", "/lib64")]
+    return [*toolkit_lib_dirs(nvcc), *(d for d in system if d.is_dir())]
+
+
+def linked_libraries(target) -> list[str]:
+    """The libraries the target's backend and its upstream build link (`-lcublas` -> "cublas")."""
+    flags = list(target.spec.cuda.link_flags) + list(target.spec.upstream.link_flags if target.spec.upstream else [])
+    return list(dict.fromkeys(f[2:] for f in flags if f.startswith("-l") and len(f) > 2))
+
+
+def _toolkit_files(target, nvcc: str) -> list[Check]:
+    out = []
+    incs = include_dirs(nvcc)
+    headers = list(target.spec.cuda.toolkit_headers)
+    missing = [h for h in headers if not any((d / h).is_file() for d in incs)]
+    if headers:
+        out.append(Check("headers", not missing,
+                         f"{', '.join(headers)} found" if not missing else f"{', '.join(missing)} not in the toolkit "
+                         f"({', '.join(str(d) for d in incs[:2])})",
+                         "install the CUDA toolkit's math libraries (e.g. apt-get install cuda-libraries-dev-"
+                         "<major>-<minor>, or the full toolkit), whose headers the target's conventions include"))
+    libs = linked_libraries(target)
+    dirs = library_dirs(nvcc)
+    gone = [lib for lib in libs if not any((d / f"lib{lib}.so").exists() for d in dirs)]
+    if libs:
+        out.append(Check("libraries", not gone,
+                         f"{', '.join('lib' + x for x in libs)} found" if not gone else
+                         f"{', '.join('lib' + x + '.so' for x in gone)} not found (target links {' '.join('-l' + x for x in libs)})",
+                         "install the CUDA toolkit's libraries (libcublas-dev / cuda-libraries-dev) "
+                         "or add their folder to the toolkit's lib64"))
+    return out
+
+
+# -- the GPU ---------------------------------------------------------------------------------------
+
+def _gpu(target) -> list[Check]:
+    from porter.toolchain import driver_facts
+
+    found = gpu_arch.detected()
+    drv = driver_facts()
+    out = []
+    if found:
+        gpu = drv.get("gpu") or "GPU"
+        out.append(Check("gpu", True, f"{gpu} ({', '.join(found)}), driver {drv.get('driver') or '?'}"))
+    else:
+        out.append(Check("gpu", False, "none found (cupy and nvidia-smi see no GPU)",
+                         "parity and perf need an NVIDIA GPU: units here end as 'built', never 'verified'",
+                         required=False))
+    choice = target.arch if target is not None else None
+    if choice is not None:
+        uncovered = [a for a in found if a not in choice.archs]
+        out.append(Check("arch", not uncovered, f"builds for {choice.describe()}",
+                         f"this machine's {', '.join(uncovered)} would not load those builds: add it to --arch "
+                         f"(e.g. --arch {','.join([*choice.archs, *uncovered])}) or drop --arch"))
+    return out
+
+
+def _cupy(nvcc_line: str | None) -> Check:
+    try:
+        import cupy
+    except Exception as exc:  # noqa: BLE001 - not installed, or built for another CUDA
+        return Check("cupy", False, f"not importable ({type(exc).__name__})",
+                     "pip install -e '.[gpu]' (cupy-cuda13x; '.[gpu-cuda12]' for a CUDA 12 toolkit): parity needs it",
+                     required=False)
+    try:
+        runtime = cupy.cuda.runtime.runtimeGetVersion()
+    except Exception as exc:  # noqa: BLE001 - no driver
+        return Check("cupy", False, f"{cupy.__version__}, its CUDA runtime does not start ({type(exc).__name__})",
+                     "check the NVIDIA driver (nvidia-smi)", required=False)
+    major = runtime // 1000
+    m = re.search(r"release (\d+)", nvcc_line or "")
+    ok = m is None or int(m.group(1)) == major
+    return Check("cupy", ok, f"{cupy.__version__} on CUDA {major}.{runtime % 1000 // 10}"
+                 + ("" if m is None else f", nvcc is CUDA {m.group(1)}"),
+                 f"the backend built by nvcc {m.group(1) if m else '?'} loads next to cupy's CUDA {major} runtime: "
+                 f"pip install cupy-cuda{m.group(1) if m else ''}x (or put the matching nvcc on PATH)")
+
+
+# -- trust: sandbox, signing key, witness, provider key ---------------------------------------------
+
+def _sandbox() -> Check:
+    if sandbox.unsafe():
+        return Check("sandbox", False, "off (--unsafe-no-sandbox): candidate code runs unconfined",
+                     "install bubblewrap and drop --unsafe-no-sandbox", required=False)
+    ok, why = sandbox.available()
+    return Check("sandbox", ok, f"bubblewrap works ({why})" if ok else why,
+                 f"{sandbox.INSTALL_HINT} and enable unprivileged user namespaces (or pass --unsafe-no-sandbox)")
+
+
+def _signing(workspace: Path) -> list[Check]:
+    from porter.signing import load_workspace_key, private_key_path, signer_for
+    from porter.witness import witness_dir
+
+    public, problem = load_workspace_key(workspace)
+    if problem is None and public is None:
+        key = Check("signing key", True, "the ledger is unsigned (an old workspace): nothing to sign with")
+    else:
+        try:
+            signer = signer_for(workspace)
+            key = Check("signing key", True, f"{signer.fingerprint} ({private_key_path()})")
+        except PorterError as exc:
+            key = Check("signing key", False, str(exc),
+                        "copy the signing key to this machine's PORTER_HOME (or set PORTER_SIGNING_KEY); "
+                        "a reviewer only reads: `porter status`")
+    wdir = witness_dir()
+    probe = wdir if wdir.exists() else next((p for p in wdir.parents if p.exists()), Path("/"))
+    writable = os.access(probe, os.W_OK)
+    witness = Check("witness", writable, f"{wdir}" + ("" if wdir.exists() else " (made at the first step)"),
+                    "make it writable or set PORTER_WITNESS_DIR: rollbacks of the ledger are seen through it",
+                    required=False)
+    return [key, witness]
+
+
+def _provider(target, options: dict) -> Check:
+    from porter.providers import KNOWN, provider_name
+
+    name = provider_name(target, options)
+    module = KNOWN.get(name)
+    if module is None:
+        return Check("provider", True, f"{name} (a plugin: its own checks)")
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as exc:
+        return Check("provider", False, f"{name}: {module} cannot be imported ({exc})", "pip install -e .")
+    envs = next((c.key_envs for c in vars(mod).values() if isinstance(c, type) and getattr(c, "key_envs", ())), ())
+    if name == "reference":
+        src = target.checkout / target.spec.reference.source if target.spec.reference else None
+        return Check("provider", bool(src and src.is_file()),
+                     f"reference: {src}" if src else "reference: the target declares no [reference] backend",
+                     "give --source a checkout holding the target's own CUDA backend")
+    if not envs:
+        return Check("provider", True, f"{name} (no key needed)")
+    have = [e for e in envs if os.environ.get(e)]
+    local = name == "openai" and (options.get("base_url") or (target.spec.provider or {}).get("base_url"))
+    return Check("provider", bool(have or local),
+                 f"{name}: key in ${have[0]} (not shown)" if have else
+                 f"{name}: local server, no key needed" if local else f"{name}: no {' or '.join('$' + e for e in envs)}",
+                 f"export {envs[0]}=... (keys come from the environment only)")
+
+
+# -- the target ------------------------------------------------------------------------------------
+
+def _target(workspace: Path | None, name: str | None, source: str | None):
+    from porter.target import load_target
+
+    if workspace is None:
+        return Check("target", False, "not in a porter workspace", "porter init DIR, or -C WORKSPACE"), None
+    try:
+        target = load_target(workspace, name, source)
+    except PorterError as exc:
+        return Check("target", False, str(exc), "pass --source DIR (the engine's checkout) or set "
+                     f"PORTER_{(name or 'T').upper()}_SOURCE"), None
+    return Check("target", True, f"{target.name}: checkout {target.checkout}, {len(target.units)} units"), target
+
+
+def checks(workspace: Path | None, target_name: str | None, source: str | None = None,
+           provider: dict | None = None, names: tuple[str, ...] | None = None) -> list[Check]:
+    """Every check, in the order a user fixes them; `names`: only these (the preflight's)."""
+    want = (lambda n: names is None or n in names)  # noqa: E731
+    out: list[Check] = []
+    tcheck, target = _target(workspace, target_name, source)
+    if want("target"):
+        out.append(tcheck)
+    nvcc_check, nvcc = _nvcc()
+    if want("nvcc"):
+        out.append(nvcc_check)
+    if nvcc and target is not None:
+        out += [c for c in _toolkit_files(target, nvcc) if want(c.name)]
+    if want("gpu") or want("arch"):
+        out += [c for c in _gpu(target) if want(c.name)]
+    if want("cupy"):
+        out.append(_cupy(nvcc_check.detail if nvcc else None))
+    if want("sandbox"):
+        out.append(_sandbox())
+    if workspace is not None and (want("signing key") or want("witness")):
+        out += [c for c in _signing(workspace) if want(c.name)]
+    if target is not None and want("provider"):
+        out.append(_provider(target, provider or {}))
+    return out
+
+
+# what stops each command before it asks for anything; `porter run` checks the signing key (exit 3) and
+# the provider's key (when it makes the provider) itself, right after
+PREFLIGHT = {
+    "run": ("target", "nvcc", "headers", "libraries", "arch", "cupy", "sandbox"),
+    "calibrate": ("target", "nvcc", "headers", "libraries", "arch", "cupy", "sandbox"),
+}
+
+
+def preflight(workspace: Path, target, command: str, provider: dict | None = None) -> None:
+    """The required checks of `command`: EnvironmentFault (exit 2, one line) on the first that fails."""
+    for c in checks(workspace, target.name, str(target.checkout), provider, PREFLIGHT[command]):
+        if c.required and not c.ok:
+            raise EnvironmentFault(f"{c.name}: {c.detail}; {c.todo} (`porter doctor` lists every check)")
+
+
+# -- the command -----------------------------------------------------------------------------------
+
+def add_arguments(p) -> None:
+    p.add_argument("--provider", help="the provider whose key to check (default: as `porter run` picks it)")
+    p.add_argument("--base-url", help="an OpenAI-compatible local server (no key needed)")
+    p.epilog = "examples:\n  porter doctor\n  porter doctor --target ds4 --source ~/ds4 --provider anthropic --json"
+
+
+def run(args) -> int:
+    options = {k: v for k, v in (("provider", args.provider), ("base_url", args.base_url)) if v}
+    found = checks(args.workspace, args.target, getattr(args, "source", None), options)
+    failing = [c for c in found if c.required and not c.ok]
+    if getattr(args, "json", False):
+        json.dump({"ok": not failing, "checks": [asdict(c) for c in found]}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        for c in found:
+            print(c.line())
+        print(f"{len(failing)} required check(s) failing: porter run would stop before asking for an answer"
+              if failing else "ready: every required check passes")
+    return 2 if failing else 0

@@ -1,0 +1,85 @@
+"""`porter doctor`: one line per check with what to do; a required failure exits 2; no secret printed."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+
+import pytest
+
+from conftest import needs_nvcc
+from porter import arch, doctor
+
+SECRET = "sk-ant-api03-" + "Qx7" * 20
+
+
+def _checks(ws, **kw) -> dict[str, doctor.Check]:
+    return {c.name: c for c in doctor.checks(ws, "minimoe", **kw)}
+
+
+@needs_nvcc
+def test_every_check_is_one_line_and_a_ready_machine_exits_0(workspace, porter_cli):
+    r = porter_cli(workspace, "doctor")
+    lines = r.stdout.strip().splitlines()
+    names = [line.split()[1] for line in lines[:-1]]
+    for name in ("target", "nvcc", "libraries", "gpu", "arch", "cupy", "sandbox", "signing", "witness", "provider"):
+        assert name in names, r.stdout
+    required_failing = [line for line in lines if line.startswith("FAIL")]
+    assert r.returncode == (2 if required_failing else 0), r.stdout
+    assert all(" -> " in line for line in lines if line.startswith(("FAIL", "warn")))  # each says what to do
+
+
+@needs_nvcc
+def test_a_missing_toolkit_header_is_a_required_failure(workspace, porter_cli):
+    toml = workspace / "targets" / "minimoe" / "target.toml"
+    toml.write_text(toml.read_text().replace('link_flags = ["-shared", "-lcudart"]',
+                                             'link_flags = ["-shared", "-lcudart", "-lporter_no_such_lib"]\n'
+                                             'toolkit_headers = ["cuda_runtime.h", "porter_no_such.h"]'))
+    r = porter_cli(workspace, "doctor", "--json")
+    assert r.returncode == 2
+    got = {c["name"]: c for c in json.loads(r.stdout)["checks"]}
+    assert not got["headers"]["ok"] and "porter_no_such.h" in got["headers"]["detail"]
+    assert "cuda_runtime.h" not in got["headers"]["detail"]  # the toolkit has that one
+    assert not got["libraries"]["ok"] and "libporter_no_such_lib.so" in got["libraries"]["detail"]
+    assert got["headers"]["required"] and got["headers"]["todo"]
+
+
+def test_the_provider_key_is_reported_present_never_printed(workspace, porter_cli, monkeypatch):
+    r = porter_cli(workspace, "doctor", "--provider", "anthropic", env={"ANTHROPIC_API_KEY": SECRET})
+    assert SECRET not in r.stdout + r.stderr and SECRET[:20] not in r.stdout
+    line = next(line for line in r.stdout.splitlines() if " provider " in line)
+    assert line.startswith("ok") and "$ANTHROPIC_API_KEY" in line
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    missing = _checks(workspace, provider={"provider": "anthropic"})["provider"]
+    assert not missing.ok and missing.required and "export ANTHROPIC_API_KEY" in missing.todo
+
+
+def test_a_named_arch_that_misses_this_machines_gpu_fails(workspace, monkeypatch):
+    monkeypatch.setattr(arch, "detected", lambda: ("sm_90",))
+    monkeypatch.setenv(arch.ENV, "sm_120")
+    c = _checks(workspace)["arch"]
+    assert not c.ok and c.required and "sm_90" in c.todo  # parity here could not load an sm_120-only build
+    monkeypatch.setenv(arch.ENV, "sm_90,sm_120")
+    assert _checks(workspace)["arch"].ok
+
+
+def test_cupy_on_another_cuda_major_than_nvcc_is_a_required_failure(monkeypatch):
+    fake = types.SimpleNamespace(__version__="13.6.0", cuda=types.SimpleNamespace(
+        runtime=types.SimpleNamespace(runtimeGetVersion=lambda: 12080)))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    bad = doctor._cupy("Cuda compilation tools, release 13.0, V13.0.88")
+    assert not bad.ok and bad.required and "cupy-cuda13x" in bad.todo
+    assert doctor._cupy("Cuda compilation tools, release 12.8, V12.8.1").ok
+
+
+def test_a_signed_workspace_without_its_key_is_a_required_failure(workspace, monkeypatch, tmp_path):
+    monkeypatch.setenv("PORTER_HOME", str(tmp_path / "another-home"))
+    c = _checks(workspace)["signing key"]
+    assert not c.ok and c.required and "PORTER_HOME" in c.todo
+
+
+def test_outside_a_workspace_the_machine_is_still_checked(tmp_path, porter_cli):
+    r = porter_cli(None, "-C", str(tmp_path), "doctor")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stdout.splitlines()[0].startswith("FAIL target") and " sandbox " in r.stdout
