@@ -11,6 +11,7 @@ import glob
 import os
 import tomllib
 from functools import cached_property
+from typing import Literal
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -48,6 +49,34 @@ class UnitsSpec(_Strict):
     trivial: list[str] = Field(default_factory=list)
 
 
+class RulesSpec(_Strict):
+    """[cuda.rules]: the rules of this target's CUDA code that the model must follow, rendered into its
+    system prompt (porter/prompt/templates/system.j2) and checked against the conventions header by
+    porter.prompt.rules: a rule written once for every target would contradict some target."""
+
+    # "legacy": every launch on the legacy default stream (0); "accessor": on the stream the conventions
+    # header's function `stream_accessor` returns
+    stream: Literal["legacy", "accessor"]
+    stream_accessor: str | None = None
+    # what the API's int functions return: ds4 1 on success and 0 on failure, minimoe 0 and -1
+    success_return: str
+    failure_return: str
+    # how a unit turns a launch error into its failure return, as the conventions header offers it
+    launch_check: str
+    tensor: str  # the tensor struct the conventions header defines
+    # where backend state that lives between calls is kept (the rule against caching names it)
+    shared_state: str
+    # device libraries a unit may call through the conventions (e.g. cuBLAS through its shared handle)
+    libraries: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _accessor_named(self):
+        if (self.stream == "accessor") != bool(self.stream_accessor):
+            raise ValueError("stream = \"accessor\" needs stream_accessor (the conventions header's function), "
+                             "and only it does")
+        return self
+
+
 class CudaSpec(_Strict):
     dir: str = "cuda"
     conventions_header: str
@@ -63,6 +92,7 @@ class CudaSpec(_Strict):
     toolkit_headers: list[str] = Field(default_factory=list)
     # the stream units launch on, in words for failure texts: "mini_cuda_stream()", "the legacy default stream (0)"
     stream: str = "the unit's stream"
+    rules: RulesSpec
 
     @field_validator("default_arch")
     @classmethod

@@ -2,7 +2,8 @@
 
     build_prompt(target, unit, attempt, failures) -> PromptRequest
 
-`system` holds the rules (templates/system.j2); `prompt` (templates/unit.j2)
+`system` holds the rules (templates/system.j2: the target's own from its [cuda.rules], porter.prompt.rules);
+`prompt` (templates/unit.j2)
 holds the exact signature and doc comment, the conventions header, the Metal
 host dispatch and kernel slice, the block layouts of the quant types the unit
 reads, committed units as style examples, and the trimmed diagnostics of
@@ -26,6 +27,8 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import re
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,6 +66,25 @@ def _env() -> jinja2.Environment:
         keep_trailing_newline=True,
         autoescape=False,
     )
+
+
+def _wrap_rules(text: str, width: int = 84) -> str:
+    """The system prompt's paragraphs and numbered rules refilled to `width` (a rule's text depends on the
+    target's declarations, so the template cannot wrap it by hand)."""
+    paras: list[str] = []
+    for line in text.splitlines():
+        if not line.strip():
+            paras.append("")
+        elif re.match(r"\d+\. ", line) or not paras or not paras[-1]:
+            paras.append(line.strip())
+        else:
+            paras[-1] += " " + line.strip()
+    out = []
+    for p in paras:
+        indent = "   " if re.match(r"\d+\. ", p) else ""
+        out.append(textwrap.fill(" ".join(p.split()), width, subsequent_indent=indent, break_long_words=False,
+                                 break_on_hyphens=False) if p else "")
+    return "\n".join(out).rstrip("\n") + "\n"
 
 
 def _prompt_chars(target, override: int | None) -> int:
@@ -123,8 +145,8 @@ class _State:
 
     def system(self) -> str:
         c = self.ctx
-        return self.env.get_template("system.j2").render(
-            target=c.target, conventions_name=c.conventions_name, api_header=c.api_header, stream_fn=c.stream_fn)
+        return _wrap_rules(self.env.get_template("system.j2").render(
+            target=c.target, conventions_name=c.conventions_name, api_header=c.api_header, rules=c.rules))
 
     # cut steps: each removes one thing and returns False when it has nothing left
     def steps(self):
