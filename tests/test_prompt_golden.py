@@ -66,17 +66,41 @@ def _git(ws: Path, *args: str) -> None:
                    capture_output=True)
 
 
+# The known-wrong answer a CPU-only run committed as 'built' (it normalises the first row only): it
+# launches a kernel and shares words with the rms_norm units, so only its state keeps it out.
+WRONG_BUILT = """#include "mini_cuda.cuh"
+
+static __global__ void rms_rows_kernel(float *out, const float *x, uint32_t n, float eps) {
+    float ss = 0.0f;
+    for (uint32_t i = 0; i < n; ++i) ss += x[i] * x[i];
+    const float scale = rsqrtf(ss / n + eps);
+    for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) out[i] = x[i] * scale;  // KNOWN WRONG: first row only
+}
+
+extern "C" int mini_gpu_rms_norm_plain_rows_tensor(mini_gpu_tensor *out, const mini_gpu_tensor *x, uint32_t n,
+                                                   uint32_t rows, float eps) {
+    if (!out || !x) return -1;
+    (void)rows;
+    rms_rows_kernel<<<1, 256, 0, mini_cuda_stream()>>>((float *)out->data, (const float *)x->data, n, eps);
+    return MINI_CUDA_LAUNCH_OK("rms_rows") ? 0 : -1;
+}
+"""
+
+
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory) -> Path:
-    """`porter init` plus two committed ported units (and one uncommitted edit, never shown)."""
-    ws = init_workspace(tmp_path_factory.mktemp("prompt") / "ws", ["minimoe"])
-    ported = ws / "targets" / "minimoe" / "ported"
-    (ported / "mini_gpu_add_tensor.cu").write_text(EXAMPLE_ADD)
-    (ported / "mini_gpu_tensor_bytes.cu").write_text(EXAMPLE_BYTES)
-    _git(ws, "add", "-A")
-    _git(ws, "commit", "-q", "-m", "two ported units")
-    (ported / "mini_gpu_rope_tail_tensor.cu").write_text("// not committed: never an example\n"
-                                                        "extern \"C\" int mini_gpu_rope_tail_tensor() { return 0; }\n")
+    """Two units verified with perf judged, one committed as 'built' that is wrong, one verified but
+    with perf unmeasured, and one uncommitted edit: only the first two may be examples."""
+    from ws_builder import make_workspace as built_workspace
+
+    wb = built_workspace(tmp_path_factory.mktemp("prompt") / "ws")
+    wb.port("mini_gpu_add_tensor", source=EXAMPLE_ADD)
+    wb.port("mini_gpu_tensor_bytes", source=EXAMPLE_BYTES)
+    wb.port("mini_gpu_rms_norm_plain_rows_tensor", state="built", source=WRONG_BUILT)
+    wb.port("mini_gpu_swiglu_tensor", perf=False)  # verified, perf unmeasured: not an example either
+    ws = wb.root
+    (ws / "targets" / "minimoe" / "ported" / "mini_gpu_rope_tail_tensor.cu").write_text(
+        "// not committed: never an example\nextern \"C\" int mini_gpu_rope_tail_tensor() { return 0; }\n")
     return ws
 
 
@@ -355,14 +379,32 @@ def test_impossible_budget_keeps_the_essentials(target):
 
 # -- style examples -------------------------------------------------------------------------
 
-def test_style_examples_are_committed_ported_units(target):
-    p = render_prompt(target, "mini_gpu_swiglu_tensor", 1, []).request.prompt
-    assert "### mini_gpu_add_tensor (committed)" in p
+def test_style_examples_are_verified_units_and_say_so(target):
+    p = render_prompt(target, "mini_gpu_rms_norm_weight_rows_tensor", 1, []).request.prompt
+    assert "### mini_gpu_add_tensor (verified: parity and perf passed)" in p
+    assert "KNOWN WRONG" not in p and "mini_gpu_rms_norm_plain_rows_tensor (" not in p  # built: never shown
+    assert "mini_gpu_swiglu_tensor (" not in p  # verified without perf: not shown either
     assert "not committed: never an example" not in p
     assert "porter:placeholder" not in p
+    assert "(committed)" not in p  # every example says its state
     # a unit is never its own example
     p = render_prompt(target, "mini_gpu_add_tensor", 1, []).request.prompt
-    assert "### mini_gpu_add_tensor (committed)" not in p
+    assert "### mini_gpu_add_tensor (" not in p
+
+
+def test_a_verified_unit_edited_since_is_no_example(target, workspace):
+    """Stale (the file changed after its evidence): what the prompt would show is not what was judged."""
+    from porter.prompt.context import style_examples
+
+    path = workspace / "targets" / "minimoe" / "ported" / "mini_gpu_add_tensor.cu"
+    path.write_text(EXAMPLE_ADD.replace("a[i] + b[i]", "a[i] - b[i]"))
+    _git(workspace, "commit", "-q", "-am", "hand edit")
+    try:
+        shown, _ = style_examples(target, "mini_gpu_rms_norm_weight_rows_tensor")
+        assert not any(s.title.startswith("mini_gpu_add_tensor") for s in shown)
+    finally:
+        path.write_text(EXAMPLE_ADD)
+        _git(workspace, "commit", "-q", "-am", "hand edit undone")
 
 
 def test_missing_context_is_said(target, monkeypatch):

@@ -6,7 +6,8 @@ is, the Metal slice and host dispatch from porter.scan (helper modules that may
 be absent: then the unit's host function text, parsed out of the Metal host
 file with tree-sitter, and a note saying what is missing), the quant types
 from the census ranking (else the unit's name and doc), style examples from
-the workspace's committed unit files, and the diagnostics of earlier failures
+the workspace's committed unit files whose derived state is verified with
+perf judged (porter.status: a 'built' unit may be wrong), and the diagnostics of earlier failures
 with every verify-time seed removed.
 """
 
@@ -18,12 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from porter import gitops
+from porter.digest import sha256_bytes
 from porter.errors import PorterError
 from porter.placeholder import is_placeholder
 from porter.plan import ranked_units
 from porter.scan import scan
 from porter.scan import slice as scan_slice
 from porter.prompt.quant_layouts import canonical, layout_text, quant_types_from_text
+from porter.prompt.rules import for_prompt as rules_for_prompt
 
 
 
@@ -53,7 +56,7 @@ class UnitContext:
     doc: str
     conventions_name: str
     conventions: str
-    stream_fn: str | None
+    rules: dict  # the target's declared rules for the system prompt (porter.prompt.rules.for_prompt)
     host_dispatch: list[Section] = field(default_factory=list)
     kernels: list[Section] = field(default_factory=list)
     helpers: list[Section] = field(default_factory=list)
@@ -155,12 +158,6 @@ def declaration_as_written(target, fn) -> str:
             break
     text = "\n".join(out)
     return text if fn.name in text else fn.declaration
-
-
-def stream_function(conventions: str) -> str | None:
-    """The function of the conventions header that returns the target's stream."""
-    m = re.search(r"\bcudaStream_t\s+([A-Za-z_]\w*)\s*\(", conventions)
-    return m.group(1) if m else None
 
 
 # -- Metal side ------------------------------------------------------------------
@@ -345,27 +342,55 @@ def _words(name: str, prefix: str) -> set[str]:
     return set(w for w in name.removeprefix(prefix).split("_") if w and w != "tensor")
 
 
-def style_examples(target, unit: str, limit: int = 2, max_chars: int = 6000) -> list[Section]:
-    """Up to `limit` committed, non-placeholder unit files, most similar first;
-    units that launch a kernel are preferred (they show the conventions in use)."""
+# states whose code was judged correct by parity and fast enough by perf: what a model may imitate
+TRUSTED_STATES = ("verified", "verified (unsandboxed)")
+
+
+def trusted_units(target) -> tuple[dict[str, tuple[str, str]], str | None]:
+    """unit -> (state, candidate sha256) of the units status derives as verified with perf judged (a
+    wrong answer committed as 'built' on a machine without a GPU must never be shown as the way to
+    write a unit); (empty, why) when the workspace's state cannot be derived or is not trustworthy."""
+    from porter.status import derive  # status reads the prompt's neighbours; imported where needed
+
+    try:
+        report = derive(target.workspace, target=target, rank=False, prefill=False)
+    except Exception as exc:  # noqa: BLE001 - the prompt must still be buildable
+        return {}, f"style examples: the units' states could not be derived ({type(exc).__name__}: " \
+                   f"{' '.join(str(exc).split())[:160]})"
+    if report.tampered:
+        return {}, "style examples: none, the workspace's history is tampered or rolled back (see `porter status`)"
+    return {u.unit: (u.state, u.candidate_sha256) for u in report.units if u.state in TRUSTED_STATES}, None
+
+
+def style_examples(target, unit: str, limit: int = 2, max_chars: int = 6000) -> tuple[list[Section], str | None]:
+    """Up to `limit` committed units whose state is verified with perf judged, most similar first;
+    units that launch a kernel are preferred (they show the conventions in use).  Each example's title
+    says its state.  Returns (examples, a note for the prompt's missing list or None)."""
     files = _committed_units(target)
+    if not any(name != unit and not is_placeholder(text) for name, text in files.items()):
+        return [], None  # nothing ported yet: nothing to derive
+    trusted, why = trusted_units(target)
     mine = _words(unit, target.symbol_prefix)
     runtime = set(target.runtime_units)
     scored = []
     for name, text in files.items():
-        if name == unit or is_placeholder(text) or len(text) > max_chars:
+        if name == unit or is_placeholder(text) or len(text) > max_chars or name not in trusted:
             continue
+        state, sha = trusted[name]
+        if sha != sha256_bytes(text.encode()):
+            continue  # the committed file is not the one that was verified
         score = (
             "<<<" in text,
             name not in runtime,
             len(mine & _words(name, target.symbol_prefix)),
             -len(text),
         )
-        scored.append((score, name, text))
+        scored.append((score, name, text, state))
     scored.sort(reverse=True)
-    if any(score[0] for score, _, _ in scored):  # units that launch kernels show more than plumbing does
+    if any(score[0] for score, *_ in scored):  # units that launch kernels show more than plumbing does
         scored = [x for x in scored if x[0][0]]
-    return [Section(f"{name} (committed)", text.strip(), "cuda") for _, name, text in scored[:limit]]
+    return [Section(f"{name} ({state}: parity and perf passed)", text.strip(), "cuda")
+            for _, name, text, state in scored[:limit]], why
 
 
 # -- everything ----------------------------------------------------------------
@@ -384,7 +409,7 @@ def gather(target, unit: str, attempt: int, failures: list) -> UnitContext:
         doc=_clean_doc(fn.doc),
         conventions_name=conv_path.name,
         conventions=conventions.strip(),
-        stream_fn=stream_function(conventions),
+        rules=rules_for_prompt(target, conventions),
         is_runtime=unit in target.runtime_units,
     )
     if not conventions:
@@ -402,6 +427,8 @@ def gather(target, unit: str, attempt: int, failures: list) -> UnitContext:
             ctx.layouts.append(Section(q, layout_text(q)))
         except KeyError:
             ctx.missing.append(f"no block layout description for quant type {q}")
-    ctx.examples = style_examples(target, unit)
+    ctx.examples, why = style_examples(target, unit)
+    if why:
+        ctx.missing.append(why)
     ctx.failures = failures_from_records(failures, getattr(target, "workspace", None))
     return ctx
