@@ -100,3 +100,12 @@ def test_a_named_arch_is_what_the_object_holds_and_the_evidence_says(workspace, 
     assert not res.ok and res.check == "compile"
     assert res.evidence["arch"] == ["sm_120"] and res.evidence["arch_from"] == "named"
     assert "-arch=sm_120" in res.evidence["nvcc_flags"]
+
+
+def test_arch_on_the_command_line_is_what_every_build_of_the_command_uses(workspace, porter_cli):
+    r = porter_cli(workspace, "doctor", "--arch", "12.0", env={arch.ENV: ""})
+    line = next(line for line in r.stdout.splitlines() if line.split()[1:2] == ["arch"])
+    assert "builds for sm_120 (named by --arch" in line
+    bad = porter_cli(workspace, "doctor", "--arch", "hopper")
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        "porter: error: GPU architecture 'hopper' not understood: name it like sm_90, sm_120 or 12.0"]
