@@ -110,7 +110,7 @@ def _gpu(target) -> list[Check]:
     from porter.toolchain import driver_facts
 
     found = gpu_arch.detected()
-    drv = driver_facts()
+    drv = driver_facts() or _cupy_driver()
     out = []
     if found:
         gpu = drv.get("gpu") or "GPU"
@@ -126,6 +126,20 @@ def _gpu(target) -> list[Check]:
                          f"this machine's {', '.join(uncovered)} would not load those builds: add it to --arch "
                          f"(e.g. --arch {','.join([*choice.archs, *uncovered])}) or drop --arch"))
     return out
+
+
+def _cupy_driver() -> dict:
+    """{"gpu", "driver"} as cupy sees them, where nvidia-smi is not on PATH (a container)."""
+    try:
+        import cupy
+
+        rt = cupy.cuda.runtime
+        name = rt.getDeviceProperties(0).get("name", b"GPU")
+        v = rt.driverGetVersion()
+        return {"gpu": name.decode(errors="replace") if isinstance(name, bytes) else str(name),
+                "driver": f"CUDA {v // 1000}.{v % 1000 // 10} (cupy)"}
+    except Exception:  # noqa: BLE001 - no cupy, no driver, no device
+        return {}
 
 
 def _cupy(nvcc_line: str | None) -> Check:
@@ -272,7 +286,7 @@ def preflight(workspace: Path, target, command: str, provider: dict | None = Non
 def add_arguments(p) -> None:
     p.add_argument("--provider", help="the provider whose key to check (default: as `porter run` picks it)")
     p.add_argument("--base-url", help="an OpenAI-compatible local server (no key needed)")
-    p.epilog = "examples:\n  porter doctor\n  porter doctor --target ds4 --source ~/ds4 --provider anthropic --json"
+    p.epilog = "examples:\n  porter doctor\n  porter doctor --source ~/src/engine --provider anthropic --json\n  porter doctor --arch sm_120"
 
 
 def run(args) -> int:

@@ -83,3 +83,26 @@ def test_outside_a_workspace_the_machine_is_still_checked(tmp_path, porter_cli):
     r = porter_cli(None, "-C", str(tmp_path), "doctor")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stdout.splitlines()[0].startswith("FAIL target") and " sandbox " in r.stdout
+
+
+def _gpu_here() -> str | None:
+    try:
+        import cupy
+
+        p = cupy.cuda.runtime.getDeviceProperties(0)
+        return f"sm_{p['major']}{p['minor']}"
+    except Exception:  # noqa: BLE001 - no cupy, driver or device
+        return None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_gpu_here() is None, reason="needs an NVIDIA GPU and cupy: the GPU, its architecture and driver")
+def test_on_a_gpu_machine_builds_are_for_its_gpu(workspace, porter_cli, monkeypatch):
+    monkeypatch.delenv(arch.ENV, raising=False)
+    arch.detected.cache_clear()
+    r = porter_cli(workspace, "doctor", env={arch.ENV: ""})
+    print(r.stdout)  # the integrator pastes this into the note
+    got = {line.split()[1]: line for line in r.stdout.splitlines()[:-1]}
+    assert got["gpu"].startswith("ok") and _gpu_here() in got["gpu"] and "driver" in got["gpu"]
+    assert got["arch"].startswith("ok") and f"builds for {_gpu_here()} (the GPUs of this machine)" in got["arch"]
+    assert got["cupy"].startswith("ok"), got["cupy"]
