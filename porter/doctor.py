@@ -81,6 +81,15 @@ def linked_libraries(target) -> list[str]:
     return list(dict.fromkeys(f[2:] for f in flags if f.startswith("-l") and len(f) > 2))
 
 
+def _toolkit_packages(nvcc: str) -> str:
+    """The Debian/Ubuntu package names of the toolkit's math libraries for this nvcc's release."""
+    from porter.toolchain import nvcc_release_line
+
+    m = re.search(r"release (\d+)\.(\d+)", nvcc_release_line(nvcc))
+    v = f"{m.group(1)}-{m.group(2)}" if m else "<major>-<minor>"
+    return f"apt-get install cuda-libraries-dev-{v} (or libcublas-dev-{v}), or the full toolkit"
+
+
 def _toolkit_files(target, nvcc: str) -> list[Check]:
     out = []
     incs = include_dirs(nvcc)
@@ -90,8 +99,7 @@ def _toolkit_files(target, nvcc: str) -> list[Check]:
         out.append(Check("headers", not missing,
                          f"{', '.join(headers)} found" if not missing else f"{', '.join(missing)} not in the toolkit "
                          f"({', '.join(str(d) for d in incs[:2])})",
-                         "install the CUDA toolkit's math libraries (e.g. apt-get install cuda-libraries-dev-"
-                         "<major>-<minor>, or the full toolkit), whose headers the target's conventions include"))
+                         f"{_toolkit_packages(nvcc)}: the target's conventions include them"))
     libs = linked_libraries(target)
     dirs = library_dirs(nvcc)
     gone = [lib for lib in libs if not any((d / f"lib{lib}.so").exists() for d in dirs)]
@@ -99,8 +107,7 @@ def _toolkit_files(target, nvcc: str) -> list[Check]:
         out.append(Check("libraries", not gone,
                          f"{', '.join('lib' + x for x in libs)} found" if not gone else
                          f"{', '.join('lib' + x + '.so' for x in gone)} not found (target links {' '.join('-l' + x for x in libs)})",
-                         "install the CUDA toolkit's libraries (libcublas-dev / cuda-libraries-dev) "
-                         "or add their folder to the toolkit's lib64"))
+                         f"{_toolkit_packages(nvcc)}: the backend links them"))
     return out
 
 
@@ -159,8 +166,9 @@ def _cupy(nvcc_line: str | None) -> Check:
     ok = m is None or int(m.group(1)) == major
     return Check("cupy", ok, f"{cupy.__version__} on CUDA {major}.{runtime % 1000 // 10}"
                  + ("" if m is None else f", nvcc is CUDA {m.group(1)}"),
-                 f"the backend built by nvcc {m.group(1) if m else '?'} loads next to cupy's CUDA {major} runtime: "
-                 f"pip install cupy-cuda{m.group(1) if m else ''}x (or put the matching nvcc on PATH)")
+                 f"the backend built by nvcc {m.group(1) if m else '?'} loads next to cupy's CUDA {major} runtime "
+                 f"(two runtimes in the parity child): pip install cupy-cuda{m.group(1) if m else ''}x, or put "
+                 f"the matching nvcc on PATH", required=False)
 
 
 # -- trust: sandbox, signing key, witness, provider key ---------------------------------------------
@@ -269,8 +277,8 @@ def checks(workspace: Path | None, target_name: str | None, source: str | None =
 # what stops each command before it asks for anything; `porter run` checks the signing key (exit 3) and
 # the provider's key (when it makes the provider) itself, right after
 PREFLIGHT = {
-    "run": ("target", "nvcc", "headers", "libraries", "arch", "cupy", "sandbox"),
-    "calibrate": ("target", "nvcc", "headers", "libraries", "arch", "cupy", "sandbox"),
+    "run": ("target", "nvcc", "headers", "libraries", "arch", "sandbox"),
+    "calibrate": ("target", "nvcc", "headers", "libraries", "arch", "sandbox"),
 }
 
 
