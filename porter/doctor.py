@@ -128,7 +128,10 @@ def _gpu(target) -> list[Check]:
                          required=False))
     choice = target.arch if target is not None else None
     if choice is not None:
-        uncovered = [a for a in found if a not in choice.archs]
+        # under --executor ray the cluster's workers load the builds (porter.gates.parity.pool names their
+        # architectures), not this machine's GPUs
+        remote = os.environ.get("PORTER_PARITY_EXECUTOR") == "ray"
+        uncovered = [] if remote else [a for a in found if a not in choice.archs]
         out.append(Check("arch", not uncovered, f"builds for {choice.describe()}",
                          f"this machine's {', '.join(uncovered)} would not load those builds: add it to --arch "
                          f"(e.g. --arch {','.join([*choice.archs, *uncovered])}) or drop --arch"))
