@@ -3,6 +3,9 @@ of the cluster, wherever it is.
 
     PORTER_PARITY_EXECUTOR=ray [PORTER_RAY_ADDRESS=ADDR]   (the CLI's --executor ray --ray-address)
 
+$PORTER_RAY_SHIP_CODE=0: the workers import the porter installed on their hosts instead of this
+checkout's, sent with the job (Ray's runtime_env) by default.
+
 Why Ray: a maintained scheduler that already knows GPUs as resources, places one actor per GPU
 on whichever host has one free, moves objects between hosts, and says when a worker or a node
 died; porter adds nothing of that kind itself.
@@ -68,8 +71,8 @@ def ray_available() -> tuple[bool, str]:
 
 
 def available() -> tuple[bool, str]:
-    """parity.available() under --executor ray: the cluster has GPUs (each worker host's cupy is
-    its own to have; a worker that cannot open its GPU says so in the first verdict's detail)."""
+    """parity.available() under --executor ray: the cluster has GPUs (each worker host's cupy is its
+    own to have: a worker whose host cannot open its GPU takes no job, see GateWorker.hello)."""
     ok, why = ray_available()
     if not ok:
         return False, why
