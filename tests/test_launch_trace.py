@@ -120,3 +120,47 @@ def test_a_trace_row_keeps_declared_unreachable_apart_and_flags_a_wrong_claim():
     assert row["outside_slice"] == ["x"] and row["known_good_ok"]
     bad = trace.trace_row("op", {"a"}, {"a"}, {}, {"v1": {"known_good_ok": False, "adds": []}}, True, "ok")
     assert not bad["known_good_ok"]  # a refused variant is a refused known-good
+
+
+def test_the_trace_starts_the_ops_with_the_most_variants_first(monkeypatch, tmp_path):
+    """`porter dev trace --executor ray`: one command over the cluster's slots, longest first (each
+    variant is a traced run), rows in the units' order."""
+    from types import SimpleNamespace
+
+    import porter.calibration.calibrator as calibrator
+    import porter.calibration.libraries as libraries
+    import porter.calibration.trace as trace
+    import porter.calibration.variants as variants
+    import porter.gates.parity.spec as spec
+    import porter.providers.reference as reference
+    import porter.scan.cuda_slice as cuda_slice
+
+    n_variants = {"op_a": 0, "op_b": 3, "op_c": 1}
+    ran = []
+
+    class Plan:
+        def __init__(self, target, cf=None, rules=None):
+            pass
+
+        def for_unit(self, unit):
+            return [SimpleNamespace(name=f"v{i}", env={"K": str(i)}) for i in range(n_variants[unit])]
+
+    def parity(target, unit, lib, opts, env=None, seeds=None):
+        ran.append(unit)
+        return SimpleNamespace(ok=True, summary="ok")
+
+    monkeypatch.setattr(reference, "load_rules", lambda target: None)
+    monkeypatch.setattr(reference, "reference_source", lambda target: "")
+    monkeypatch.setattr(cuda_slice.CudaFile, "parse", staticmethod(lambda text, rules: None))
+    monkeypatch.setattr(trace, "build_interposer", lambda d: d / "interposer.so")
+    monkeypatch.setattr(libraries, "build_upstream", lambda target, out_dir, extra_flags: tmp_path / "lib.so")
+    monkeypatch.setattr(variants, "VariantPlan", Plan)
+    monkeypatch.setattr(calibrator, "parity_on_library", parity)
+    monkeypatch.setattr(trace, "reachable_kernels", lambda cf, unit, rules: set())
+    monkeypatch.setattr(spec, "spec_unreachable", lambda target, unit: {})
+    for var in ("PORTER_PARITY_EXECUTOR", "LD_PRELOAD", trace.TRACE_ENV, "PORTER_PARITY_KEEP"):
+        monkeypatch.setenv(var, "")  # trace_units sets them: put back after the test
+    rows = trace.trace_units(SimpleNamespace(name="t"), ["op_a", "op_b", "op_c"], tmp_path, out=lambda *a: None,
+                             parallel=1)
+    assert [u for i, u in enumerate(ran) if i == 0 or ran[i - 1] != u] == ["op_b", "op_c", "op_a"]
+    assert [r["unit"] for r in rows] == ["op_a", "op_b", "op_c"]

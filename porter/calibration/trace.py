@@ -215,7 +215,11 @@ def trace_units(target, units: list[str], workspace: Path, out=print, parallel: 
     rows = []
     try:
         with ThreadPoolExecutor(max_workers=parallel) as pool:
-            for row in pool.map(one, units):
+            # the ops with the most variants (each a traced run) start first: the longest-first schedule
+            # over the slots (with --executor ray, the cluster's GPUs); rows come out in the units' order
+            first = sorted(units, key=lambda u: (-len(variant_plan.for_unit(u)), units.index(u)))
+            started = {u: pool.submit(one, u) for u in first}
+            for row in (started[u].result() for u in units):
                 rows.append(row)
                 via = [f"{n} +{len(v['adds'])}" for n, v in row["variants"].items()]
                 bad = [n for n, v in row["variants"].items() if not v["known_good_ok"]]
