@@ -30,7 +30,7 @@ from porter.gates import static
 from porter.gates.driver import Candidate, GateContext, ParityOptions, run_gates
 from porter.gates.parity.compare import CHECK_ORDER
 from porter.gates.parity.gate import fresh_seeds
-from porter.gates.parity.spec import load_specs
+from porter.gates.parity.spec import inputs_facts, load_specs
 from porter.ledger import Ledger
 
 
@@ -142,7 +142,8 @@ def calibrate(target, libs, opts: CalibrateOptions, out=print) -> dict:
     records: dict[str, dict] = {u: rec for u, (_, rec) in zip(units, done)}
     report = {"target": target.name, "known_good": libs.describe, "library": str(good),
               "rows": [asdict(r) for r in rows], "seconds": round(time.monotonic() - t0, 1),
-              "build_seconds": round(build_s, 1)}
+              "build_seconds": round(build_s, 1),
+              "inputs": {u: inputs_facts(specs[u]) for u in units}}
     if opts.ledger:
         record(target, opts.workspace, records, libs.describe, good)
     return report
@@ -282,4 +283,26 @@ def matrix(report: dict, prefix: str = "", width: int | None = None) -> str:
             cells.append((f"{len(hits)}" + ("!" if any(not r["ok"] for r in hits) else "")) if hits else ".")
         t.add_row(u.removeprefix(prefix).removesuffix("_tensor"), g, *cells)
     legend = textwrap.fill(MATRIX_LEGEND, width) if width else MATRIX_LEGEND
+    return t.text(width) + "\n" + legend
+
+
+INPUTS_LEGEND = ("cases: ok cases per seed; edge: how many sit at a numerical edge (Shape.edge); inputs: the "
+                 "distributions they are drawn from (UnitSpec.inputs)")
+
+
+def inputs_table(report: dict, prefix: str = "", width: int | None = None) -> str:
+    """Per op spec: its ok cases, how many sit at a numerical edge, and its declared input distributions."""
+    import textwrap
+
+    from porter.term import Column, Table
+
+    ops = {u: f for u, f in (report.get("inputs") or {}).items() if f["cases"]}  # runtime scenarios draw no numbers
+    if not ops:
+        return ""
+    t = Table([Column("unit", key=True), Column("cases", right=True), Column("edge", right=True)], tail="inputs",
+              rule=False, tail_style=None)
+    for u, f in ops.items():
+        t.add_row(u.removeprefix(prefix).removesuffix("_tensor"), f["cases"], len(f["edges"]),
+                  tail=f["inputs"] or "UNDECLARED")
+    legend = textwrap.fill(INPUTS_LEGEND, width) if width else INPUTS_LEGEND
     return t.text(width) + "\n" + legend

@@ -19,7 +19,7 @@ import os
 import sys
 from pathlib import Path
 
-from porter.calibration.calibrator import CalibrateOptions, calibrate, matrix, table
+from porter.calibration.calibrator import CalibrateOptions, calibrate, inputs_table, matrix, table
 from porter.calibration.chunks import chunk_units
 from porter.calibration.libraries import libraries_for
 from porter.errors import PorterError
@@ -103,6 +103,9 @@ def run(args) -> int:
 
         cols = width()
         print(f"\n{table(report, cols)}\n\n{matrix(report, target.symbol_prefix, cols)}")
+        inputs = inputs_table(report, target.symbol_prefix, cols)
+        if inputs:
+            print(f"\n{inputs}")
         print(f"\n{len(report['rows']) - len(bad)} of {len(report['rows'])} behaved as they must"
               + (f"; {len(bad)} did not" if bad else "") + f" ({report['seconds']} s)")
     return 1 if bad else 0

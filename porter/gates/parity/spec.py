@@ -192,6 +192,9 @@ class Shape:
     # why an all-zero answer is the right one for this case (n = 0, everything masked): calibration
     # refuses a spec with any OTHER ok case an all-zero answer passes (gate.zero_answer_passes)
     zero_answer: str = ""
+    # the numerical edge this case sits at, and what a fragile kernel does there (e.g. "scores
+    # shifted by +200: exp overflows without the max subtracted"); counted in the calibration table
+    edge: str = ""
 
     def __post_init__(self):
         if self.expect not in ("ok", "error"):
@@ -212,7 +215,15 @@ class Shape:
 
     def facts(self) -> dict:
         return {"label": self.label, "dims": {k: _plain(v) for k, v in self.dims.items()},
-                "source": self.source, "expect": self.expect}
+                "source": self.source, "expect": self.expect, **({"edge": self.edge} if self.edge else {})}
+
+
+def inputs_facts(spec) -> dict:
+    """What the calibration table shows of a spec's inputs: the declared distributions, how many
+    ok cases it runs and which of them sit at a numerical edge."""
+    shapes = [s for s in getattr(spec, "shapes", ()) if s.expect == "ok"]
+    return {"inputs": getattr(spec, "inputs", "") or "", "cases": len(shapes),
+            "edges": [s.label for s in shapes if s.edge]}
 
 
 def _plain(v):
@@ -233,6 +244,9 @@ class UnitSpec:
     bytes_moved: Callable[[Shape], int] | None = None  # the least bytes the op must move (roofline; perf)
     flops: Callable[[Shape], int] | None = None  # arithmetic the op must do, for compute-bound ops (perf floor)
     perf_floor: float | None = None  # least fraction of the roofline a timed case must reach (perf.py default)
+    # which distributions and magnitudes the inputs are drawn from, and why (one place per spec or
+    # per family helper); shown beside the spec in the calibration table
+    inputs: str = ""
     notes: str = ""
     path: Path | None = None
 

@@ -27,8 +27,33 @@ from reference import ds4_ops as _ops
 D = A.HEAD_DIM
 
 
-def kv_rows(rng, n, head_dim=D, n_rot=A.N_ROT, scale=1.0):
+ATTENTION_INPUTS = (
+    "q ~ N(0, 1.5^2) and KV rows ~ N(0, 1) after ds4's FP8 + f16 rounding (scores ~ N(0, 1.5^2)); "
+    "sinks ~ U(-2, 4); edge: scores shifted by +200 (a common direction in q and every KV row)")
+
+# Scores the softmax sees, shifted by a common +SCORE_SHIFT: softmax is shift-invariant, so the right
+# answer is as well conditioned as at moderate scores, but exp(score) overflows float32 past 88.7:
+# a kernel that does not subtract the row's maximum returns inf/inf.  Every upstream attention path
+# subtracts it (the plain, cuBLAS-softmax and online kernels of ds4_cuda.cu all take expf(s - max_s)),
+# and the score GEMM scales after the product (cuBLAS alpha), so the f16 q and KV values stay exact.
+SCORE_SHIFT = 200.0
+EDGE_SHIFTED = f"scores shifted by +{SCORE_SHIFT:g} (exp overflows float32 without the max subtracted)"
+_SHIFT_NOISE = 0.2  # KV rows = direction + N(0, 0.2^2): score spread ~ 0.2 * shift / sqrt(head_dim)
+
+
+def shifted(dims):
+    """A case's dims with its scores shifted past exp's range (attention_call reads score_shift)."""
+    return {**dims, "score_shift": SCORE_SHIFT}
+
+
+def _shift_direction(rng, head_dim):
+    return rng.choice(np.array([-1.0, 1.0], np.float32), head_dim)
+
+
+def kv_rows(rng, n, head_dim=D, n_rot=A.N_ROT, scale=1.0, base=None):
     x = (rng.standard_normal((n, head_dim)) * scale).astype(np.float32)
+    if base is not None:
+        x = x + base[None, :].astype(np.float32)
     if (head_dim - n_rot) % A.FP8_BLOCK == 0 and n > 0:
         x = A.dsv4_fp8_kv_quantize(x, n, head_dim, n_rot)
     return A.f16_round(x)
@@ -99,14 +124,22 @@ def attention_call(kind, shape, rng):
     nh, hd = d.get("n_head", A.N_HEAD), d.get("head_dim", D)
     nt = d.get("n_tokens", 1)
     m, off, _ = sinks_map(rng, d.get("sink_heads", nh))
-    q = q_rows(rng, (nt, nh, hd))
+    shift = d.get("score_shift", 0.0)
+    u = _shift_direction(rng, hd) if shift else None
+    if shift:  # q = a*u + noise with a*|u|^2 / sqrt(hd) = shift; every KV row = u + N(0, 0.2^2)
+        a = shift / np.sqrt(hd)
+        q = A.f16_round(a * u[None, None, :] + 0.3 * rng.standard_normal((nt, nh, hd)))
+        kv_kw = {"scale": _SHIFT_NOISE, "base": u}
+    else:
+        q = q_rows(rng, (nt, nh, hd))
+        kv_kw = {}
     out_shape = (nh, hd) if kind == "decode_heads" else (nt, nh, hd)
     args = {"heads": Out("f32", out_shape), "model_map": m, "model_size": m.size, "sinks_offset": off,
             "q": In(q[0] if kind == "decode_heads" else q), "n_head": nh, "head_dim": hd}
     n_comp = d.get("n_comp", 0)
-    comp = kv_rows(rng, max(n_comp, 1), hd)
+    comp = kv_rows(rng, max(n_comp, 1), hd, **kv_kw)
     if kind.startswith("prefill"):
-        raw = kv_rows(rng, nt, hd)
+        raw = kv_rows(rng, nt, hd, **kv_kw)
         args.update(raw_kv=In(raw), n_tokens=nt, window=d["window"])
         mask = None
         if kind != "prefill_raw":
@@ -125,7 +158,7 @@ def attention_call(kind, shape, rng):
         return args, ref
 
     cap, n_raw, start, pos0 = d["raw_cap"], d["n_raw"], d["raw_start"], d.get("pos0", 0)
-    raw = kv_rows(rng, cap, hd)
+    raw = kv_rows(rng, cap, hd, **kv_kw)
     args.update(raw_kv=In(raw), n_raw=n_raw, raw_cap=cap, raw_start=start)
     if kind == "decode_heads":
         use = d.get("use_mask", 0)
@@ -206,19 +239,30 @@ def compressor_map(rng, width, ratio, head_dim, ape_type):
     return m, a_off, n_off
 
 
-def compressor_state(rng, ratio, width, cleared=()):
+COMPRESSOR_INPUTS = ("token kv ~ N(0, 1), scores ~ N(0, 2^2) plus APE ~ N(0, 0.7^2) (F16 or F32); state rows "
+                     "alike, cleared rows kv 0 / score -inf; norm weight ~ U(0.5, 1.5); edge: every score "
+                     "shifted by +150")
+
+# Every pooling score shifted by +150: the per-dimension softmax over a window's rows is shift-
+# invariant, but expf(150) overflows float32.  Upstream's compressor pool kernels take
+# expf(score - max_s) over the window (ds4_cuda.cu compressor_*_pool / update_pool).
+COMPRESSOR_SCORE_SHIFT = 150.0
+EDGE_COMPRESSOR_SHIFT = "pooling scores shifted by +150 (expf overflows without the window max)"
+
+
+def compressor_state(rng, ratio, width, cleared=(), score_shift=0.0):
     """A state in use: finite kv and scores (scores already hold their APE), rows in `cleared` empty."""
     rows = (2 if ratio == 4 else 1) * ratio
     kv = rng.standard_normal((rows, width)).astype(np.float32)
-    sc = (rng.standard_normal((rows, width)) * 2.0).astype(np.float32)
+    sc = (rng.standard_normal((rows, width)) * 2.0 + score_shift).astype(np.float32)
     for r in cleared:
         kv[r], sc[r] = 0.0, -np.inf
     return kv, sc
 
 
-def compressor_tokens(rng, n, width):
+def compressor_tokens(rng, n, width, score_shift=0.0):
     return (rng.standard_normal((n, width)).astype(np.float32),
-            (rng.standard_normal((n, width)) * 2.0).astype(np.float32))
+            (rng.standard_normal((n, width)) * 2.0 + score_shift).astype(np.float32))
 
 
 def compressor_bytes(kind):

@@ -23,11 +23,33 @@ N_LAYER = 43                  # ds4.c DS4_N_LAYER
 N_VOCAB = 129280              # ds4.c DS4_N_VOCAB
 
 
-def scaled_rows(rng, rows, n, lo=0.1, hi=10.0):
+NORM_INPUTS = ("rows ~ N(0, s^2), s log-uniform in 0.1..10 per row (a norm over the wrong row shows); "
+               "weights ~ U(0.25, 2); 'eps dominates' cases: eps 0.5 with small x; edge: rows near zero "
+               "at ds4's eps and an all-zero row")
+HC_INPUTS = ("hc state rows ~ N(0, s^2), s log-uniform in 0.1..10 per row; HC control vectors ~ N(0, 1.5^2); "
+             "scales pre/post/combine ~ U(0.5, 0.9), U(1.2, 1.6), U(1.8, 2.4), base ~ N(0, 0.7^2)")
+
+# Rows near zero at ds4's own eps (1e-6): a row of scale 1e-5..1e-3 has a mean square of 1e-10..1e-6,
+# where eps sets (or shares) the scale, and an all-zero row is 0 * rsqrt(eps) = 0 -- without eps,
+# 0 * inf = NaN.  Upstream's norm kernels all take rsqrtf(sum / n + eps) over a float32 sum of
+# squares, which holds these values (1e-10 is far above float32's smallest normal).
+NEAR_ZERO = (1e-5, 1e-3)
+EDGE_NEAR_ZERO = "rows near zero at ds4's eps 1e-6 (mean square 1e-10..1e-6) and an all-zero row"
+
+
+def scaled_rows(rng, rows, n, lo=0.1, hi=10.0, near_zero=False):
     """Rows of Gaussian values, each row with its own scale over two decades, so a
-    norm (or a sum) taken over the wrong row shows."""
+    norm (or a sum) taken over the wrong row shows.  near_zero: every other row (the
+    only one of a single row) at a scale in NEAR_ZERO, and of three or more rows the
+    last all zero."""
     scale = np.exp(rng.uniform(np.log(lo), np.log(hi), (rows, 1)))
-    return (rng.standard_normal((rows, n)) * scale).astype(np.float32)
+    if near_zero:
+        tiny = np.arange(rows) % 2 == (0 if rows == 1 else 1)
+        scale[tiny] = np.exp(rng.uniform(np.log(NEAR_ZERO[0]), np.log(NEAR_ZERO[1]), (int(tiny.sum()), 1)))
+    x = (rng.standard_normal((rows, n)) * scale).astype(np.float32)
+    if near_zero and rows >= 3:
+        x[-1] = 0.0
+    return x
 
 
 def norm_weight(rng, n):
@@ -46,9 +68,22 @@ def hc_params(rng):
     return scale, base
 
 
-def hc_mix(rng, rows, width=MIX):
-    """HC control vectors (the fn projection of the normalised state): O(1)."""
-    return (rng.standard_normal((rows, width)) * 1.5).astype(np.float32)
+# The 16 combine values of every row shifted by +55 (times the combine scale 1.8..2.4: logits of
+# 99..132): the row softmax of the Sinkhorn split is shift-invariant, but expf overflows float32 past
+# 88.7 without the row maximum subtracted.  Upstream's hc4_split_one subtracts it.  A float32
+# emulation of hc4_split_one (with and without FMA) on these rows stays under NMSE 4e-13 against the
+# float64 reference (the spec's bound is 1e-11); without the maximum it returns NaN.
+COMB_SHIFT = 55.0
+EDGE_COMB_SHIFT = "combine logits shifted to ~100-130 (the split's softmax overflows expf without its max)"
+
+
+def hc_mix(rng, rows, width=MIX, comb_shift=0.0):
+    """HC control vectors (the fn projection of the normalised state): O(1); comb_shift added to the
+    combine part (the last N_HC^2 values of each row)."""
+    x = (rng.standard_normal((rows, width)) * 1.5).astype(np.float32)
+    if comb_shift:
+        x[:, 2 * N_HC:] += np.float32(comb_shift)
+    return x
 
 
 def f16_table(rng, n_vocab, n_embd):

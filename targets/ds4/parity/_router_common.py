@@ -14,8 +14,19 @@ from reference import ds4_ops as ops
 N_EXPERT, N_USED = ops.N_EXPERT, ops.N_EXPERT_USED
 N_VOCAB = 129280
 
+INPUTS = ("logits ~ N(0, 2^2) with 4 per token beyond softplus's cut-offs (about 24, 21.5, -23, -30); "
+          "bias ~ N(0, 0.5^2); tie cases: logits and bias of a few values; edge: per token one logit "
+          "near +150 and one near -110, past expf's float32 range")
 
-def logits(rng, n_tokens, levels=0):
+# Logits past expf's range: log1pf(expf(150)) is inf in float32, so a softplus without the x > 20
+# branch returns inf probabilities and NaN weights; upstream's softplus_dev (every router kernel)
+# returns x above 20 and expf(x) below -20 (0 at -110), as ds4.c's softplus_stable does.  One huge
+# logit per token: with two, such a kernel's selection would also tie them at inf.
+HUGE_LOGITS = (150.0, -110.0)
+EDGE_HUGE = "a logit near +150 and one near -110 per token (softplus without its cut-off overflows expf)"
+
+
+def logits(rng, n_tokens, levels=0, huge=False):
     if levels:  # heavy ties: every logit one of a few values
         vals = np.sort(rng.standard_normal(levels) * 2.0).astype(np.float32)
         return vals[rng.integers(0, levels, (n_tokens, N_EXPERT))]
@@ -23,6 +34,9 @@ def logits(rng, n_tokens, levels=0):
     for t in range(n_tokens):  # softplus's branches: x > 20 returns x, x < -20 returns exp(x)
         idx = rng.choice(N_EXPERT, 4, replace=False)
         z[t, idx] = np.array([24.0, 21.5, -23.0, -30.0], np.float32) * rng.uniform(0.95, 1.05, 4).astype(np.float32)
+        if huge:
+            far = rng.choice(np.setdiff1d(np.arange(N_EXPERT), idx), 2, replace=False)
+            z[t, far] = np.array(HUGE_LOGITS, np.float32) * rng.uniform(0.95, 1.05, 2).astype(np.float32)
     return z
 
 

@@ -50,6 +50,7 @@ DISPATCH = {
 SPEC = UnitSpec(
     unit="ds4_gpu_attention_decode_heads_tensor",
     reference="reference.ds4_attention_ops.attention_decode_heads",
+    inputs=I.ATTENTION_INPUTS,
     outputs={"heads": Tol(**I.ATTN_TOL)},
     shapes=[
         Shape(SMEM, dims(128, 77, 1000)),
@@ -61,6 +62,9 @@ SPEC = UnitSpec(
         Shape(ONLINE, dims(1, 40, 8000)),
         Shape("odd: 3 heads x 96, 5 of 7 ring rows from 4, 9 compressed, mask keeps 4",
               dims(5, 4, 9, raw_cap=7, use_mask=1, keep=4, n_head=3, head_dim=96)),
+        Shape("decode: 128 raw + 512 compressed rows, scores +200", I.shifted(dims(128, 64, 512)), edge=I.EDGE_SHIFTED),
+        Shape("decode: 1 raw + 8000 compressed rows, scores +200", I.shifted(dims(1, 40, 8000)), edge=I.EDGE_SHIFTED),
+        Shape("decode: 128 raw + 2048 compressed, mask keeps 512, scores +200", I.shifted(dims(128, 3, 2048, use_mask=1, keep=512)), edge=I.EDGE_SHIFTED),
         Shape("decode, ratio-128 layer at 64k: 128 raw + 512 compressed rows (timing)", dims(128, 64, 512),
               timed=True),
         Shape("error: 8000 compressed rows with a mask", dims(128, 0, 8000, use_mask=1, keep=512), expect="error",

@@ -49,6 +49,7 @@ KNOWN_GOOD_ENV = [{"DS4_CUDA_WINDOW_ATTENTION": "1"}]
 SPEC = UnitSpec(
     unit="ds4_gpu_attention_decode_mixed_batch_heads_tensor",
     reference="reference.ds4_attention_ops.attention_decode_mixed_batch_heads",
+    inputs=I.ATTENTION_INPUTS,
     outputs={"heads": Tol(**I.ATTN_TOL)},
     shapes=[
         Shape(ONE, dims(1, 65535, 512, 128, raw_start=17)),
@@ -59,6 +60,9 @@ SPEC = UnitSpec(
         Shape(MANY, dims(2, 32767, 8000, 4, raw_start=3)),
         Shape("odd: 3 heads x 96, 5 tokens at 30, ratio 3, 12 rows, mask keeps 5, 6 of 7 ring rows",
               dims(5, 30, 12, 3, n_raw=6, raw_start=4, raw_cap=7, window=4, use_mask=1, keep=5, n_head=3, head_dim=96)),
+        Shape("1 token at 65535, ratio 128, scores +200", I.shifted(dims(1, 65535, 512, 128, raw_start=17)), edge=I.EDGE_SHIFTED),
+        Shape("batch: 4 tokens at 4094, ratio 4, 1024 rows, scores +200", I.shifted(dims(4, 4094, 1024, 4, raw_start=100)), edge=I.EDGE_SHIFTED),
+        Shape("batch: 3 tokens, mask keeps 512 of 2048, scores +200", I.shifted(dims(3, 8190, 2048, 4, raw_start=64, use_mask=1, keep=512)), edge=I.EDGE_SHIFTED),
         Shape("decode batch, ratio-4 layer at 8k: 8 tokens at 8184, 2048 rows, mask keeps 512 (timing)",
               dims(8, 8184, 2048, 4, raw_start=56, use_mask=1, keep=512), timed=True),
         Shape("error: compressed rows with ratio 0", dims(2, 100, 10, 0), expect="error",

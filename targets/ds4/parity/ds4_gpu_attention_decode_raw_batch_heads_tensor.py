@@ -41,6 +41,7 @@ KNOWN_GOOD_ENV = [{"DS4_CUDA_WINDOW_ATTENTION": "1"}, {"DS4_CUDA_NO_WINDOW_ATTEN
 SPEC = UnitSpec(
     unit="ds4_gpu_attention_decode_raw_batch_heads_tensor",
     reference="reference.ds4_attention_ops.attention_decode_raw_batch_heads",
+    inputs=I.ATTENTION_INPUTS,
     outputs={"heads": Tol(**I.ATTN_TOL)},
     shapes=[
         Shape("decode: 1 token at 4096, full ring from 0", dims(1, 4096, 128, 0)),
@@ -52,6 +53,9 @@ SPEC = UnitSpec(
         Shape("batch: 130 tokens at 0, ring of 130 rows, window 128", dims(130, 0, 130, 0, raw_cap=130)),
         Shape("odd: 3 heads x 96, 4 tokens at 20, 6 of 7 ring rows from 5, window 3",
               dims(4, 20, 6, 5, raw_cap=7, window=3, n_head=3, head_dim=96)),
+        Shape("decode: 1 token at 4096, scores +200", I.shifted(dims(1, 4096, 128, 0)), edge=I.EDGE_SHIFTED),
+        Shape("batch: 2 tokens at 5000, scores +200", I.shifted(dims(2, 5000, 128, 90)), edge=I.EDGE_SHIFTED),
+        Shape("batch: 128 tokens at 1000, scores +200", I.shifted(dims(128, 1000, 128, 0)), edge=I.EDGE_SHIFTED),
         Shape("decode batch: 8 tokens at 8192, full ring (timing)", dims(8, 8192, 128, 31), timed=True),
         Shape("error: n_raw 0", dims(1, 10, 0, 0), expect="error", why="no raw rows"),
         Shape("error: raw_start >= raw_cap", dims(1, 10, 4, 128), expect="error", why="the ring start must be a ring row"),

@@ -63,6 +63,7 @@ KNOWN_GOOD_ENV = [{"DS4_CUDA_INDEXED_TWOPASS": "1"}, {"DS4_CUDA_NO_INDEXED_HEADS
 SPEC = UnitSpec(
     unit="ds4_gpu_attention_indexed_mixed_batch_heads_tensor",
     reference="reference.ds4_attention_ops.attention_indexed_mixed_batch_heads",
+    inputs=I.ATTENTION_INPUTS,
     outputs={"heads": Tol(**I.ATTN_TOL)},
     shapes=[
         Shape(ONE, dims(1, 8191, 2048, raw_start=9)),
@@ -73,6 +74,8 @@ SPEC = UnitSpec(
               dims(6, 40, 11, top_k=11, n_raw=46, raw_cap=128)),
         Shape("odd: 3 heads x 96, 4 tokens at 40, 12 rows, top 6, ratio 3",
               dims(4, 40, 12, top_k=6, ratio=3, n_raw=7, raw_start=2, raw_cap=9, window=5, n_head=3, head_dim=96)),
+        Shape("1 token at 8191, top 512 of 2048, scores +200", I.shifted(dims(1, 8191, 2048, raw_start=9)), edge=I.EDGE_SHIFTED),
+        Shape("batch: 4 tokens at 8190, top 512 of 2048, scores +200", I.shifted(dims(4, 8190, 2048, raw_start=120)), edge=I.EDGE_SHIFTED),
         Shape("decode batch, ratio-4 layer at 32k: 16 tokens at 32752, 8192 rows, top 512 (timing)",
               dims(16, 32752, 8192, raw_start=77), timed=True),
         Shape("error: top_k 513", dims(2, 4000, 1000, top_k=513), expect="error", why="upstream selects at most 512 rows"),

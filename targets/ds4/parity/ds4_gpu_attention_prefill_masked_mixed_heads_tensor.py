@@ -44,6 +44,7 @@ UNREACHABLE = {"attention_static_mixed_heads8_online_kernel":
 SPEC = UnitSpec(
     unit="ds4_gpu_attention_prefill_masked_mixed_heads_tensor",
     reference="reference.ds4_attention_ops.attention_prefill_masked_mixed_heads",
+    inputs=I.ATTENTION_INPUTS,
     outputs={"heads": Tol(**I.ATTN_TOL)},
     shapes=[
         Shape(ONE, dims(1, 4, 1, n_comp=1)),
@@ -52,6 +53,9 @@ SPEC = UnitSpec(
         Shape("200 tokens, ratio 4, 50 rows, mask keeps 20 (masked: no online path)", dims(200, 4, 20)),
         Shape("256 tokens, ratio 128, 2 rows, mask keeps 1", dims(256, 128, 1)),
         Shape(ODD, dims(21, 3, 3, window=4, n_head=3, head_dim=96)),
+        Shape("1 token, 1 row, scores +200", I.shifted(dims(1, 4, 1, n_comp=1)), edge=I.EDGE_SHIFTED),
+        Shape("64 tokens, ratio 4, mask keeps 5, scores +200", I.shifted(dims(64, 4, 5)), edge=I.EDGE_SHIFTED),
+        Shape("200 tokens, ratio 4, mask keeps 20, scores +200", I.shifted(dims(200, 4, 20)), edge=I.EDGE_SHIFTED),
         Shape("prefill, ratio-4 layer: 512 tokens, 128 rows, mask keeps 32 (timing)", dims(512, 4, 32), timed=True),
         Shape("error: ratio 0", dims(8, 4, 1) | {"ratio": 0}, expect="error", why="visibility divides by ratio"),
     ],

@@ -50,6 +50,7 @@ KNOWN_GOOD_ENV = [
 SPEC = UnitSpec(
     unit="ds4_gpu_attention_prefill_raw_heads_tensor",
     reference="reference.ds4_attention_ops.attention_prefill_raw_heads",
+    inputs=I.ATTENTION_INPUTS,
     outputs={"heads": Tol(**I.ATTN_TOL)},
     shapes=[
         Shape(ONE, dims(1)),
@@ -61,6 +62,10 @@ SPEC = UnitSpec(
         Shape(ONLINE, dims(200)),
         Shape("50 tokens, window 1 (only itself)", dims(50, 1)),
         Shape(ODD, dims(40, 5, 3, 96)),
+        Shape("1 token, scores +200", I.shifted(dims(1)), edge=I.EDGE_SHIFTED),
+        Shape("100 tokens, scores +200 (cuBLAS path)", I.shifted(dims(100)), edge=I.EDGE_SHIFTED),
+        Shape("200 tokens, scores +200 (online path)", I.shifted(dims(200)), edge=I.EDGE_SHIFTED),
+        Shape("odd: 3 heads x 96, 40 tokens, scores +200", I.shifted(dims(40, 5, 3, 96)), edge=I.EDGE_SHIFTED),
         Shape("prefill: 256 tokens, window 128 (timing)", dims(256), timed=True),
         Shape("error: window 257", dims(4, 257), expect="error", why="upstream holds at most 256 window rows"),
     ],

@@ -50,6 +50,7 @@ KNOWN_GOOD_ENV = [
 SPEC = UnitSpec(
     unit="ds4_gpu_attention_prefill_static_mixed_heads_tensor",
     reference="reference.ds4_attention_ops.attention_prefill_static_mixed_heads",
+    inputs=I.ATTENTION_INPUTS,
     outputs={"heads": Tol(**I.ATTN_TOL)},
     shapes=[
         Shape(ONE, dims(1, 4)),
@@ -60,6 +61,9 @@ SPEC = UnitSpec(
         Shape(ONLINE, dims(200, 4)),
         Shape("300 tokens, ratio 128, 2 rows (online; rows leave the window)", dims(300, 128)),
         Shape(ODD, dims(20, 3, window=6, n_head=3, head_dim=96)),
+        Shape("1 token, ratio 4, scores +200", I.shifted(dims(1, 4)), edge=I.EDGE_SHIFTED),
+        Shape("100 tokens, ratio 4, scores +200 (cuBLAS path)", I.shifted(dims(100, 4)), edge=I.EDGE_SHIFTED),
+        Shape("200 tokens, ratio 4, scores +200 (online path)", I.shifted(dims(200, 4)), edge=I.EDGE_SHIFTED),
         Shape("prefill, ratio-4 layer: 512 tokens, 128 rows (timing)", dims(512, 4), timed=True),
         Shape("error: ratio 0", dims(8, 4) | {"ratio": 0}, expect="error", why="visibility divides by ratio"),
     ],

@@ -58,6 +58,7 @@ ROW_TOL = Tol(nmse=1e-5, max_err_rms=0.5)
 SPEC = UnitSpec(
     unit="ds4_gpu_compressor_prefill_ratio4_replay_tensor",
     reference="reference.ds4_attention_ops.compressor_prefill_ratio4_replay",
+    inputs=I.COMPRESSOR_INPUTS,
     outputs={"comp_cache": ROW_TOL, "state_kv": EXACT, "state_score": EXACT},
     shapes=[
         Shape("one window: 4 tokens at 4096 -> 1 row", dims(4, 4096)),

@@ -42,6 +42,7 @@ EXACT = Tol(nmse=None, max_err_rms=None, max_abs=0.0)
 SPEC = UnitSpec(
     unit="ds4_gpu_compressor_prefill_state_ratio4_tensor",
     reference="reference.ds4_attention_ops.compressor_prefill_state_ratio4",
+    inputs=I.COMPRESSOR_INPUTS,
     outputs={"state_kv": EXACT, "state_score": EXACT},
     shapes=[
         Shape(ATTN, dims(4092), timed=True),

@@ -30,7 +30,7 @@ def build(shape, ctx, rng):
     hd, ratio, n, pos0, ape_type = d["head_dim"], d["ratio"], d["n_tokens"], d["pos0"], d["ape_type"]
     width = (2 if ratio == 4 else 1) * hd
     m, a_off, n_off = I.compressor_map(rng, width, max(ratio, 1), hd, ape_type)
-    kv, sc = I.compressor_tokens(rng, n, width)
+    kv, sc = I.compressor_tokens(rng, n, width, d.get("score_shift", 0.0))
     skv, ssc = I.compressor_state(rng, max(ratio, 1), width)  # garbage: a fresh prompt ignores it
     n_comp = n // max(ratio, 1)
     cache = rng.standard_normal((max(n_comp, 1) + 2, hd)).astype(np.float32)
@@ -75,6 +75,7 @@ ROW_TOL = Tol(nmse=1e-5, max_err_rms=0.5)
 SPEC = UnitSpec(
     unit="ds4_gpu_compressor_prefill_tensor",
     reference="reference.ds4_attention_ops.compressor_prefill",
+    inputs=I.COMPRESSOR_INPUTS,
     outputs={"comp_cache": ROW_TOL, "state_kv": EXACT, "state_score": EXACT},
     shapes=[
         Shape(FEW, dims(3)),
@@ -82,6 +83,9 @@ SPEC = UnitSpec(
         Shape(R4, dims(37)),
         Shape("ratio 4 at 512: 64 tokens -> 16 rows (F32 APE)", dims(64, pos0=512, ape_type=0)),
         Shape(R128, dims(300, ratio=128)),
+        Shape("ratio 4: 37 tokens -> 9 rows, scores +150", dims(37, score_shift=I.COMPRESSOR_SCORE_SHIFT), edge=I.EDGE_COMPRESSOR_SHIFT),
+        Shape("ratio 128: 300 tokens -> 2 rows, scores +150",
+              dims(300, ratio=128, score_shift=I.COMPRESSOR_SCORE_SHIFT), edge=I.EDGE_COMPRESSOR_SHIFT),
         Shape("ratio 128: 256 tokens -> 2 rows, none left", dims(256, ratio=128), zero_answer=NONE_LEFT),
         Shape(FP8, dims(258, fp8=True)),
         Shape("ratio 128, FP8: 8192 tokens -> 64 rows", dims(8192, ratio=128, fp8=True), zero_answer=NONE_LEFT),

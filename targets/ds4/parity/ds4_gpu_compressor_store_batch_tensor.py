@@ -47,6 +47,7 @@ EXACT = Tol(nmse=None, max_err_rms=None, max_abs=0.0)
 SPEC = UnitSpec(
     unit="ds4_gpu_compressor_store_batch_tensor",
     reference="reference.ds4_attention_ops.compressor_store_batch",
+    inputs=I.COMPRESSOR_INPUTS,
     outputs={"state_kv": EXACT, "state_score": EXACT},
     shapes=[
         Shape(ONE, dims(1, 4097)),

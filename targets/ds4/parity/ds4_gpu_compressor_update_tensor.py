@@ -30,8 +30,9 @@ def build(shape, ctx, rng):
     hd, ratio, pos, ape_type = d["head_dim"], d["ratio"], d["pos"], d["ape_type"]
     width = (2 if ratio == 4 else 1) * hd
     m, a_off, n_off = I.compressor_map(rng, width, ratio, hd, ape_type)
-    kv, sc = I.compressor_tokens(rng, 1, width)
-    skv, ssc = I.compressor_state(rng, ratio, width, cleared=d.get("cleared", ()))
+    shift = d.get("score_shift", 0.0)
+    kv, sc = I.compressor_tokens(rng, 1, width, shift)
+    skv, ssc = I.compressor_state(rng, ratio, width, cleared=d.get("cleared", ()), score_shift=shift)
     cache = rng.standard_normal((d["cache_rows"], hd)).astype(np.float32)
     rope = {**I.YARN, "n_ctx_orig": I.YARN["n_ctx_orig"]}
     args = {"kv_cur": In(kv), "sc_cur": In(sc), "state_kv": InOut(skv), "state_score": InOut(ssc),
@@ -68,10 +69,15 @@ ROW_TOL = Tol(nmse=1e-5, max_err_rms=0.5)
 SPEC = UnitSpec(
     unit="ds4_gpu_compressor_update_tensor",
     reference="reference.ds4_attention_ops.compressor_update",
+    inputs=I.COMPRESSOR_INPUTS,
     outputs={"state_kv": EXACT, "state_score": EXACT, "comp_cache": ROW_TOL},
     shapes=[
         Shape(EMIT4, dims(4099), timed=True),
         Shape("decode, ratio 4: token at 4097, no row", dims(4097, comp_row=5, cache_rows=8)),
+        Shape("decode, ratio 4: token at 4099 ends a window, scores +150",
+              dims(4099, score_shift=I.COMPRESSOR_SCORE_SHIFT), edge=I.EDGE_COMPRESSOR_SHIFT),
+        Shape("decode, ratio 128: token at 65535 ends a window, scores +150",
+              dims(65535, ratio=128, ape_type=0, score_shift=I.COMPRESSOR_SCORE_SHIFT), edge=I.EDGE_COMPRESSOR_SHIFT),
         Shape("first window after a fresh start: token at 3, previous half empty",
               dims(3, cleared=(0, 1, 2, 3))),
         Shape("decode, ratio 128: token at 65535 ends a window -> row 511 (F32 APE)", dims(65535, ratio=128,

@@ -33,7 +33,8 @@ def build(shape, ctx, rng):
     if d.get("past_end"):
         kv_off = hc.past_end(m, kv_w.nbytes)
     lo_hi = d.get("scale", (0.1, 10.0))
-    q, kv = hc.scaled_rows(rng, rows, q_n, *lo_hi), hc.scaled_rows(rng, rows, kv_n, *lo_hi)
+    nz = d.get("near_zero", False)
+    q, kv = hc.scaled_rows(rng, rows, q_n, *lo_hi, near_zero=nz), hc.scaled_rows(rng, rows, kv_n, *lo_hi, near_zero=nz)
     args = {"q_out": Out("f32", (rows, q_n)), "q": In(q), "model_map": m, "model_size": m.size,
             "q_weight_offset": q_off, "q_n": q_n, "kv_out": Out("f32", (rows, kv_n)), "kv": In(kv),
             "kv_weight_offset": kv_off, "kv_n": kv_n, "rows": rows, "eps": eps}
@@ -50,10 +51,12 @@ def dims(rows, q_n=hc.N_LORA_Q, kv_n=512, eps=hc.RMS_EPS, **kw):
 SPEC = UnitSpec(
     unit="ds4_gpu_dsv4_qkv_rms_norm_rows_tensor",
     reference="reference.ds4_hc_ops.dsv4_qkv_rms_norm_rows",
+    inputs=hc.NORM_INPUTS,
     outputs={"q_out": TOL, "kv_out": TOL},
     shapes=[
         Shape("decode: q 1024 + kv 512, 1 token", dims(1)),
         Shape("7 tokens, q 1024 + kv 512", dims(7)),
+        Shape("near zero: 5 tokens, q 1024 + kv 512", dims(5, near_zero=True), edge=hc.EDGE_NEAR_ZERO),
         Shape("odd: 3 rows, q 100 + kv 37", dims(3, 100, 37)),
         Shape("eps 0.5 dominates: 2 rows, q 3 + kv 2, small x", dims(2, 3, 2, 0.5, scale=(0.05, 0.3))),
         Shape("prefill: 64 tokens, q 1024 + kv 512", dims(64), timed=True),

@@ -32,7 +32,7 @@ def build(shape, ctx, rng):
     m, (s_off, b_off) = hc.weight_map(rng, [scale, base])
     if d.get("past_end"):
         b_off = hc.past_end(m, base.nbytes)
-    mix = hc.hc_mix(rng, n_rows)
+    mix = hc.hc_mix(rng, n_rows, comb_shift=d.get("comb_shift", 0.0))
     args = {"out": Out("f32", (n_rows, hc.MIX)), "mix": In(mix), "model_map": m, "model_size": m.size,
             "scale_offset": s_off, "base_offset": b_off, "n_hc": n_hc, "sinkhorn_iters": iters, "eps": eps}
     if shape.expect == "error":
@@ -48,6 +48,7 @@ def dims(n_rows, iters=hc.SINKHORN_ITERS, eps=hc.HC_EPS, n_hc=hc.N_HC, **kw):
 SPEC = UnitSpec(
     unit="ds4_gpu_hc_split_sinkhorn_tensor",
     reference="reference.ds4_hc_ops.hc_split_sinkhorn",
+    inputs=hc.HC_INPUTS + "; edge: combine logits shifted to ~100-130",
     outputs={"out": TOL},
     shapes=[
         Shape("decode: 1 token, 20 iterations", dims(1)),
@@ -56,6 +57,8 @@ SPEC = UnitSpec(
         Shape("1 iteration (no Sinkhorn round after the first), 5 tokens", dims(5, 1)),
         Shape("3 iterations, 4 tokens", dims(4, 3)),
         Shape("eps 0.1, 3 tokens", dims(3, eps=0.1)),
+        Shape("7 tokens, combine logits ~100-130", dims(7, comb_shift=hc.COMB_SHIFT), edge=hc.EDGE_COMB_SHIFT),
+        Shape("300 rows, combine logits ~100-130", dims(300, comb_shift=hc.COMB_SHIFT), edge=hc.EDGE_COMB_SHIFT),
         Shape("prefill: 64 tokens, 20 iterations", dims(64), timed=True),
         Shape("error: n_hc 3", dims(2, n_hc=3), expect="error", why="the CUDA API supports ds4's 4 streams only"),
         Shape("error: base runs past the map", dims(1, past_end=True), expect="error",

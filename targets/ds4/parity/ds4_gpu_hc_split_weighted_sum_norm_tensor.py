@@ -43,7 +43,7 @@ def build(shape, ctx, rng):
     m, (s_off, b_off, w_off) = hc.weight_map(rng, [scale, base, w])
     if d.get("past_end"):
         w_off = hc.past_end(m, w.nbytes)
-    mix = hc.hc_mix(rng, 1)
+    mix = hc.hc_mix(rng, 1, comb_shift=d.get("comb_shift", 0.0))
     x = hc.scaled_rows(rng, hc.N_HC, n_embd, *d.get("scale", (0.1, 10.0))).reshape(1, hc.N_HC, n_embd)
     args = {"out": Out("f32", (1, n_embd)), "norm_out": Out("f32", (1, d.get("norm_width", n_embd))),
             "split": Out("f32", (1, hc.MIX)), "mix": In(mix), "residual_hc": In(x), "model_map": m,
@@ -64,10 +64,12 @@ def dims(n_embd=hc.N_EMBD, iters=hc.SINKHORN_ITERS, norm_eps=hc.RMS_EPS, **kw):
 SPEC = UnitSpec(
     unit="ds4_gpu_hc_split_weighted_sum_norm_tensor",
     reference="reference.ds4_hc_ops.hc_split_weighted_sum_norm",
+    inputs=hc.HC_INPUTS + "; edge: combine logits shifted to ~100-130",
     outputs={"out": TOL_SPLIT, "norm_out": TOL_NORM, "split": TOL_SPLIT},
     shapes=[
         Shape("decode: 1 token x 4 x 4096", dims(), timed=True),
         Shape("odd: 1 token x 4 x 37", dims(37)),
+        Shape("1 token x 4 x 4096, combine logits ~100-130", dims(comb_shift=hc.COMB_SHIFT), edge=hc.EDGE_COMB_SHIFT),
         Shape("odd: 1 token x 4 x 4097", dims(hc.N_EMBD + 1)),
         Shape("3 iterations, 1 token x 4 x 4096", dims(iters=3)),
         Shape("norm_eps 0.5, small residual: 1 token x 4 x 64", dims(64, norm_eps=0.5, scale=(0.05, 0.2))),

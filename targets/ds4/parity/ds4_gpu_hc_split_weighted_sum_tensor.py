@@ -25,7 +25,7 @@ def inputs(shape, rng):
     d = shape.dims
     n_rows, n_embd = d["n_rows"], d["n_embd"]
     scale, base = hc.hc_params(rng)
-    return d, n_rows, n_embd, scale, base, hc.hc_mix(rng, n_rows), \
+    return d, n_rows, n_embd, scale, base, hc.hc_mix(rng, n_rows, comb_shift=d.get("comb_shift", 0.0)), \
         hc.scaled_rows(rng, n_rows * hc.N_HC, n_embd).reshape(n_rows, hc.N_HC, n_embd)
 
 
@@ -50,10 +50,12 @@ def dims(n_rows, n_embd=hc.N_EMBD, iters=hc.SINKHORN_ITERS, **kw):
 SPEC = UnitSpec(
     unit="ds4_gpu_hc_split_weighted_sum_tensor",
     reference="reference.ds4_hc_ops.hc_split_weighted_sum",
+    inputs=hc.HC_INPUTS + "; edge: combine logits shifted to ~100-130",
     outputs={"out": TOL_OUT, "split": TOL_SPLIT},
     shapes=[
         Shape("decode: 1 token x 4 x 4096", dims(1), timed=True),
         Shape("7 tokens x 4 x 4096", dims(7)),
+        Shape("7 tokens x 4 x 4096, combine logits ~100-130", dims(7, comb_shift=hc.COMB_SHIFT), edge=hc.EDGE_COMB_SHIFT),
         Shape("odd: 5 tokens x 4 x 37", dims(5, 37)),
         Shape("odd: 2 tokens x 4 x 4097", dims(2, hc.N_EMBD + 1)),
         Shape("3 iterations: 3 tokens x 4 x 4096", dims(3, iters=3)),

@@ -20,7 +20,8 @@ DISPATCH = {
 def build(shape, ctx, rng):
     d = shape.dims
     n_tok, n_head, head_dim, eps = d["n_tok"], d["n_head"], d["head_dim"], d["eps"]
-    x = hc.scaled_rows(rng, n_tok * n_head, head_dim, *d.get("scale", (0.1, 10.0)))
+    x = hc.scaled_rows(rng, n_tok * n_head, head_dim, *d.get("scale", (0.1, 10.0)),
+                       near_zero=d.get("near_zero", False))
     x = x.reshape(n_tok, n_head, head_dim)
     if shape.expect == "error":
         return Call(args={"x": InOut(x[:, :, :-1].copy()), "n_tok": n_tok, "n_head": n_head, "head_dim": head_dim,
@@ -36,10 +37,12 @@ def dims(n_tok, n_head=ops.N_HEAD, head_dim=ops.HEAD_DIM, eps=hc.RMS_EPS, **kw):
 SPEC = UnitSpec(
     unit="ds4_gpu_head_rms_norm_tensor",
     reference="reference.ds4_hc_ops.head_rms_norm",
+    inputs=hc.NORM_INPUTS,
     outputs={"x": Tol(nmse=1e-10, max_err_rms=3e-5)},
     shapes=[
         Shape("decode: 64 heads x 512, 1 token", dims(1)),
         Shape("7 tokens x 64 heads x 512", dims(7)),
+        Shape("near zero: 3 tokens x 64 heads x 512", dims(3, near_zero=True), edge=hc.EDGE_NEAR_ZERO),
         Shape("odd: 5 tokens x 3 heads x 96", dims(5, 3, 96)),
         Shape("odd: 2 tokens x 5 heads x 300", dims(2, 5, 300)),
         Shape("eps 0.5 dominates: 3 tokens x 4 heads x 2, small x", dims(3, 4, 2, 0.5, scale=(0.05, 0.3))),

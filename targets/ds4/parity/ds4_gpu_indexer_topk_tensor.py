@@ -17,12 +17,33 @@ from reference import ds4_ops as ops
 TIE_RULE = "descending score; equal scores rank the lower index first (ds4.c's strict '>' scan)"
 
 
+INPUTS = ("scores ~ N(0, 3^2) per row; tie cases: scores of a few values; edge: heavy-tailed scores "
+          "(Cauchy, scale 3) with every 97th at +-1e30")
+
+# Heavy-tailed scores: most within a few units, some in the thousands, every 97th at +-1e30 (past
+# f16's range, where keys narrowed to half precision collapse into ties).  Upstream ranks float32
+# keys (topk_score_better, cub radix sort of the float bits), an order that holds for any finite
+# value; no exact zeros (-0 and +0 compare equal but sort apart by bits) and no exact ties.
+EDGE_TAILS = "heavy-tailed scores, every 97th at +-1e30 (past f16's range)"
+
+
+def _heavy_tailed(rng, n_tokens, n_comp):
+    s = rng.standard_cauchy((n_tokens, n_comp)) * 3.0
+    far = (np.arange(n_comp) % 97 == 13)[None, :].repeat(n_tokens, 0)
+    s[far] = rng.choice([-1.0, 1.0], int(far.sum())) * 1e30 * rng.uniform(0.5, 2.0, int(far.sum()))
+    s = s.astype(np.float32)
+    s[s == 0] = np.float32(1e-3)
+    return s
+
+
 def build(shape, ctx, rng):
     d = shape.dims
     n_comp, n_tokens, top_k = d["n_comp"], d["n_tokens"], d["top_k"]
     if d.get("levels"):  # heavy ties: scores drawn from a few values
         levels = np.sort(rng.standard_normal(d["levels"])).astype(np.float32)
         scores = levels[rng.integers(0, d["levels"], (n_tokens, n_comp))]
+    elif d.get("tails"):
+        scores = _heavy_tailed(rng, n_tokens, n_comp)
     else:
         scores = (rng.standard_normal((n_tokens, n_comp)) * 3.0).astype(np.float32)
     args = {"selected": Out("i32", (n_tokens, top_k)), "scores": In(scores), "n_comp": n_comp,
@@ -64,6 +85,7 @@ UNREACHABLE = {"indexer_topk_pow2_u16_kernel": "4096 < n_comp <= 8192 only on a 
 SPEC = UnitSpec(
     unit="ds4_gpu_indexer_topk_tensor",
     reference="reference.ds4_ops.indexer_topk",
+    inputs=INPUTS,
     outputs={"selected": Exact(tie_rule=TIE_RULE, keys="scores")},
     shapes=[
         Shape("decode: 1 token, 1024 rows, top 512", {"n_tokens": 1, "n_comp": 1024, "top_k": K}),
@@ -76,6 +98,12 @@ SPEC = UnitSpec(
         Shape("decode at ds4's 1M context: 1 token, 262144 rows (64 chunks, tree merge), top 512",
               {"n_tokens": 1, "n_comp": 262144, "top_k": K}),
         Shape("5 tokens, 37 rows, top 5", {"n_tokens": 5, "n_comp": 37, "top_k": 5}),
+        Shape("heavy tails: 1 token, 1024 rows, top 512", {"n_tokens": 1, "n_comp": 1024, "top_k": K, "tails": True},
+              edge=EDGE_TAILS),
+        Shape("heavy tails: 2 tokens, 10000 rows, top 512",
+              {"n_tokens": 2, "n_comp": 10000, "top_k": K, "tails": True}, edge=EDGE_TAILS),
+        Shape("heavy tails: 3 tokens, 37 rows, top 5", {"n_tokens": 3, "n_comp": 37, "top_k": 5, "tails": True},
+              edge=EDGE_TAILS),
         Shape("top_k = n_comp = 512, 1 token", {"n_tokens": 1, "n_comp": K, "top_k": K}),
         Shape("ties: 3 tokens, 1024 rows of 8 values, top 512", {"n_tokens": 3, "n_comp": 1024, "top_k": K,
                                                                   "levels": 8}),

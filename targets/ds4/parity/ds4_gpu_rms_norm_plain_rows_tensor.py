@@ -4,8 +4,10 @@ values per token, with eps 1e-6.  Rows get scales spread over two decades, so a
 norm taken over the wrong row (or over all rows) shows."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, In, Out, Shape, Tol, UnitSpec
+from porter.gates.parity.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import ds4_ops as ops
+
+hc = sibling(__file__, "_hc_common")
 
 HC_DIM = ops.N_EMBD * ops.N_HC
 
@@ -13,8 +15,7 @@ HC_DIM = ops.N_EMBD * ops.N_HC
 def build(shape, ctx, rng):
     d = shape.dims
     n, rows, eps = d["n"], d["rows"], d["eps"]
-    scale = np.exp(rng.uniform(np.log(0.1), np.log(10.0), (rows, 1)))
-    x = (rng.standard_normal((rows, n)) * scale).astype(np.float32)
+    x = hc.scaled_rows(rng, rows, n, near_zero=d.get("near_zero", False))
     return Call(args={"out": Out("f32", (rows, n)), "x": In(x), "n": n, "rows": rows, "eps": eps},
                 expect={"out": ops.rms_norm_plain_rows(x, n, rows, eps)})
 
@@ -23,11 +24,13 @@ SPEC = UnitSpec(
     unit="ds4_gpu_rms_norm_plain_rows_tensor",
     reference="reference.ds4_ops.rms_norm_plain_rows",
     # float32 sum of squares over 16384 values: relative error ~1e-6 at worst
+    inputs=hc.NORM_INPUTS,
     outputs={"out": Tol(nmse=1e-9, max_err_rms=1e-4)},
     shapes=[
         Shape("hc state, 1 token (16384)", {"n": HC_DIM, "rows": 1, "eps": ops.RMS_EPS}),
         Shape("hc state, 3 tokens", {"n": HC_DIM, "rows": 3, "eps": ops.RMS_EPS}),
         Shape("hc state, 7 tokens", {"n": HC_DIM, "rows": 7, "eps": ops.RMS_EPS}),
+        Shape("near zero: hc state, 7 tokens", {"n": HC_DIM, "rows": 7, "eps": ops.RMS_EPS, "near_zero": True}, edge=hc.EDGE_NEAR_ZERO),
         Shape("odd n=33 x 5 rows", {"n": 33, "rows": 5, "eps": ops.RMS_EPS}),
         Shape("n=1 x 2 rows, eps 0.5 (eps matters)", {"n": 1, "rows": 2, "eps": 0.5}),
         Shape("hc state, 256 tokens (bandwidth)", {"n": HC_DIM, "rows": 256, "eps": ops.RMS_EPS}, timed=True),

@@ -24,7 +24,7 @@ TOL = Tol(nmse=1e-10, max_err_rms=3e-5)
 def build(shape, ctx, rng):
     d = shape.dims
     n, eps = d["n"], d["eps"]
-    x = hc.scaled_rows(rng, 1, n)[0]
+    x = hc.scaled_rows(rng, 1, n, near_zero=d.get("near_zero", False))[0]
     args = {"out": Out("f32", (n,)), "x": In(x[: d.get("x_given", n)]), "n": n, "eps": eps}
     if shape.expect == "error":
         return Call(args=args)
@@ -37,12 +37,14 @@ def build(shape, ctx, rng):
 SPEC = UnitSpec(
     unit="ds4_gpu_rms_norm_plain_tensor",
     reference="reference.ds4_hc_ops.rms_norm_plain",
+    inputs=hc.NORM_INPUTS,
     outputs={"out": TOL},
     shapes=[
         Shape("decode: hc state 16384", {"n": hc.HC_DIM, "eps": hc.RMS_EPS}, timed=True),
         Shape("4096 (one stream)", {"n": hc.N_EMBD, "eps": hc.RMS_EPS}),
         Shape("odd 4097 (tail)", {"n": hc.N_EMBD + 1, "eps": hc.RMS_EPS}),
         Shape("odd 33", {"n": 33, "eps": hc.RMS_EPS}),
+        Shape("near zero: hc state 16384", {"n": hc.HC_DIM, "eps": hc.RMS_EPS, "near_zero": True}, edge=hc.EDGE_NEAR_ZERO),
         Shape("n=3, eps 0.5 dominates", {"n": 3, "eps": 0.5, "small": True}),
         Shape("n=1, eps 0.5", {"n": 1, "eps": 0.5}),
         Shape("error: x holds n-1 values", {"n": 64, "eps": hc.RMS_EPS, "x_given": 63}, expect="error",

@@ -26,7 +26,7 @@ def build(shape, ctx, rng):
     m, (off,) = hc.weight_map(rng, [w])
     if d.get("past_end"):
         off = hc.past_end(m, w.nbytes)
-    x = hc.scaled_rows(rng, rows, n, *d.get("scale", (0.1, 10.0)))
+    x = hc.scaled_rows(rng, rows, n, *d.get("scale", (0.1, 10.0)), near_zero=d.get("near_zero", False))
     args = {"out": Out("f32", (rows, n)), "x": In(x), "model_map": m, "model_size": m.size, "weight_offset": off,
             "n": n, "rows": rows, "eps": eps}
     if shape.expect == "error":
@@ -41,6 +41,7 @@ def dims(n, rows, eps=hc.RMS_EPS, **kw):
 SPEC = UnitSpec(
     unit="ds4_gpu_rms_norm_weight_rows_tensor",
     reference="reference.ds4_hc_ops.rms_norm_weight_rows",
+    inputs=hc.NORM_INPUTS,
     outputs={"out": TOL},
     shapes=[
         Shape("attn norm: 7 tokens x 4096", dims(hc.N_EMBD, 7)),
@@ -51,6 +52,8 @@ SPEC = UnitSpec(
         Shape("odd: 5 rows x 33", dims(33, 5)),
         Shape("odd: 2 rows x 4097", dims(hc.N_EMBD + 1, 2)),
         Shape("eps 0.5 dominates: 3 rows x 2, small x", dims(2, 3, 0.5, scale=(0.05, 0.3))),
+        Shape("near zero: 7 tokens x 4096", dims(hc.N_EMBD, 7, near_zero=True), edge=hc.EDGE_NEAR_ZERO),
+        Shape("near zero: q LoRA norm, 5 tokens x 1024", dims(hc.N_LORA_Q, 5, near_zero=True), edge=hc.EDGE_NEAR_ZERO),
         Shape("prefill: 64 tokens x 4096", dims(hc.N_EMBD, 64), timed=True),
         Shape("error: weight runs past the map", dims(256, 2, past_end=True), expect="error",
               why="the [n] norm weight must lie inside the model map"),

@@ -24,7 +24,7 @@ def build(shape, ctx, rng):
     m, (off,) = hc.weight_map(rng, [w])
     if d.get("past_end"):
         off = hc.past_end(m, w.nbytes)
-    x = hc.scaled_rows(rng, 1, n, *d.get("scale", (0.1, 10.0)))[0]
+    x = hc.scaled_rows(rng, 1, n, *d.get("scale", (0.1, 10.0)), near_zero=d.get("near_zero", False))[0]
     args = {"out": Out("f32", (n,)), "x": In(x), "model_map": m, "model_size": m.size, "weight_offset": off,
             "n": n, "eps": eps}
     if shape.expect == "error":
@@ -39,12 +39,14 @@ def dims(n, eps=hc.RMS_EPS, **kw):
 SPEC = UnitSpec(
     unit="ds4_gpu_rms_norm_weight_tensor",
     reference="reference.ds4_hc_ops.rms_norm_weight",
+    inputs=hc.NORM_INPUTS,
     outputs={"out": TOL},
     shapes=[
         Shape("decode: attn norm 4096", dims(hc.N_EMBD), timed=True),
         Shape("q LoRA norm 1024", dims(hc.N_LORA_Q)),
         Shape("kv norm 512", dims(512)),
         Shape("odd 33", dims(33)),
+        Shape("near zero: attn norm 4096", dims(hc.N_EMBD, near_zero=True), edge=hc.EDGE_NEAR_ZERO),
         Shape("odd 4097", dims(hc.N_EMBD + 1)),
         Shape("eps 0.5 dominates: n=3, small x", dims(3, 0.5, scale=(0.05, 0.3))),
         Shape("error: weight runs past the map", dims(256, past_end=True), expect="error",

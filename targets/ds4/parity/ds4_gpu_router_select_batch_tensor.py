@@ -31,7 +31,7 @@ def build(shape, ctx, rng):
     d = shape.dims
     n_tokens, hash_rows = d["n_tokens"], d.get("hash_rows", 64)
     m, b_off, h_off, b, _ = rc.router_map(rng, hash_rows, d.get("bias_levels", 0))
-    lg = rc.separate_near_ties(rc.logits(rng, n_tokens, d.get("levels", 0)), b if d["has_bias"] else None)
+    lg = rc.separate_near_ties(rc.logits(rng, n_tokens, d.get("levels", 0), d.get("huge", False)), b if d["has_bias"] else None)
     toks = rng.integers(0, hash_rows, n_tokens).astype(np.int32)
     toks[0] = hash_rows - 1
     if n_tokens > 2:
@@ -56,11 +56,14 @@ def dims(n_tokens, has_bias=True, hash_mode=False, **kw):
 SPEC = UnitSpec(
     unit="ds4_gpu_router_select_batch_tensor",
     reference="reference.ds4_hc_ops.router_select_batch",
+    inputs=rc.INPUTS,
     outputs={"selected": Exact(tie_rule=TIE_RULE), "weights": TOL, "probs": TOL},
     shapes=[
         Shape("1 token, biased", dims(1)),
         Shape("5 tokens, biased (partial last block of 4)", dims(5)),
         Shape("7 tokens, unbiased", dims(7, False)),
+        Shape("5 tokens, biased, logits +150 / -110", dims(5, huge=True), edge=rc.EDGE_HUGE),
+        Shape("64 tokens, unbiased, logits +150 / -110", dims(64, False, huge=True), edge=rc.EDGE_HUGE),
         Shape("hash routing: 7 tokens, 129280-row table", dims(7, False, True, hash_rows=rc.N_VOCAB)),
         Shape("hash routing, has_bias set (bias ignored): 6 tokens", dims(6, True, True, hash_rows=100)),
         Shape("ties: 6 tokens, logits of 5 values, bias of 3 values", dims(6, levels=5, bias_levels=3)),

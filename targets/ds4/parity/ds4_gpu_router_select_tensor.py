@@ -41,7 +41,7 @@ def build(shape, ctx, rng):
         b_off = m.size - 512
     elif d.get("past_end") == "hash":
         h_off = m.size - hash_rows * 12
-    lg = rc.separate_near_ties(rc.logits(rng, 1, d.get("levels", 0)), b if d["has_bias"] else None)[0]
+    lg = rc.separate_near_ties(rc.logits(rng, 1, d.get("levels", 0), d.get("huge", False)), b if d["has_bias"] else None)[0]
     token = {"last": hash_rows - 1}.get(d.get("token", 5), d.get("token", 5))
     args = {"selected": Out("i32", (rc.N_USED,)), "weights": Out("f32", (rc.N_USED,)),
             "probs": Out("f32", (rc.N_EXPERT,)), "model_map": m, "model_size": m.size, "bias_offset": b_off,
@@ -62,6 +62,7 @@ def dims(has_bias, hash_mode, **kw):
 SPEC = UnitSpec(
     unit="ds4_gpu_router_select_tensor",
     reference="reference.ds4_hc_ops.router_select",
+    inputs=rc.INPUTS,
     outputs={"selected": Exact(tie_rule=TIE_RULE), "weights": TOL, "probs": TOL},
     shapes=[
         Shape("decode: biased top 6 of 256", dims(True, False), timed=True),
@@ -69,6 +70,8 @@ SPEC = UnitSpec(
         Shape("hash routing: 129280-row table, last token", dims(False, True, hash_rows=rc.N_VOCAB, token="last")),
         Shape("hash routing, has_bias set (bias ignored), token 17", dims(True, True, hash_rows=100, token=17)),
         Shape("ties: logits of 6 values, unbiased", dims(False, False, levels=6)),
+        Shape("biased top 6, logits +150 / -110", dims(True, False, huge=True), edge=rc.EDGE_HUGE),
+        Shape("unbiased top 6, logits +150 / -110", dims(False, False, huge=True), edge=rc.EDGE_HUGE),
         Shape("ties: logits of 5 values, bias of 3 values", dims(True, False, levels=5, bias_levels=3)),
         Shape("error: expert groups (n_expert_groups 2)", dims(True, False, n_expert_groups=2), expect="error",
               why="ds4's router has no expert groups"),

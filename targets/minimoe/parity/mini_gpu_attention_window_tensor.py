@@ -9,8 +9,10 @@ window 1, a window longer than the context, and larger sinks so that the sink's
 share of the mass is large (a kernel without the sink fails by far)."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, Context, In, Out, Shape, Tol, UnitSpec
+from porter.gates.parity.spec import Call, Context, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import minimoe_ops as ops
+
+E = sibling(__file__, "_edges")
 
 
 def build(shape, ctx, rng):
@@ -24,8 +26,11 @@ def build(shape, ctx, rng):
         sinks = rng.uniform(-1.0, 3.0, n_head).astype("<f4")
         m, (off,) = Context.synthetic_map([sinks], rng)
     n_pos = pos0 + n_tokens
-    q = rng.standard_normal((n_tokens, n_head, head_dim)).astype(np.float32)
-    k = rng.standard_normal((n_pos, head_dim)).astype(np.float32)
+    if d.get("shift"):
+        q, k = E.shifted_qk(rng, n_tokens, n_pos, n_head, head_dim, scale)
+    else:
+        q = rng.standard_normal((n_tokens, n_head, head_dim)).astype(np.float32)
+        k = rng.standard_normal((n_pos, head_dim)).astype(np.float32)
     v = rng.standard_normal((n_pos, head_dim)).astype(np.float32)
     ref = ops.attention_window(q, k, v, m.array, off, n_tokens, pos0, n_head, head_dim, window, scale)
     return Call(
@@ -41,6 +46,7 @@ REAL = {"n_head": 4, "head_dim": 64, "window": 32}
 SPEC = UnitSpec(
     unit="mini_gpu_attention_window_tensor",
     reference="reference.minimoe_ops.attention_window",
+    inputs="q, k, v ~ N(0, 1) (scores ~ N(0, 1)); sinks: the fixture's or U(-1, 3); edge: " + E.EDGE_SHIFTED,
     outputs={"out": Tol(nmse=1e-7, max_err_rms=1e-3)},
     shapes=[
         Shape("prefill 7 tokens at pos0 0", dict(REAL, n_tokens=7, pos0=0), source="fixture:blk.0.attn_sinks.weight"),
@@ -52,6 +58,13 @@ SPEC = UnitSpec(
         Shape("window 1 (self only), head_dim 128, pos0 9",
               {"n_tokens": 1, "pos0": 9, "n_head": 2, "head_dim": 128, "window": 1}),
         Shape("window 100 > context, 5 tokens", {"n_tokens": 5, "pos0": 0, "n_head": 4, "head_dim": 64, "window": 100}),
+        Shape("prefill 7 tokens at pos0 0, scores +200", dict(REAL, n_tokens=7, pos0=0, shift=True),
+              source="fixture:blk.0.attn_sinks.weight", edge=E.EDGE_SHIFTED),
+        Shape("decode 1 token at pos0 63, scores +200", dict(REAL, n_tokens=1, pos0=63, shift=True),
+              source="fixture:blk.1.attn_sinks.weight", edge=E.EDGE_SHIFTED),
+        Shape("odd: 3 heads, head_dim 24, window 5, scale 0.3, scores +200",
+              {"n_tokens": 7, "pos0": 2, "n_head": 3, "head_dim": 24, "window": 5, "scale": 0.3, "shift": True},
+              edge=E.EDGE_SHIFTED),
         Shape("prefill 128 tokens (timing)", dict(REAL, n_tokens=128, pos0=0), source="fixture:blk.1.attn_sinks.weight",
               timed=True),
     ],

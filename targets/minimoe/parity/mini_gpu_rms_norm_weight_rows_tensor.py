@@ -4,8 +4,10 @@ offsets in the real GGUF; synthetic ones an odd n, another eps and a weight
 surrounded by random bytes."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, Context, In, Out, Shape, SpecError, Tol, UnitSpec
+from porter.gates.parity.spec import Call, Context, In, Out, Shape, SpecError, Tol, UnitSpec, sibling
 from reference import minimoe_ops as ops
+
+E = sibling(__file__, "_edges")
 
 
 def build(shape, ctx, rng):
@@ -20,8 +22,7 @@ def build(shape, ctx, rng):
         n = d["n"]
         w = (1.0 + 0.3 * rng.standard_normal(n)).astype("<f4")
         m, (off,) = Context.synthetic_map([w], rng)
-    scale = np.exp(rng.uniform(np.log(d.get("lo", 0.1)), np.log(d.get("hi", 10.0)), (rows, 1)))
-    x = (rng.standard_normal((rows, n)) * scale).astype(np.float32)
+    x = E.norm_rows(rng, rows, n, d.get("lo", 0.1), d.get("hi", 10.0), d.get("near_zero", False))
     return Call(
         args={"out": Out("f32", (rows, n)), "x": In(x), "model_map": m, "model_size": m.size,
               "weight_offset": off, "n": n, "n_rows": rows, "eps": eps},
@@ -32,6 +33,7 @@ def build(shape, ctx, rng):
 SPEC = UnitSpec(
     unit="mini_gpu_rms_norm_weight_rows_tensor",
     reference="reference.minimoe_ops.rms_norm_weight_rows",
+    inputs=E.NORM_INPUTS,
     outputs={"out": Tol(nmse=1e-9, max_err_rms=1e-4)},
     shapes=[
         Shape("attn_norm, 1 token", {"rows": 1, "eps": 1e-6}, source="fixture:blk.0.attn_norm.weight"),
@@ -40,6 +42,8 @@ SPEC = UnitSpec(
         Shape("output_norm, last row", {"rows": 1, "eps": 1e-6}, source="fixture:output_norm.weight"),
         Shape("odd n=96 x 5 rows, eps 1e-3, small x", {"n": 96, "rows": 5, "eps": 1e-3, "lo": 0.02, "hi": 0.05}),
         Shape("odd n=257 x 3 rows", {"n": 257, "rows": 3, "eps": 1e-6}),
+        Shape("near zero: attn_norm, 7 tokens", {"rows": 7, "eps": 1e-6, "near_zero": True},
+              source="fixture:blk.1.attn_norm.weight", edge=E.EDGE_NEAR_ZERO),
         Shape("ffn_norm, 2048 tokens (bandwidth)", {"rows": 2048, "eps": 1e-6}, source="fixture:blk.0.ffn_norm.weight",
               timed=True),
     ],

@@ -8,8 +8,10 @@ depend on float rounding) and force exact ties at the top and across the
 top_k boundary; a kernel that breaks ties the other way fails as 'tie-rule'."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, Exact, In, Out, Shape, Tol, UnitSpec
+from porter.gates.parity.spec import Call, Exact, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import minimoe_ops as ops
+
+E = sibling(__file__, "_edges")
 
 TIE_RULE = "on equal p the lower expert index ranks first"
 
@@ -36,6 +38,8 @@ def build(shape, ctx, rng):
         logits = ops.matmul_f16(ctx.fixture_map().array, t.offset, n_embd, n_expert, x, n_tokens)
     else:
         logits = _tied_logits(rng, n_tokens, n_expert, min(top_k, n_expert))
+    if d.get("shift"):  # quarter steps stay exact at +1000 (float32 spacing there is 2^-14)
+        logits = (logits + np.float32(E.LOGIT_SHIFT)).astype(np.float32)
     args = {"expert_ids": Out("i32", (n_tokens, top_k)), "expert_weights": Out("f32", (n_tokens, top_k)),
             "logits": In(logits), "n_expert": n_expert, "n_tokens": n_tokens, "top_k": top_k}
     if shape.expect == "error":
@@ -47,6 +51,8 @@ def build(shape, ctx, rng):
 SPEC = UnitSpec(
     unit="mini_gpu_router_topk_tensor",
     reference="reference.minimoe_ops.router_topk",
+    inputs=("logits: the fixture's router weights times x ~ N(0, 1), or quarter steps in -3..3 with ties at the "
+            "top and across the top-k boundary; edge: " + E.EDGE_LOGITS),
     outputs={"expert_ids": Exact(tie_rule=TIE_RULE, keys="logits"),
              "expert_weights": Tol(nmse=1e-10, max_err_rms=1e-5)},
     shapes=[
@@ -58,6 +64,10 @@ SPEC = UnitSpec(
         Shape("ties: 8 experts, top 1, 9 tokens", {"n_tokens": 9, "n_expert": 8, "top_k": 1}),
         Shape("ties: 64 experts, top 6, 5 tokens", {"n_tokens": 5, "n_expert": 64, "top_k": 6}),
         Shape("all: 8 experts, top 8, 2 tokens", {"n_tokens": 2, "n_expert": 8, "top_k": 8}),
+        Shape("ties: 64 experts, top 6, 5 tokens, logits +1000", {"n_tokens": 5, "n_expert": 64, "top_k": 6,
+                                                                  "shift": True}, edge=E.EDGE_LOGITS),
+        Shape("real router logits +1000, 7 tokens", {"n_tokens": 7, "top_k": 2, "shift": True},
+              source="fixture:blk.0.ffn_gate_inp.weight", edge=E.EDGE_LOGITS),
         Shape("real router logits, 512 tokens (timing)", {"n_tokens": 512, "top_k": 2},
               source="fixture:blk.1.ffn_gate_inp.weight", timed=True),
         Shape("error: top_k 9 > n_expert 8", {"n_tokens": 2, "n_expert": 8, "top_k": 9}, expect="error",
