@@ -119,11 +119,17 @@ int ds4_gpu_attention_prefill_raw_heads_tensor(T *heads, const void *map, uint64
     for (uint32_t r = lo; r <= t; r++) { double d = 0;
       for (uint32_t i = 0; i < head_dim; i++) d += (double)qh[i] * K[(uint64_t)r * head_dim + i];
       s[r - lo] = d / sqrt((double)head_dim); if (s[r - lo] > m) m = s[r - lo]; }
-    double den = exp(sinks[h] - m);
+#ifdef FAULT_SOFTMAX_NO_MAX  /* a float kernel's softmax without its max: expf overflows past 88.7 */
+    m = 0;
+#define SOFTMAX_EXP(x) ((double)expf((float)(x)))
+#else
+#define SOFTMAX_EXP(x) exp(x)
+#endif
+    double den = SOFTMAX_EXP(sinks[h] - m);
     float *oh = O + ((uint64_t)t * n_head + h) * head_dim;
     for (uint32_t i = 0; i < head_dim; i++) oh[i] = 0;
     double acc[1024] = {0};
-    for (uint32_t r = lo; r <= t; r++) { double wgt = exp(s[r - lo] - m); den += wgt;
+    for (uint32_t r = lo; r <= t; r++) { double wgt = SOFTMAX_EXP(s[r - lo] - m); den += wgt;
       for (uint32_t i = 0; i < head_dim; i++) acc[i] += wgt * K[(uint64_t)r * head_dim + i]; }
     for (uint32_t i = 0; i < head_dim; i++) oh[i] = (float)(acc[i] / den); }
   return 1;
@@ -411,6 +417,8 @@ SLOW = pytest.mark.slow
     pytest.param("ds4_gpu_compressor_prefill_state_ratio4_tensor", "FAULT_STATE_NOT_CLEARED", "values", marks=SLOW),
     ("ds4_gpu_attention_prefill_raw_heads_tensor", None, "pass"),
     ("ds4_gpu_attention_prefill_raw_heads_tensor", "FAULT_PREFILL_CUBLAS_WINDOW_PLUS1", "values"),
+    # the mutant attention-raw-softmax-no-max: caught only by the scores-shifted edge cases
+    ("ds4_gpu_attention_prefill_raw_heads_tensor", "FAULT_SOFTMAX_NO_MAX", "values"),
     pytest.param("ds4_gpu_attention_prefill_raw_heads_tensor", "FAULT_PREFILL_ONLINE_WINDOW_PLUS1", "values",
                  marks=SLOW),
     ("ds4_gpu_indexer_scores_prefill_tensor", None, "pass"),

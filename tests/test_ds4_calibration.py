@@ -203,7 +203,11 @@ int ds4_gpu_swiglu_tensor(T *out, const T *gate, const T *up, uint32_t n, float 
 #endif
   for (uint32_t i = 0; i < n; i++) { float a = g[i], b = u[i];
     if (clamp > 1e-6f) { a = fminf(a, clamp); b = fminf(fmaxf(b, -clamp), clamp); }
+#ifdef FAULT_SIGMOID_OVERFLOWS
+    o[i] = a * (expf(a) / (1.0f + expf(a))) * b * weight;
+#else
     o[i] = a / (1.0f + expf(-a)) * b * weight;
+#endif
     /* an env-knob "path" that is wrong: the calibrator's variant runs must see it */
     if (getenv("PORTER_TEST_SWIGLU_ALT_PATH")) o[i] = a * b * weight; }
   return 1;
@@ -269,6 +273,7 @@ def _stand_in(tmp_path, *defines) -> Path:
     ("ds4_gpu_indexer_topk_tensor", None, "pass"),
     ("ds4_gpu_rope_tail_tensor", "FAULT_INVERSE_IGNORED", "values"),
     ("ds4_gpu_indexer_topk_tensor", "FAULT_TIES_HIGHER_FIRST", "tie-rule"),
+    ("ds4_gpu_swiglu_tensor", "FAULT_SIGMOID_OVERFLOWS", "values"),  # only the edge cases reach g > 88.7
 ])
 def test_specs_in_host_mode_accept_a_right_stand_in_and_name_the_fault(target, tmp_path, unit, fault, check):
     from porter.gates.parity.gate import run_spec

@@ -99,6 +99,9 @@ static void split_one(float *out, const float *mix, const float *sc, const float
     float mx = -1e30f, s = 0;
     for (int src = 0; src < n; src++) { c[src + dst * n] = mix[8 + src + dst * n] * sc[2] + base[8 + src + dst * n];
                                         if (c[src + dst * n] > mx) mx = c[src + dst * n]; }
+#ifdef FAULT_SINKHORN_NO_MAX
+    mx = 0.0f;
+#endif
     for (int src = 0; src < n; src++) { c[src + dst * n] = expf(c[src + dst * n] - mx); s += c[src + dst * n]; }
     for (int src = 0; src < n; src++) c[src + dst * n] = c[src + dst * n] / s + eps;
   }
@@ -170,7 +173,11 @@ int ds4_gpu_embed_tokens_hc_tensor(T *out_hc, const T *tokens, const void *map, 
   return 1;
 }
 
+#ifdef FAULT_SOFTPLUS_NO_CUTOFF
+static float softplus(float x) { return x < -20.0f ? expf(x) : log1pf(expf(x)); }
+#else
 static float softplus(float x) { return x > 20.0f ? x : (x < -20.0f ? expf(x) : log1pf(expf(x))); }
+#endif
 
 int ds4_gpu_router_select_batch_tensor(T *selected, T *weights, T *probs, const void *map, uint64_t size,
     uint64_t b_off, uint64_t h_off, uint32_t hash_rows, uint32_t groups, uint32_t used, bool has_bias,
@@ -256,6 +263,10 @@ def _stand_in(tmp_path, *defines) -> Path:
     ("ds4_gpu_hc_split_sinkhorn_tensor", "FAULT_ITER", "values"),
     ("ds4_gpu_hc_expand_split_tensor", "FAULT_COMB_T", "values"),
     ("ds4_gpu_router_select_batch_tensor", "FAULT_TIES", "tie-rule"),
+    # numerical robustness (the mutants router-batch-softplus-no-cutoff, hc-sinkhorn-softmax-no-max):
+    # caught only by the specs' edge cases (tests/test_spec_edges.py shows the rest pass them)
+    ("ds4_gpu_router_select_batch_tensor", "FAULT_SOFTPLUS_NO_CUTOFF", "values"),
+    ("ds4_gpu_hc_split_sinkhorn_tensor", "FAULT_SINKHORN_NO_MAX", "values"),
 ])
 def test_hc_specs_in_host_mode_accept_a_right_stand_in_and_name_the_fault(target, tmp_path, unit, fault, check):
     from porter.gates.parity.gate import run_spec

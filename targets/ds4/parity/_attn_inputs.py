@@ -27,6 +27,11 @@ from reference import ds4_ops as _ops
 D = A.HEAD_DIM
 
 
+INDEXER_INPUTS = ("q and compressed index rows ~ N(0, 1) through ds4's Hadamard + FP4 QAT (exact in f16); "
+                  "head weights ~ N(0, 1)")
+KV_INPUTS = ("KV rows ~ N(0, 1) (scaled where a case says so), caches of f16-rounded N(0, 1) rows; FP8 cases "
+             "hold values at e4m3 codes, halfway points and past the 448 saturation")
+
 ATTENTION_INPUTS = (
     "q ~ N(0, 1.5^2) and KV rows ~ N(0, 1) after ds4's FP8 + f16 rounding (scores ~ N(0, 1.5^2)); "
     "sinks ~ U(-2, 4); edge: scores shifted by +200 (a common direction in q and every KV row)")

@@ -105,3 +105,7 @@ def moved(s):
     per = (2 * d["mid_dim"] * quant.row_bytes(gq, d["in_dim"]) + d["out_dim"] * quant.row_bytes(PAIR[gq], d["mid_dim"]))
     distinct = min(n_tok * d["n_expert"], 10 if d["in_dim"] * d["mid_dim"] > (1 << 20) else N)
     return distinct * per + 4 * n_tok * (d["in_dim"] + d["out_dim"])
+
+INPUTS = ("experts: random valid blocks of the census types (IQ2_XXS or Q4_K gate/up, Q2_K or Q4_K down) for the "
+          "selected experts, random bytes or zeros for the rest; x ~ N(0, 1); selections from a Zipf-like pool "
+          "with experts 0 and 255 always in; real widths 4096 -> 2048 -> 4096")

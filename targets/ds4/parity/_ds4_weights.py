@@ -21,3 +21,7 @@ def dense(shape, ctx, rng, tensors):
 
 def pad32(n):
     return (int(n) + 31) // 32 * 32
+
+INPUTS = ("weights: the user's tensors of the census type when a model is given, else random valid blocks of "
+          "that type (reference.quant.random_blocks) at random map offsets; activations ~ N(0, 1) per element "
+          "(scaled where a case says so); long reductions at ds4's real widths (4096, 1024, 2048)")

@@ -29,6 +29,7 @@ def build(shape, ctx, rng):
 SPEC = UnitSpec(
     unit="ds4_gpu_add_tensor",
     reference="reference.ds4_hc_ops.add",
+    inputs=hc.HC_INPUTS,
     outputs={"out": Tol(nmse=0.0, max_err_rms=0.0, max_abs=0.0)},
     shapes=[
         Shape("decode: ffn out 4096", {"n": hc.N_EMBD}),

@@ -47,6 +47,7 @@ def build(shape, ctx, rng):
 SPEC = UnitSpec(
     unit="ds4_gpu_attention_output_low_q8_tensor",
     reference="reference.ds4_matmul_ops.attention_output_low_q8",
+    inputs=W.INPUTS,
     outputs={"low": Tol(nmse=1e-4, max_err_rms=6e-2)},
     shapes=[
         Shape("attn_output_a 8 x 4096 -> 8 x 1024 (decode)", {"group_dim": 4096, "rank": 1024, "n_groups": 8},

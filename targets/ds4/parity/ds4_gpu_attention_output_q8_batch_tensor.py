@@ -71,6 +71,7 @@ def _real(label, n_tok, layer=3, **kw):
 SPEC = UnitSpec(
     unit="ds4_gpu_attention_output_q8_batch_tensor",
     reference="reference.ds4_matmul_ops.attention_output_q8_batch",
+    inputs=W.INPUTS,
     outputs={"out": Tol(nmse=2.5e-4, max_err_rms=1e-1), "low": Tol(nmse=1e-4, max_err_rms=6e-2)},
     shapes=[
         _real("attn out 8 x 4096 -> 1024 -> 4096, 1 token (decode)", 1, timed=True),

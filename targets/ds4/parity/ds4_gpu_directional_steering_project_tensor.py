@@ -49,6 +49,7 @@ def dims(rows, layer, scale, width=hc.N_EMBD, **kw):
 SPEC = UnitSpec(
     unit="ds4_gpu_directional_steering_project_tensor",
     reference="reference.ds4_hc_ops.directional_steering_project",
+    inputs="rows ~ N(0, s^2), s log-uniform in 0.5..2; directions ~ N(0, 1); rows given a component of 1..3 x their size along a direction",
     outputs={"x": Tol(nmse=1e-10, max_err_rms=3e-5)},
     shapes=[
         Shape("decode: 4096 wide, layer 42, scale 1", dims(1, hc.N_LAYER - 1, 1.0)),

@@ -66,6 +66,7 @@ DISPATCH = {
 SPEC = UnitSpec(
     unit="ds4_gpu_dsv4_fp8_kv_quantize_tensor",
     reference="reference.ds4_attention_ops.dsv4_fp8_kv_quantize",
+    inputs="KV rows ~ N(0, s^2) per row, and rows built on e4m3 codes times powers of two (exact, halfway and saturating values)",
     outputs={"x": Tol(nmse=None, max_err_rms=None, max_abs=0.0)},
     shapes=[
         Shape(DECODE, dims(1)),

@@ -50,6 +50,7 @@ DISPATCH = {
 SPEC = UnitSpec(
     unit="ds4_gpu_dsv4_indexer_qat_tensor",
     reference="reference.ds4_attention_ops.dsv4_indexer_qat",
+    inputs="rows ~ N(0, 1), and one-hot rows (one value of 1..4, the rest ~ N(0, 1e-6)): a block's scale set by one value",
     outputs={"x": Tol(nmse=None, max_err_rms=None, max_abs=0.0)},
     shapes=[
         Shape(Q, dims(64)),

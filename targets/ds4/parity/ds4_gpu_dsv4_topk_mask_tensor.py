@@ -42,6 +42,7 @@ def build(shape, ctx, rng):
 SPEC = UnitSpec(
     unit="ds4_gpu_dsv4_topk_mask_tensor",
     reference="reference.ds4_hc_ops.dsv4_topk_mask",
+    inputs="top-k selections of distinct row indices (integers): no floating-point inputs",
     outputs={"mask": Tol(nmse=0.0, max_err_rms=0.0, max_abs=0.0)},
     shapes=[
         Shape("decode: 1 token, top 512 of 1024", {"n_tokens": 1, "n_comp": 1024, "top_k": K}),

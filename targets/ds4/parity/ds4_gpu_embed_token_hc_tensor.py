@@ -40,6 +40,7 @@ def dims(n_vocab, n_embd, n_hc, token, **kw):
 SPEC = UnitSpec(
     unit="ds4_gpu_embed_token_hc_tensor",
     reference="reference.ds4_hc_ops.embed_token_hc",
+    inputs="an F16 table of N(0, 0.05^2) values with F16 subnormals every 17th value",
     outputs={"out_hc": Tol(nmse=0.0, max_err_rms=0.0, max_abs=0.0)},
     shapes=[
         Shape("decode: 4096 x 4 streams, token inside", dims(1024, hc.N_EMBD, hc.N_HC, 777), timed=True),

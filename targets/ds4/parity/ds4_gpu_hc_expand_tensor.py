@@ -34,6 +34,7 @@ def build(shape, ctx, rng):
 SPEC = UnitSpec(
     unit="ds4_gpu_hc_expand_tensor",
     reference="reference.ds4_hc_ops.hc_expand",
+    inputs=hc.HC_INPUTS,
     outputs={"out_hc": Tol(nmse=1e-11, max_err_rms=1e-5)},
     shapes=[
         Shape("decode: 1 token x 4 x 4096", ex.dims(hc, 1), timed=True),

@@ -51,6 +51,7 @@ def dims(n_tokens, n_embd=hc.N_EMBD, n_hc=hc.N_HC):
 SPEC = UnitSpec(
     unit="ds4_gpu_hc_weighted_sum_split_tensor",
     reference="reference.ds4_hc_ops.hc_weighted_sum_split",
+    inputs=hc.HC_INPUTS,
     outputs={"out": TOL},
     shapes=[
         Shape("1 token x 4 x 4096", dims(1)),

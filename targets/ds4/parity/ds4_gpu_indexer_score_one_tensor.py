@@ -64,6 +64,7 @@ KNOWN_GOOD_ENV = [
 SPEC = UnitSpec(
     unit="ds4_gpu_indexer_score_one_tensor",
     reference="reference.ds4_attention_ops.indexer_score_one",
+    inputs=I.INDEXER_INPUTS,
     outputs={"scores": Tol(nmse=1e-9, max_err_rms=1e-4)},
     shapes=[
         Shape(DIRECT, dims(1000)),

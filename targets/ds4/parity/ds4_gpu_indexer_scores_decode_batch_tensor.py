@@ -63,6 +63,7 @@ KNOWN_GOOD_ENV = [
 SPEC = UnitSpec(
     unit="ds4_gpu_indexer_scores_decode_batch_tensor",
     reference="reference.ds4_attention_ops.indexer_scores_decode_batch",
+    inputs=I.INDEXER_INPUTS,
     outputs={"scores": Tol(nmse=1e-9, max_err_rms=1e-4, max_abs=1e-4)},
     shapes=[
         Shape(ONE_ALL, dims(1, 4095, 1024)),

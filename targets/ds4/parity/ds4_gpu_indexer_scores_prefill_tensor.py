@@ -63,6 +63,7 @@ KNOWN_GOOD_ENV = [
 SPEC = UnitSpec(
     unit="ds4_gpu_indexer_scores_prefill_tensor",
     reference="reference.ds4_attention_ops.indexer_scores_prefill",
+    inputs=I.INDEXER_INPUTS,
     outputs={"scores": Tol(nmse=1e-9, max_err_rms=1e-4, max_abs=1e-4)},
     shapes=[
         Shape(ONE, dims(1, 3, ratio=1)),

@@ -39,6 +39,7 @@ DISPATCH = {
 SPEC = UnitSpec(
     unit="ds4_gpu_kv_fp8_store_raw_tensor",
     reference="reference.ds4_attention_ops.kv_fp8_store_raw",
+    inputs="KV row ~ N(0, s^2); cache of f16-rounded N(0, 1) rows",
     outputs={"kv": Tol(nmse=None, max_err_rms=None, max_abs=0.0),
              "raw_cache": Tol(nmse=None, max_err_rms=None, max_abs=0.0)},
     shapes=[

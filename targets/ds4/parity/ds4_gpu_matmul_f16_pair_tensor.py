@@ -55,6 +55,7 @@ TOL = Tol(nmse=1e-6, max_err_rms=1e-2)
 SPEC = UnitSpec(
     unit="ds4_gpu_matmul_f16_pair_tensor",
     reference="reference.ds4_matmul_ops.matmul_f16_pair",
+    inputs=W.INPUTS,
     outputs={"out_a": TOL, "out_b": TOL},
     shapes=[
         _s("compressor kv+gate (ratio 4) 4096->1024, decode", 1, 4096, 1024, 2, timed=True),

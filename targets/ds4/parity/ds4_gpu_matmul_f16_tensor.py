@@ -55,6 +55,7 @@ def _s(label, n_tok, in_dim, out_dim, tensor=None, **kw):
 SPEC = UnitSpec(
     unit="ds4_gpu_matmul_f16_tensor",
     reference="reference.ds4_matmul_ops.matmul_f16",
+    inputs=W.INPUTS,
     outputs={"out": Tol(nmse=1e-6, max_err_rms=1e-2)},
     shapes=[
         _s("router 4096->256, decode", 1, 4096, 256, "blk.3.ffn_gate_inp.weight", timed=True),

@@ -46,6 +46,7 @@ def _s(label, n_tok, in_dim, out_dim, tensor=None, **kw):
 SPEC = UnitSpec(
     unit="ds4_gpu_matmul_f32_tensor",
     reference="reference.ds4_matmul_ops.matmul_f32",
+    inputs=W.INPUTS,
     outputs={"out": Tol(nmse=5e-6, max_err_rms=3e-2)},
     shapes=[
         _s("mtp hc_head_fn 16384->4, decode", 1, 16384, 4, "mtp.0.hc_head_fn.weight", timed=True),

@@ -64,6 +64,7 @@ UNREACHABLE = {k: _MULTI_TOKEN for k in ("dequant_q8_0_to_f16_kernel", "dequant_
 SPEC = UnitSpec(
     unit="ds4_gpu_matmul_q8_0_hc_expand_tensor",
     reference="reference.ds4_matmul_ops.matmul_q8_0_hc_expand",
+    inputs=W.INPUTS,
     outputs={"out_hc": Tol(nmse=1e-5, max_err_rms=3e-2), "block_out": Tol(nmse=1e-4, max_err_rms=6e-2)},
     shapes=[
         Shape("attn_output_b 8192->4096, n_hc 4 (decode)", {"in_dim": 8192, "n_embd": 4096, "n_hc": 4},

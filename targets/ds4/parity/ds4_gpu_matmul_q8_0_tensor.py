@@ -97,6 +97,7 @@ def _s(label, n_tok, in_dim, out_dim, tensor=None, **kw):
 SPEC = UnitSpec(
     unit="ds4_gpu_matmul_q8_0_tensor",
     reference="reference.ds4_ops.matmul_q8_0",
+    inputs=W.INPUTS,
     outputs={"out": TOL},
     shapes=[
         _s("attn_kv 4096->512, 1 token (decode)", 1, 4096, 512, "blk.3.attn_kv.weight"),

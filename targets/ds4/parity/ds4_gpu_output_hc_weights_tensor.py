@@ -44,6 +44,7 @@ def dims(n_tokens, n_hc=hc.N_HC, eps=hc.HC_EPS, **kw):
 SPEC = UnitSpec(
     unit="ds4_gpu_output_hc_weights_tensor",
     reference="reference.ds4_hc_ops.output_hc_weights",
+    inputs="pre values ~ U(-6, 6) (both tails of the sigmoid); scale ~ U(0.3, 0.8), base ~ N(0, 0.8^2)",
     outputs={"out": TOL},
     shapes=[
         Shape("decode: 1 token x 4 streams", dims(1)),

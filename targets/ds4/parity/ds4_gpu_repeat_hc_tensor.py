@@ -29,6 +29,7 @@ def build(shape, ctx, rng):
 SPEC = UnitSpec(
     unit="ds4_gpu_repeat_hc_tensor",
     reference="reference.ds4_hc_ops.repeat_hc",
+    inputs=hc.HC_INPUTS,
     outputs={"out": Tol(nmse=0.0, max_err_rms=0.0, max_abs=0.0)},
     shapes=[
         Shape("decode (MTP): 4096 x 4 streams", {"n_embd": hc.N_EMBD, "n_hc": hc.N_HC}, timed=True),

@@ -48,6 +48,7 @@ def dims(n_tok, n_head, pos0, inverse=False, head_dim=ops.HEAD_DIM, n_rot=ops.N_
 SPEC = UnitSpec(
     unit="ds4_gpu_rope_tail_tensor",
     reference="reference.ds4_ops.rope_tail",
+    inputs="x ~ N(0, 1); ds4's YaRN settings; positions from 0 to the case's pos0 (each spec case names it)",
     outputs={"x": Tol(nmse=1e-6, max_err_rms=1e-2)},
     shapes=[
         Shape("q, dense layer: 64 heads x 512, 1 token at 5", dims(1, ops.N_HEAD, 5)),

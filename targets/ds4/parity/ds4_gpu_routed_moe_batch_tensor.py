@@ -91,6 +91,7 @@ UNREACHABLE = {"moe_gate_up_mid_f32_kernel": _F32_FALLBACK, "moe_down_f32_kernel
 SPEC = UnitSpec(
     unit="ds4_gpu_routed_moe_batch_tensor",
     reference="reference.ds4_matmul_ops.routed_moe",
+    inputs=M.INPUTS,
     outputs={"out": Tol(nmse=1e-6, max_err_rms=1e-2)},
     shapes=[
         _real("decode through the batch call: 1 token, 6 of 256", 1),

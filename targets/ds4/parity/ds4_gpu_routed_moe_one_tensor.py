@@ -77,6 +77,7 @@ UNREACHABLE = {**{k: _BATCH_ONLY for k in (
 SPEC = UnitSpec(
     unit="ds4_gpu_routed_moe_one_tensor",
     reference="reference.ds4_matmul_ops.routed_moe_one",
+    inputs=M.INPUTS,
     outputs={"out": Tol(nmse=1e-6, max_err_rms=1e-2), "mid": Tol(nmse=1e-8, max_err_rms=1e-3)},
     shapes=[
         Shape("decode: 6 of 256, 4096 -> 2048 -> 4096 (ds4)", _d(6, 4096, 2048, 4096), source=L3, timed=True),

@@ -57,6 +57,7 @@ UNREACHABLE = {k: _MULTI_TOKEN for k in ("dequant_q8_0_to_f16_kernel", "dequant_
 SPEC = UnitSpec(
     unit="ds4_gpu_shared_down_hc_expand_q8_0_tensor",
     reference="reference.ds4_matmul_ops.shared_down_hc_expand_q8_0",
+    inputs=W.INPUTS,
     outputs={"out_hc": Tol(nmse=1e-5, max_err_rms=3e-2), "shared_out": Tol(nmse=1e-4, max_err_rms=6e-2)},
     shapes=[
         Shape("ffn_down_shexp 2048->4096, n_hc 4 (decode)", {"in_dim": 2048, "n_embd": 4096, "n_hc": 4},

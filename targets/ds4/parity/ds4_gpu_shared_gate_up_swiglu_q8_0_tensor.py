@@ -58,6 +58,7 @@ UNREACHABLE = {k: _MULTI_TOKEN for k in ("dequant_q8_0_to_f16_kernel", "dequant_
 SPEC = UnitSpec(
     unit="ds4_gpu_shared_gate_up_swiglu_q8_0_tensor",
     reference="reference.ds4_matmul_ops.shared_gate_up_swiglu_q8_0",
+    inputs=W.INPUTS,
     outputs={"gate": TOL, "up": TOL, "mid": TOL},
     shapes=[
         Shape("shexp 4096->2048, clamp 10", {"in_dim": 4096, "out_dim": 2048, "clamp": C}, source=SHEXP, timed=True),

@@ -39,6 +39,7 @@ DISPATCH = {
 SPEC = UnitSpec(
     unit="ds4_gpu_store_raw_kv_batch_tensor",
     reference="reference.ds4_attention_ops.store_raw_kv_batch",
+    inputs="KV rows ~ N(0, 1); cache of f16-rounded N(0, 1) rows",
     outputs={"raw_cache": Tol(nmse=None, max_err_rms=None, max_abs=0.0)},
     shapes=[
         Shape(PREFILL, dims(128, 0), timed=True),

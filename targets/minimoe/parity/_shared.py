@@ -72,3 +72,7 @@ def expert_ids(rng, n_tokens, n_expert, top_k):
     put(0, 0, n_expert - 1)
     put(n_tokens - 1, top_k - 1, 0)
     return ids
+
+
+INPUTS = ("weights: the fixture's real tensors, or random valid blocks of the type at random map offsets; "
+          "activations ~ N(0, 1); the engine's real widths")

@@ -22,6 +22,7 @@ def build(shape, ctx, rng):
 SPEC = UnitSpec(
     unit="mini_gpu_add_tensor",
     reference="reference.minimoe_ops.add",
+    inputs="a, b ~ N(0, 1)",
     outputs={"out": Tol(nmse=None, max_err_rms=None, max_abs=0.0)},
     shapes=[
         Shape("n=1", {"n": 1}),

@@ -19,6 +19,7 @@ def build(shape, ctx, rng):
 SPEC = UnitSpec(
     unit="mini_gpu_debug_checksum_tensor",
     reference="reference.minimoe_ops.debug_checksum",
+    inputs="x ~ N(0, 1)",
     outputs={"checksum": Tol(nmse=1e-8, max_err_rms=1e-4)},
     shapes=[
         Shape("n=0 (zeros)", {"n": 0}, zero_answer="the checksum of no elements is (0, 0)"),

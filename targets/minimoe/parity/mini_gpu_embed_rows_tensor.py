@@ -34,6 +34,7 @@ def build(shape, ctx, rng):
 SPEC = UnitSpec(
     unit="mini_gpu_embed_rows_tensor",
     reference="reference.minimoe_ops.embed_rows",
+    inputs="the fixture's embedding rows; token ids uniform over the vocabulary",
     outputs={"out": Tol(nmse=None, max_err_rms=None, max_abs=0.0)},
     shapes=[
         Shape("token_embd, 1 token", {"n_tokens": 1}, source="fixture:token_embd.weight"),

@@ -9,6 +9,7 @@ sh = sibling(__file__, "_shared")
 SPEC = UnitSpec(
     unit="mini_gpu_matmul_f16_tensor",
     reference="reference.minimoe_ops.matmul_f16",
+    inputs=sh.INPUTS,
     outputs={"out": Tol(nmse=1e-6, max_err_rms=5e-3)},
     shapes=[
         Shape("router 8x256, 1 token", {"n_tok": 1}, source="fixture:blk.0.ffn_gate_inp.weight"),

@@ -8,6 +8,7 @@ sh = sibling(__file__, "_shared")
 SPEC = UnitSpec(
     unit="mini_gpu_matmul_q4_k_tensor",
     reference="reference.minimoe_ops.matmul_q4_k",
+    inputs=sh.INPUTS,
     outputs={"out": Tol(nmse=1e-6, max_err_rms=5e-3)},
     shapes=[
         Shape("7x256 (1 block), 1 token", {"n_tok": 1, "out_dim": 7, "in_dim": 256}),

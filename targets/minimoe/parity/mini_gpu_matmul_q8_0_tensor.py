@@ -13,6 +13,7 @@ sh = sibling(__file__, "_shared")
 SPEC = UnitSpec(
     unit="mini_gpu_matmul_q8_0_tensor",
     reference="reference.minimoe_ops.matmul_q8_0",
+    inputs=sh.INPUTS,
     outputs={"out": Tol(nmse=1e-6, max_err_rms=5e-3)},
     shapes=[
         Shape("attn_q 256x256, 1 token", {"n_tok": 1}, source="fixture:blk.0.attn_q.weight"),

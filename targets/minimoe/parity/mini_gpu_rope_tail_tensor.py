@@ -28,6 +28,7 @@ REAL = {"head_dim": 64, "n_rot": 16, "freq_base": 10000.0}
 SPEC = UnitSpec(
     unit="mini_gpu_rope_tail_tensor",
     reference="reference.minimoe_ops.rope_tail",
+    inputs="x ~ N(0, 1); positions from 0 to the case's pos0",
     outputs={"x": Tol(nmse=1e-7, max_err_rms=2e-3)},
     shapes=[
         Shape("q: 7 tokens x 4 heads at pos0 0", dict(REAL, n_tokens=7, n_head=4, pos0=0)),

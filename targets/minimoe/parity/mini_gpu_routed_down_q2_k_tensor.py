@@ -41,6 +41,7 @@ def build(shape, ctx, rng):
 SPEC = UnitSpec(
     unit="mini_gpu_routed_down_q2_k_tensor",
     reference="reference.minimoe_ops.routed_down_q2_k",
+    inputs=sh.INPUTS,
     outputs={"out": Tol(nmse=1e-6, max_err_rms=5e-3)},
     shapes=[
         Shape("real experts, 1 token x top 2", {"n_tokens": 1, "top_k": 2}, source="fixture:blk.0.ffn_down_exps.weight"),

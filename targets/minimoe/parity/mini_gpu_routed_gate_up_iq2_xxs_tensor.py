@@ -46,6 +46,7 @@ REAL1 = "fixture:blk.1.ffn_gate_exps.weight,blk.1.ffn_up_exps.weight"
 SPEC = UnitSpec(
     unit="mini_gpu_routed_gate_up_iq2_xxs_tensor",
     reference="reference.minimoe_ops.routed_gate_up_iq2_xxs",
+    inputs=sh.INPUTS,
     outputs={"gate": Tol(nmse=1e-6, max_err_rms=5e-3), "up": Tol(nmse=1e-6, max_err_rms=5e-3)},
     shapes=[
         Shape("real experts, 1 token x top 2", {"n_tokens": 1, "top_k": 2}, source=REAL),

@@ -1,0 +1,349 @@
+"""Specs strong at the numerical edges: every op spec declares its input distributions, every op
+family has cases at a numerical edge (Shape.edge), and those cases bite.
+
+The CPU evidence that they bite: a Python copy of the op with a numerical flaw (softmax without its
+maximum, softplus without its cut-off, a norm without eps, an overflowing sigmoid) passes the spec's
+ordinary cases -- the inputs every spec drew before -- and fails its edge cases; where a float32
+emulation of the stable algorithm the known-good uses is cheap, it passes the edge cases (the edge
+is within what a right float32 kernel computes).  Judged with the spec's own tolerances
+(porter.gates.parity.compare).  The same flaws as mutants of the known-goods (targets/ds4/mutants.toml,
+targets/minimoe/adversarial/manifest.toml) are calibrated on a GPU; the host stand-ins
+(tests/test_ds4_*host*.py, test_ds4_calibration.py) run the edge cases through the parity child.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from porter.calibration.calibrator import inputs_table
+from porter.gates.parity import compare
+from porter.gates.parity.scenario import is_scenario
+from porter.gates.parity.spec import Exact, inputs_facts, load_specs
+from porter.target import load_target
+
+REPO = Path(__file__).resolve().parents[1]
+F = np.float32
+
+
+def _checkout() -> Path | None:
+    p = REPO / "external" / "ds4"
+    return p.resolve() if (p / "ds4_gpu.h").is_file() else None
+
+
+CHECKOUT = _checkout()
+needs_checkout = pytest.mark.skipif(CHECKOUT is None, reason="no ds4 checkout at external/ds4: the ds4 specs bind "
+                                    "against its ds4_gpu.h")
+
+# every op family with a known-good that is stable at an edge has cases there
+EDGE_UNITS = {
+    "ds4": {"ds4_gpu_attention_prefill_raw_heads_tensor", "ds4_gpu_attention_prefill_static_mixed_heads_tensor",
+            "ds4_gpu_attention_prefill_masked_mixed_heads_tensor", "ds4_gpu_attention_decode_heads_tensor",
+            "ds4_gpu_attention_decode_raw_batch_heads_tensor", "ds4_gpu_attention_decode_mixed_batch_heads_tensor",
+            "ds4_gpu_attention_indexed_mixed_batch_heads_tensor", "ds4_gpu_router_select_tensor",
+            "ds4_gpu_router_select_batch_tensor", "ds4_gpu_rms_norm_plain_tensor", "ds4_gpu_rms_norm_plain_rows_tensor",
+            "ds4_gpu_rms_norm_weight_tensor", "ds4_gpu_rms_norm_weight_rows_tensor", "ds4_gpu_head_rms_norm_tensor",
+            "ds4_gpu_dsv4_qkv_rms_norm_rows_tensor", "ds4_gpu_swiglu_tensor", "ds4_gpu_hc_split_sinkhorn_tensor",
+            "ds4_gpu_hc_split_weighted_sum_tensor", "ds4_gpu_hc_split_weighted_sum_norm_tensor",
+            "ds4_gpu_compressor_update_tensor", "ds4_gpu_compressor_prefill_tensor", "ds4_gpu_indexer_topk_tensor"},
+    "minimoe": {"mini_gpu_attention_window_tensor", "mini_gpu_router_topk_tensor", "mini_gpu_rms_norm_plain_rows_tensor",
+                "mini_gpu_rms_norm_weight_rows_tensor", "mini_gpu_swiglu_tensor"},
+}
+
+
+def _target(name):
+    if name == "ds4" and CHECKOUT is None:
+        pytest.skip("no ds4 checkout at external/ds4")
+    return load_target(REPO, name, CHECKOUT if name == "ds4" else None)
+
+
+def _op_specs(name):
+    return {u: s for u, s in load_specs(_target(name)).items() if not is_scenario(s)}
+
+
+@pytest.mark.parametrize("name", ["ds4", "minimoe"])
+def test_every_op_spec_declares_its_inputs_and_each_family_has_edge_cases(name):
+    specs = _op_specs(name)
+    assert [u for u, s in specs.items() if not s.inputs.strip()] == []
+    with_edges = {u for u, s in specs.items() if inputs_facts(s)["edges"]}
+    assert EDGE_UNITS[name] <= with_edges, sorted(EDGE_UNITS[name] - with_edges)
+    for u in EDGE_UNITS[name]:  # an edge case is a case the spec runs: never an error case
+        assert all(sh.expect == "ok" for sh in specs[u].shapes if sh.edge), u
+
+
+def test_the_calibration_table_shows_inputs_and_edge_counts():
+    report = {"inputs": {"mini_gpu_swiglu_tensor": {"inputs": "gate ~ N(0, 9)", "cases": 5, "edges": ["a", "b"]},
+                         "mini_gpu_add_tensor": {"inputs": "", "cases": 3, "edges": []},
+                         "mini_gpu_init": {"inputs": "", "cases": 0, "edges": []}}}
+    lines = inputs_table(report, "mini_gpu_").splitlines()
+    assert any(ln.split()[:3] == ["swiglu", "5", "2"] and ln.endswith("gate ~ N(0, 9)") for ln in lines)
+    assert any(ln.split()[0] == "add" and ln.endswith("UNDECLARED") for ln in lines)  # a spec without it shows
+    assert not any(ln.split()[0] == "init" for ln in lines)  # runtime scenarios draw no numbers
+
+
+# ---------------------------------------------------------------------------
+# the CPU evidence: a flawed copy passes the ordinary cases and fails the edge cases
+# ---------------------------------------------------------------------------
+
+def _passes(spec, call, got: dict) -> bool:
+    for name, tol in spec.outputs.items():
+        ref, out = np.asarray(call.expect[name]), np.asarray(got[name])
+        if isinstance(tol, Exact):
+            if not np.array_equal(ref.reshape(-1), out.reshape(-1)):
+                return False
+            continue
+        m = compare.float_metrics(out.reshape(ref.shape).astype(np.float32), ref)
+        if compare.tolerance_violations(m, tol.nmse, tol.max_err_rms, tol.max_abs):
+            return False
+    return True
+
+
+def _cases(spec, labels, seed=7, ctx=None):
+    """{label: Call} of the named cases (inputs and the true reference's outputs)."""
+    calls = {sh.label: spec.build(sh, ctx, np.random.default_rng(seed)) for sh in spec.shapes if sh.label in labels}
+    assert set(calls) == set(labels), set(labels) - set(calls)
+    return calls
+
+
+def _judge(spec, calls, op):
+    """{label: passes} for op(call.args) on each case."""
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        return {lab: _passes(spec, call, op(call.args)) for lab, call in calls.items()}
+
+
+def _verdicts(spec, labels, op, seed=7, ctx=None):
+    return _judge(spec, _cases(spec, labels, seed, ctx), op)
+
+
+def _edge_labels(spec, limit=None):
+    return [sh.label for sh in spec.shapes if sh.edge and (limit is None or limit(sh))]
+
+
+def _sinks(args, n_head):
+    off = args["sinks_offset"]
+    return args["model_map"].array[off:off + 4 * n_head].view("<f4").astype(F)
+
+
+def _softmax_rows(s, sinks, stable: bool):
+    """float32 softmax over the last axis with the sinks' mass in the denominator, as a kernel takes it."""
+    m = np.maximum(s.max(axis=-1), sinks) if stable else np.zeros(s.shape[:-1], F)
+    w = np.exp((s - m[..., None]).astype(F), dtype=F)
+    return w, (w.sum(axis=-1, dtype=F) + np.exp((sinks - m).astype(F), dtype=F)).astype(F)
+
+
+def _ds4_prefill_raw(stable):
+    def op(a):
+        nt, nh, hd, win = a["n_tokens"], a["n_head"], a["head_dim"], a["window"]
+        q, kv, sinks = a["q"].array.reshape(nt, nh, hd), a["raw_kv"].array.reshape(nt, hd), _sinks(a, nh)
+        out = np.zeros((nt, nh, hd), F)
+        for t in range(nt):
+            rows = kv[max(0, t + 1 - win) if win else 0:t + 1]
+            w, den = _softmax_rows((q[t] @ rows.T * F(1 / np.sqrt(hd))).astype(F), sinks, stable)
+            out[t] = (w @ rows) / den[:, None]
+        return {"heads": out}
+    return op
+
+
+@needs_checkout
+def test_ds4_attention_softmax_without_its_max_fails_only_the_shifted_scores():
+    spec = _op_specs("ds4")["ds4_gpu_attention_prefill_raw_heads_tensor"]
+    small = lambda sh: sh.dims["n_tokens"] * sh.dims["n_head"] <= 500  # noqa: E731 - CPU time
+    ordinary = [sh.label for sh in spec.shapes if not sh.edge and sh.expect == "ok" and small(sh)]
+    edges = _edge_labels(spec, small)
+    assert len(ordinary) >= 3 and len(edges) >= 2
+    assert all(_verdicts(spec, ordinary, _ds4_prefill_raw(stable=False)).values())  # blind without the edges
+    assert not any(_verdicts(spec, edges, _ds4_prefill_raw(stable=False)).values())
+    assert all(_verdicts(spec, edges, _ds4_prefill_raw(stable=True)).values())  # float32, max subtracted: inside
+
+
+@needs_checkout
+def test_ds4_router_softplus_without_its_cutoff_fails_only_the_huge_logits(monkeypatch):
+    from reference import ds4_hc_ops as ref
+
+    spec = _op_specs("ds4")["ds4_gpu_router_select_tensor"]
+    ordinary = [sh.label for sh in spec.shapes if not sh.edge and sh.expect == "ok" and not sh.dims["hash_mode"]]
+    edges = _edge_labels(spec)
+    assert ordinary and edges
+
+    def fragile_probs(logits):  # float32 log1p(exp(x)) above -20: inf past 88.7
+        z = np.asarray(logits, F)
+        return np.sqrt(np.where(z < -20, np.exp(z, dtype=F), np.log1p(np.exp(z, dtype=F), dtype=F)), dtype=F)
+
+    def op(a):
+        sel, w, probs, _ = ref.router_select(a["model_map"].array, a["bias_offset"], a["hash_offset"],
+                                             a["hash_rows"], a["token"], 0, 0, a["has_bias"], a["hash_mode"],
+                                             a["logits"].array)
+        return {"selected": sel, "weights": w, "probs": probs}
+
+    calls = _cases(spec, ordinary + edges)  # inputs and references before the flaw goes in
+    assert all(_judge(spec, calls, op).values())  # the reference through this harness: every case passes
+    monkeypatch.setattr(ref, "router_probs", fragile_probs)
+    verdicts = _judge(spec, calls, op)
+    assert all(verdicts[lab] for lab in ordinary)
+    assert not any(verdicts[lab] for lab in edges)
+
+
+@needs_checkout
+def test_ds4_norm_without_eps_fails_the_rows_near_zero():
+    from reference import ds4_hc_ops as ref
+
+    spec = _op_specs("ds4")["ds4_gpu_rms_norm_weight_rows_tensor"]
+
+    def op(a):  # the reference with eps 0: x / sqrt(mean square)
+        return {"out": ref.rms_norm_weight_rows(a["x"].array, a["model_map"].array, a["weight_offset"], a["n"],
+                                                a["rows"], 0.0)}
+
+    edges = _edge_labels(spec)
+    assert edges and not any(_verdicts(spec, edges, op).values())
+
+
+@needs_checkout
+def test_ds4_swiglu_with_an_overflowing_sigmoid_fails_only_the_far_gates():
+    spec = _op_specs("ds4")["ds4_gpu_swiglu_tensor"]
+    small = lambda sh: sh.dims["n"] <= 4096  # noqa: E731
+
+    def op(a):
+        g, u, c = a["gate"].array.astype(F), a["up"].array.astype(F), F(a["clamp"])
+        if c > F(1e-6):
+            g, u = np.minimum(g, c), np.clip(u, -c, c)
+        e = np.exp(g, dtype=F)
+        return {"out": (g * (e / (F(1) + e)) * u * F(a["weight"])).astype(F)}
+
+    ordinary = [sh.label for sh in spec.shapes if not sh.edge and small(sh)]
+    edges = _edge_labels(spec)
+    assert ordinary and edges
+    assert all(_verdicts(spec, ordinary, op).values())
+    # the unclamped case overflows; under the clamp (g <= 10) the flawed form is harmless, as upstream's
+    verdicts = _verdicts(spec, edges, op)
+    assert [lab for lab, ok in verdicts.items() if not ok] == [sh.label for sh in spec.shapes
+                                                              if sh.edge and sh.dims["clamp"] == 0]
+
+
+def _sinkhorn32(stable):
+    """hc4_split_one (ds4_cuda.cu) in float32, row by row: the combine softmax with or without its max."""
+    def one(mix, sc, base, iters, eps):
+        out, lin = np.zeros(24, F), (lambda i, s: F(F(mix[i] * s) + base[i]))
+        for i in range(4):
+            out[i] = F(1) / (F(1) + np.exp(-lin(i, sc[0]), dtype=F)) + eps
+            out[4 + i] = F(2) / (F(1) + np.exp(-lin(4 + i, sc[1]), dtype=F))
+        c = np.array([lin(8 + i, sc[2]) for i in range(16)], F).reshape(4, 4)
+        m = c.max(axis=1, keepdims=True) if stable else np.zeros((4, 1), F)
+        c = np.exp(c - m, dtype=F)
+        c = (c / c.sum(axis=1, keepdims=True, dtype=F) + eps).astype(F)
+        c = (c / (c.sum(axis=0, keepdims=True, dtype=F) + eps)).astype(F)
+        for _ in range(1, iters):
+            c = (c / (c.sum(axis=1, keepdims=True, dtype=F) + eps)).astype(F)
+            c = (c / (c.sum(axis=0, keepdims=True, dtype=F) + eps)).astype(F)
+        out[8:] = c.reshape(-1)
+        return out
+
+    def op(a):
+        mm = a["model_map"].array
+        sc = mm[a["scale_offset"]:a["scale_offset"] + 12].view("<f4")
+        base = mm[a["base_offset"]:a["base_offset"] + 96].view("<f4")
+        mix = a["mix"].array.reshape(-1, 24)
+        return {"out": np.stack([one(r, sc, base, a["sinkhorn_iters"], F(a["eps"])) for r in mix])}
+    return op
+
+
+@needs_checkout
+def test_ds4_sinkhorn_softmax_without_its_max_fails_only_the_shifted_combine():
+    spec = _op_specs("ds4")["ds4_gpu_hc_split_sinkhorn_tensor"]
+    small = lambda sh: sh.dims["n_rows"] <= 8  # noqa: E731
+    ordinary = [sh.label for sh in spec.shapes if not sh.edge and sh.expect == "ok" and small(sh)]
+    edges = _edge_labels(spec, small)
+    assert ordinary and edges
+    assert all(_verdicts(spec, ordinary, _sinkhorn32(stable=False)).values())
+    assert not any(_verdicts(spec, edges, _sinkhorn32(stable=False)).values())
+    # float32 with the max, against the float64 reference under the spec's NMSE 1e-11: inside
+    assert all(_verdicts(spec, edges, _sinkhorn32(stable=True)).values())
+
+
+# ---- minimoe ---------------------------------------------------------------------------------
+
+def _fixture_ctx():
+    from porter.gates.parity.spec import Context
+
+    return Context.for_target(_target("minimoe"))
+
+
+def _mini_verdicts(spec, labels, op, seed=7):
+    return _verdicts(spec, labels, op, seed, _fixture_ctx())
+
+
+def _mini_attention(stable):
+    def op(a):
+        nt, p0, nh, hd, win, scale = (a["n_tokens"], a["pos0"], a["n_head"], a["head_dim"], a["window"],
+                                      F(a["scale"]))
+        q, k, v = a["q"].array.reshape(nt, nh, hd), a["k_cache"].array, a["v_cache"].array
+        sinks, out = _sinks(a, nh), np.zeros((nt, nh, hd), F)
+        for t in range(nt):
+            p = p0 + t
+            lo = max(0, p - win + 1)
+            w, den = _softmax_rows((q[t] @ k[lo:p + 1].T * scale).astype(F), sinks, stable)
+            out[t] = (w @ v[lo:p + 1]) / den[:, None]
+        return {"out": out}
+    return op
+
+
+def test_minimoe_attention_softmax_without_its_max_fails_only_the_shifted_scores():
+    spec = _op_specs("minimoe")["mini_gpu_attention_window_tensor"]
+    ordinary = [sh.label for sh in spec.shapes if not sh.edge and not sh.timed]
+    edges = _edge_labels(spec)
+    assert ordinary and edges
+    assert all(_mini_verdicts(spec, ordinary, _mini_attention(stable=False)).values())
+    assert not any(_mini_verdicts(spec, edges, _mini_attention(stable=False)).values())
+    assert all(_mini_verdicts(spec, edges, _mini_attention(stable=True)).values())
+
+
+def test_minimoe_router_softmax_without_its_max_fails_only_the_shifted_logits():
+    from reference import minimoe_ops as ops
+
+    spec = _op_specs("minimoe")["mini_gpu_router_topk_tensor"]
+
+    def op(a):  # the right experts, weights from float32 expf(logit) without the max
+        ids, _ = ops.router_topk(a["logits"].array, a["n_expert"], a["n_tokens"], a["top_k"])
+        lg = a["logits"].array.reshape(a["n_tokens"], a["n_expert"]).astype(F)
+        chosen = np.exp(np.take_along_axis(lg, ids.astype(np.int64), axis=1), dtype=F)
+        return {"expert_ids": ids, "expert_weights": (chosen / chosen.sum(axis=1, keepdims=True, dtype=F)).astype(F)}
+
+    ordinary = [sh.label for sh in spec.shapes if not sh.edge and sh.expect == "ok" and not sh.timed]
+    assert ordinary and _edge_labels(spec)
+    assert all(_mini_verdicts(spec, ordinary, op).values())
+    assert not any(_mini_verdicts(spec, _edge_labels(spec), op).values())
+
+
+def test_minimoe_norm_without_eps_fails_the_rows_near_zero():
+    from reference import minimoe_ops as ops
+
+    spec = _op_specs("minimoe")["mini_gpu_rms_norm_plain_rows_tensor"]
+    op = lambda a: {"out": ops.rms_norm_plain_rows(a["x"].array, a["n"], a["n_rows"], 0.0)}  # noqa: E731
+    assert _edge_labels(spec)
+    assert not any(_mini_verdicts(spec, _edge_labels(spec), op).values())
+
+
+def test_minimoe_swiglu_with_an_overflowing_sigmoid_fails_the_far_gates():
+    spec = _op_specs("minimoe")["mini_gpu_swiglu_tensor"]
+
+    def op(a):
+        g = a["gate"].array.astype(F)
+        e = np.exp(g, dtype=F)
+        return {"out": (g * (e / (F(1) + e)) * a["up"].array.astype(F)).astype(F)}
+
+    assert _edge_labels(spec)
+    assert not any(_mini_verdicts(spec, _edge_labels(spec), op).values())
+    assert _mini_verdicts(spec, ["n=1", "n=7"], op) == {"n=1": True, "n=7": True}  # no far gate below n = 8
+
+
+def test_edge_cases_change_no_ordinary_case():
+    """The edge generators draw nothing for ordinary cases: their inputs are the ones calibrated before."""
+    spec = _op_specs("minimoe")["mini_gpu_rms_norm_plain_rows_tensor"]
+    sh = next(s for s in spec.shapes if not s.edge)
+    a = spec.build(sh, None, np.random.default_rng(3)).args["x"].array
+    rng = np.random.default_rng(3)
+    scale = np.exp(rng.uniform(np.log(0.1), np.log(10.0), (sh.dims["rows"], 1)))
+    assert np.array_equal(a, (rng.standard_normal((sh.dims["rows"], sh.dims["n"])) * scale).astype(np.float32))
+    assert dataclasses.replace(sh).edge == ""
