@@ -16,6 +16,11 @@ README there).  A spec module defines ``SPEC = UnitSpec(...)``:
              the same layout (same buffers, same scalars), because the second
              call reuses the first call's buffers.
   bytes_moved(shape) -> int: bytes a call must at least move (for GB/s)
+  inputs     the distributions and magnitudes the inputs are drawn from, and why
+             (one place per spec or per family helper; the calibration table shows it)
+
+A Shape's `edge` names the numerical edge the case sits at (scores past exp's
+range, rows near zero at the real eps, ...); the calibration table counts them.
 
 Arguments, by the header's parameter types:
   const mini_gpu_tensor *  In(array)                  const input, checked unchanged
