@@ -102,7 +102,8 @@ def write_placeholders(workspace: Path, target_name: str, only_missing: bool = T
         if only_missing and path.exists():
             continue
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(placeholder_source(target.api_function(unit), target.conventions_header.name))
+        path.write_text(placeholder_source(target.api_function(unit), target.conventions_header.name,
+                                           target.spec.cuda.rules.failure_return))
         written.append(path)
     return written
 

@@ -89,3 +89,26 @@ def test_a_declaration_the_conventions_header_contradicts_is_caught(tmp_path):
     assert any("[cuda] stream says 'mini_cuda_stream()'" in p for p in problems), problems
     assert any("launch_check 'mini_no_such(x)' is not offered" in p for p in problems), problems
     assert any("judges success as 'zero', but [cuda.rules] success_return is 1" in p for p in problems), problems
+
+
+def test_placeholders_fail_with_the_targets_failure_value(tmp_path):
+    """A placeholder answers every call with the API's failure value: ds4's is 0, and the -1 written for
+    every target read as success to ds4's engine and to a runtime scenario calling a unit not ported yet."""
+    from porter.placeholder import placeholder_source
+
+    target = _workspace(tmp_path, "minimoe")
+    add = target.api_function("mini_gpu_add_tensor")
+    assert "return -1;" in target.unit_path("mini_gpu_add_tensor").read_text()
+    toml = target.dir / "target.toml"
+    toml.write_text(toml.read_text().replace('success_return = "0"\nfailure_return = "-1"',
+                                             'success_return = "1"\nfailure_return = "0"'))
+    ones = load_target(target.workspace, "minimoe")
+    text = placeholder_source(add, "mini_cuda.cuh", ones.spec.cuda.rules.failure_return)
+    assert "return 0;" in text and "return -1;" not in text
+    alloc = placeholder_source(ones.api_function("mini_gpu_tensor_alloc"), "mini_cuda.cuh", "0")
+    assert "return NULL;" in alloc
+    from porter.gates import build
+
+    ones.unit_path("mini_gpu_add_tensor").unlink()  # a deleted unit file: the build links its placeholder
+    linked = build.unit_sources(ones, "mini_gpu_swiglu_tensor", "")["mini_gpu_add_tensor"].decode()
+    assert "return 0;" in linked and "return -1;" not in linked

@@ -77,7 +77,8 @@ class SourceLibraries:
         """Compile (cached) and link glue + every unit; returns the library path (content-addressed)."""
         t = self.target
         jobs = [(g.stem, g.read_bytes()) for g in t.glue_sources]
-        jobs += [(u, unit_sources.get(u) or placeholder_source(t.api_function(u), t.conventions_header.name))
+        fails = t.spec.cuda.rules.failure_return
+        jobs += [(u, unit_sources.get(u) or placeholder_source(t.api_function(u), t.conventions_header.name, fails))
                  for u in t.units]
         objs = _parallel(lambda j: self.object_for(*j), jobs)
         link_flags = [*t.spec.cuda.link_flags, *build_gate.PORTER_LINK_FLAGS]

@@ -204,7 +204,8 @@ def environment_sources(target) -> list[tuple[str, str, bytes]]:
     first = target.units[0] if target.units else None
     if first is not None:
         jobs.append((f"placeholder:{first}", first,
-                     placeholder_source(target.api_function(first), target.conventions_header.name).encode()))
+                     placeholder_source(target.api_function(first), target.conventions_header.name,
+                                        target.spec.cuda.rules.failure_return).encode()))
     return jobs
 
 
@@ -248,7 +249,8 @@ def unit_sources(target, unit: str, source: str) -> dict[str, bytes]:
         if path.is_file():
             out[u] = path.read_bytes()
         else:  # a unit file someone deleted: link its placeholder so the others can still be judged
-            out[u] = placeholder_source(target.api_function(u), target.conventions_header.name).encode()
+            out[u] = placeholder_source(target.api_function(u), target.conventions_header.name,
+                                        target.spec.cuda.rules.failure_return).encode()
     return out
 
 
