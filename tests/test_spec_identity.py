@@ -128,3 +128,29 @@ def test_a_sibling_name_that_is_not_a_literal_is_refused(ws):
     p.write_text(p.read_text().replace('sibling(__file__, "_shared")', 'sibling(__file__, "_sha" + "red")'))
     with pytest.raises(SpecError, match="string literal"):
         _spec(ws)
+
+
+def test_the_report_reads_the_same_identity_without_loading_the_spec(ws):
+    """porter report runs no workspace code: it computes the identity from the files alone, and agrees
+    with the loaded spec's (calibrated), and with the edit (uncalibrated after a helper changes)."""
+    from porter.report.collect import _calibration
+
+    spec = _spec(ws)
+    _record_calibration(ws, spec)
+    target = load_target(ws, "minimoe")
+    got, notes = _calibration(target, History.read(ws, "minimoe"))
+    assert notes == [] and got[UNIT]["calibrated"] and got[UNIT]["spec_sha256"] == spec.sha256
+    helper = ws / "targets" / "minimoe" / "parity" / "_shared.py"
+    helper.write_text(helper.read_text() + "\n# edited\n")
+    got, _ = _calibration(load_target(ws, "minimoe"), History.read(ws, "minimoe"))
+    assert not got[UNIT]["calibrated"] and "changed" in got[UNIT]["reason"]
+
+
+def test_a_reference_that_is_not_a_literal_is_refused(ws):
+    p = ws / "targets" / "minimoe" / "parity" / f"{UNIT}.py"
+    text = p.read_text()
+    assert 'reference="reference.minimoe_ops.matmul_q8_0"' in text
+    p.write_text(text.replace('reference="reference.minimoe_ops.matmul_q8_0"',
+                              'reference="reference.minimoe_ops." + "matmul_q8_0"'))
+    with pytest.raises(SpecError, match="string literal"):
+        _spec(ws)

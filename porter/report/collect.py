@@ -100,17 +100,21 @@ def _evidence(workspace: Path, shas: list[str]) -> list[dict]:
 
 
 def _calibration(target: Target, history: History) -> tuple[dict[str, dict], list[str]]:
-    """Per unit with a parity spec: whether that exact spec (by sha256) is calibrated. Read as data (the
-    spec files' bytes and the calibration records), never imported: a reviewer's report runs no code
-    of the workspace. A unit is matched to its spec by the file a calibration record hashed, else by
-    the file named after it."""
-    from porter.digest import sha256_bytes
+    """Per unit with a parity spec: whether that exact spec (by its identity, the sha256 over the
+    spec file, its helpers, references and verdict code: porter.gates.parity.identity) is
+    calibrated. Read as data (the files' bytes, their syntax trees and the calibration records),
+    never imported: a reviewer's report runs no code of the workspace. A unit is matched to its
+    spec by the identity a calibration record names, else by the file named after it."""
+    from porter.gates.parity import identity
     from porter.gates.parity.spec import spec_dir
 
-    files = {}
+    files, notes = {}, []
     for path in sorted(spec_dir(target).glob("*.py")) if spec_dir(target).is_dir() else []:
         if not path.name.startswith("_") and path.is_file() and not path.is_symlink():
-            files[sha256_bytes(path.read_bytes())] = path
+            try:
+                files[identity.digest(identity.components(path))] = path
+            except (identity.IdentityError, OSError) as exc:
+                notes.append(f"{path.name}: no identity ({exc})")
     units = set(target.units)
     by_name = {p.stem: sha for sha, p in files.items() if p.stem in units}
     out = {}
@@ -121,7 +125,7 @@ def _calibration(target: Target, history: History) -> tuple[dict[str, dict], lis
             continue  # calibrated once, its spec file gone
         st = history.calibration_status(unit, sha)
         out[unit] = dict(st, unit=unit, spec=files[sha].name, spec_sha256=sha)
-    return out, []
+    return out, notes
 
 
 def _runs(history: History) -> list[RunSummary]:

@@ -8,12 +8,14 @@ weights: the synthetic tensors a "model:" shape reads).  The identity hashes all
 of them, so an edit to any leaves every dependent spec uncalibrated (and its
 perf baseline unused) until it is measured again.
 
-Dependencies are read from the source (ast), not from what happens to be
-imported: a helper is named by a literal `sibling(__file__, "_name")`, a
-reference module by an import of the reference package; each found file is
-read for its own dependencies in turn.  A sibling() whose name is not a literal
-cannot be followed, so the spec is refused rather than given an identity that
-misses a file.
+Dependencies are read from the source (ast), and module files are found on the
+import path without importing anything, so a reviewer's `porter report` computes
+the same identity without running workspace code: a helper is named by a
+literal `sibling(__file__, "_name")`, a reference module by an import of the
+reference package or by the spec's literal `reference="..."`; each found file is
+read for its own dependencies in turn.  A sibling() name or a `reference=` that
+is not a literal cannot be followed, so the spec is refused rather than given an
+identity that misses a file.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from __future__ import annotations
 import ast
 import hashlib
 import importlib.util
-import sys
 from functools import lru_cache
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from porter.errors import PorterError
 REFERENCE_PACKAGE = "reference"  # the CPU references' package (DESIGN: reference/), beside porter
 # harness code whose change moves a verdict without any spec changing
 VERDICT_MODULES = ("porter.gates.parity.compare", "porter.gates.parity.weights")
+SPEC_KINDS = ("UnitSpec", "Scenario")  # the calls whose reference= names the spec's reference
 HARNESS_SETTINGS = "harness.toml"  # the target's parity settings, beside its specs
 
 
@@ -53,7 +55,8 @@ def file_sha(path: Path) -> str:
 
 @lru_cache(maxsize=512)
 def _scan(key: tuple) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(sibling helper names, reference module names) a source file names."""
+    """(sibling helper names, reference module names) a source file names (its `reference=`
+    keyword's module among them)."""
     path = Path(key[0])
     try:
         tree = ast.parse(path.read_text(), str(path))
@@ -65,6 +68,13 @@ def _scan(key: tuple) -> tuple[tuple[str, ...], tuple[str, ...]]:
                              for a in n.names if a.name == "sibling" and a.asname}
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
+            called = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")
+            for kw in node.keywords if called in SPEC_KINDS else ():
+                if kw.arg == "reference":
+                    if not (isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, str)):
+                        raise IdentityError(f"{path.name} line {node.lineno}: reference= takes a string literal "
+                                            "(the spec's identity must name the reference module it calls)")
+                    modules += _reference_modules(kw.value.value)
             f = node.func
             name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
             if name in loaders:
@@ -87,16 +97,33 @@ def _scan(key: tuple) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 def _module_file(name: str) -> Path | None:
-    """The file a module name imports from here (None: not a module, e.g. a function's name)."""
-    mod = sys.modules.get(name)
-    origin = getattr(mod, "__file__", None) if mod is not None else None
-    if origin is None:
-        try:
-            found = importlib.util.find_spec(name)
-        except (ImportError, ValueError):
-            found = None
-        origin = found.origin if found is not None and found.has_location else None
-    return Path(origin).resolve() if origin else None
+    """The file `import name` would load from the import path (None: not a module, e.g. a
+    function's name), found without importing it or its packages."""
+    top, *rest = name.split(".")
+    try:
+        found = importlib.util.find_spec(top)  # a top-level name: found on sys.path, nothing executed
+    except (ImportError, ValueError):
+        return None
+    if found is None:
+        return None
+    if not rest:
+        return Path(found.origin).resolve() if found.has_location and found.origin else None
+    dirs = list(found.submodule_search_locations or [])
+    for i, part in enumerate(rest):
+        last = i == len(rest) - 1
+        hit = None
+        for d in dirs:
+            pkg, mod = Path(d) / part, Path(d) / f"{part}.py"
+            if (pkg / "__init__.py").is_file():
+                hit = pkg / "__init__.py"
+                dirs = [str(pkg)]
+                break
+            if last and mod.is_file():
+                hit = mod
+                break
+        if hit is None:
+            return None
+    return hit.resolve()
 
 
 def _reference_modules(dotted: str) -> list[str]:
@@ -110,12 +137,17 @@ def _reference_modules(dotted: str) -> list[str]:
 def components(spec_path: Path, reference: str = "") -> dict[str, str]:
     """{label: sha256} of every file the spec's verdict depends on.  Labels name the role and
     the file (spec:, helper:, reference:, harness:), not where the workspace lies, so a copy
-    of the workspace has the same identity."""
+    of the workspace has the same identity.  `reference`: the loaded spec's, which must be
+    one its source names literally (the report, which loads nothing, reads it from there)."""
     spec_path = Path(spec_path).resolve()
     out: dict[str, str] = {f"spec:{spec_path.name}": file_sha(spec_path)}
     todo: list[Path] = [spec_path]
     seen: set[Path] = {spec_path}
-    pending_modules = list(_reference_modules(reference))
+    pending_modules: list[str] = []
+    named = set(_scan(_stat_key(spec_path))[1])
+    if reference and _reference_modules(reference) and not set(_reference_modules(reference)) <= named:
+        raise IdentityError(f"{spec_path.name}: reference {reference!r} is not written as reference=\"...\" "
+                            "in the spec's source")
     while todo or pending_modules:
         while todo:
             path = todo.pop()
