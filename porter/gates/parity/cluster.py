@@ -87,7 +87,7 @@ def available() -> tuple[bool, str]:
 def connect(address: str | None = None):
     """ray, connected to the cluster at `address` ($PORTER_RAY_ADDRESS; none: a Ray of this machine).
     Workers import this checkout's porter: the package is sent with the job (runtime_env), so a
-    cluster needs Python, numpy (and cupy) but no porter of its own, and never runs another version."""
+    host never runs another version of it (its dependencies, cupy and bubblewrap are the host's)."""
     ok, why = ray_available()
     if not ok:
         raise PorterError(f"--executor ray: {why}", exit_code=2)
