@@ -58,6 +58,7 @@ from porter.evidence import check_evidence, evidence_problem
 from porter.gates import static
 from porter.gates.driver import Candidate, GateContext
 from porter.gates.e2e.state import prefill_line, prefill_status
+from porter.gates.perf import speed, speed_cell, speed_line, speed_summary
 from porter.history import Attempt, GateRecord, History, Step, UnitHistory
 from porter.digest import sha256_bytes
 from porter.ledger import LEDGER_DIR, LEDGER_FILE, Ledger, load_key
@@ -68,6 +69,7 @@ from porter.target import Target, load_target
 
 PERF_UNMEASURED = "verified (perf unmeasured)"
 UNSANDBOXED = "verified (unsandboxed)"
+VERIFIED_STATES = ("verified", PERF_UNMEASURED, UNSANDBOXED)  # where a unit's timing is its current file's
 STATES = ("verified", PERF_UNMEASURED, UNSANDBOXED, "built", "stale", "tampered", "failing", "exhausted", "unported")
 CRITICAL_TIERS = ("runtime", "prefill")
 # The gate whose passing evidence makes a step of each state true.
@@ -165,6 +167,9 @@ class UnitStatus:
     evidence: list[str] = field(default_factory=list)  # evidence of the latest step
     commit: str | None = None  # commit of the latest step
     tier: str | None = None
+    # the latest step's timing where the unit is verified (porter.gates.perf.speed): time_ms, x_known_good,
+    # pct_roofline, regime, case, decided_by, below_half
+    speed: dict | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -217,7 +222,12 @@ class StatusReport:
             "problems": self.problems,
             "notes": self.notes,
             "prefill": self.prefill,
+            "speed": self.speed,
         }
+
+    @property
+    def speed(self) -> dict:
+        return speed_summary([u.speed for u in self.units])
 
 
 def _count(units: list[UnitStatus]) -> dict:
@@ -673,6 +683,8 @@ def derive(
             st.evidence = list(uh.last_step.evidence)
             commit = integ.commit_of_step.get(uh.last_step.hash)
             st.commit = commit.sha if commit else None
+            if state in VERIFIED_STATES:
+                st.speed = speed([evidence(sha)[0] for sha in st.evidence])
         results.append(st)
     for unit in former:  # reported, not dropped: a unit cannot leave status by leaving the header
         last = history.unit(unit).last_step
@@ -737,12 +749,14 @@ def counts_line(counts: dict) -> str:
     return ", ".join(f"{counts[s]} {s}" for s in STATES if counts.get(s)) or "none"
 
 
-def status_columns(ranked: bool) -> list:
-    """The status table's columns, in order; the reason is the table's tail (term.Table)."""
+def status_columns(ranked: bool, speed: bool = False) -> list:
+    """The status table's columns, in order; the reason is the table's tail (term.Table).  `speed`: some
+    unit has a timing (perf.speed_cell: time, x known-good, % of roofline, regime), given way like the commit."""
     from porter.term import Column
 
     return ([Column("unit", key=True)] + ([Column("tier")] if ranked else [])
-            + [Column("state"), Column("att", right=True), Column("commit", give_way=True)])
+            + [Column("state"), Column("att", right=True)] + ([Column("speed", give_way=True)] if speed else [])
+            + [Column("commit", give_way=True)])
 
 
 def status_table(report: StatusReport):
@@ -751,11 +765,13 @@ def status_table(report: StatusReport):
     from porter.term import Table
 
     ranked = report.critical_path["available"]
-    table = Table(status_columns(ranked), tail="reason", title=f"porter status: {report.target}")
+    timed = any(u.speed for u in report.units)
+    table = Table(status_columns(ranked, timed), tail="reason", title=f"porter status: {report.target}")
     for u in report.units:
         # Text, not markup: reasons quote ledger and compiler text
+        speed = [Text(speed_cell(u.speed), style="red" if (u.speed or {}).get("below_half") else None)] if timed else []
         table.add_row(u.unit, *([u.tier or ""] if ranked else []), Text(u.state, style=_STYLE[u.state]),
-                      str(u.attempts), u.commit[:10] if u.commit else "", tail=u.reason)
+                      str(u.attempts), *speed, u.commit[:10] if u.commit else "", tail=u.reason)
     return table
 
 
@@ -779,6 +795,7 @@ def render(report: StatusReport, console=None, wide: bool = False) -> None:
     status_table(report).print(console, wide)
 
     say(f"units ({report.counts['total']}): {counts_line(report.counts)}")
+    say(speed_line(report.speed))
     say(prefill_line((report.prefill["state"], report.prefill["commit"], report.prefill["reason"])),
         "bold green" if report.prefill["state"] == "verified" else None)
     cp = report.critical_path

@@ -143,15 +143,25 @@ class ReferenceSpec(_Strict):
 
 
 class PerfSpec(_Strict):
-    """[perf]: the regime the perf gate judges in (porter.gates.perf)."""
+    """[perf]: where and how tightly the perf gate judges (porter.gates.perf).
+
+    `regime` is where the target's users run it: parity times every unit there, and the evidence and
+    status name it.  "device": the weights are copied into device memory before the call (the harness's
+    [harness.regimes] hook of that name, else its model_ptr hook); "host": the weights stay in registered
+    host memory that the GPU reads over the host link.  `regimes` lists further named regimes that
+    `porter dev perf-table` measures for comparison; they never decide a verdict."""
 
     enabled: bool = True
-    max_slowdown: float | None = Field(None, gt=0)  # candidate / known-good time limit (perf.py's default)
+    # an explicit cap on candidate / known-good time; None (the default): derived from the known-good's own
+    # measured run-to-run spread (perf.calibrated_limit), recorded with the calibration
+    max_slowdown: float | None = Field(None, gt=0)
     baseline: str | None = None  # "upstream": porter run times the checkout's backend for missing baselines
-    # False where an HBM roofline is no floor for this backend (it reads weights in place from host memory):
-    # without a calibrated known-good, perf is then unmeasured; `regime` says why, in the gate's message
-    roofline_floor: bool = True
-    regime: str = ""
+    regime: str = "device"
+    regimes: list[str] = Field(default_factory=list)
+    # without a known-good: the share of the roofline (at the spec's largest timed case) a unit must reach;
+    # `floors` per unit, then the spec's own perf_floor, then `floor_fraction`, then perf.DEFAULT_FLOOR_FRACTION
+    floor_fraction: float | None = Field(None, gt=0, le=1)
+    floors: dict[str, float] = Field(default_factory=dict)
 
 
 class UpstreamSpec(_Strict):

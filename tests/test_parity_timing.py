@@ -32,11 +32,30 @@ SKIP_WHEN_TIMED = r"""
     """ + HONEST_LOOP
 
 
+# The replay hack of the issue: an honest but slow kernel (3 ms) that, called again with the same buffers and
+# the same few input bytes, copies its last answer instead.  Timed on unchanged inputs (the harness before
+# input rotation) every timed call replayed and timed as a memcpy; rotated, none can.
+SLOW_MS = 3
+REPLAY_UNCHANGED = r"""
+    { static void *k_o, *k_g, *k_u; static uint64_t k_n; static float k_b[2]; static float *memo;
+      float b[2] = {n ? g[0] : 0.0f, n ? u[n - 1] : 0.0f};
+      if (memo && k_o == out->data && k_g == gate->data && k_u == up->data && k_n == n && !memcmp(b, k_b, sizeof b)) {
+          memcpy(o, memo, n * 4); return 0; }
+      k_o = out->data; k_g = gate->data; k_u = up->data; k_n = n; memcpy(k_b, b, sizeof b);
+      { struct timespec ts = {0, """ + str(SLOW_MS * 1000000) + r"""}; nanosleep(&ts, 0); }
+      """ + HONEST_LOOP + r"""
+      free(memo); memo = malloc(n * 4 + 4); memcpy(memo, o, n * 4); return 0; }
+    """
+
+
 @pytest.fixture(scope="module")
 def libs(tmp_path_factory):
     d = tmp_path_factory.mktemp("timing")
     out = {}
-    for name, src in {"honest": FAKE_BACKEND, "skip_timed": FAKE_BACKEND.replace(HONEST_LOOP, SKIP_WHEN_TIMED)}.items():
+    variants = {"honest": FAKE_BACKEND, "skip_timed": FAKE_BACKEND.replace(HONEST_LOOP, SKIP_WHEN_TIMED),
+                "replay_unchanged": "#define _POSIX_C_SOURCE 199309L\n#include <time.h>\n"
+                                    + FAKE_BACKEND.replace(HONEST_LOOP, REPLAY_UNCHANGED)}
+    for name, src in variants.items():
         assert src != FAKE_BACKEND or name == "honest"
         (d / f"{name}.c").write_text(src)
         subprocess.run([CC, "-O1", "-shared", "-fPIC", "-o", str(d / f"lib{name}.so"), str(d / f"{name}.c"), "-lm"],
@@ -62,6 +81,8 @@ def test_honest_candidate_is_timed_and_rechecked(target, fixture_ctx, libs, tmp_
     t = r.evidence["timing"]
     assert t["reps"] == 4 and t["median_ms"] > 0 and t["bytes"] > 0
     assert "timing" in r.evidence["checks"]["run"] and "impossible" in r.evidence["checks"]["run"]
+    assert r.evidence["regime"]["name"] == target.spec.perf.regime == "device"  # named in the evidence
+    assert t["input_sets"] == 3 and len(t["times_ms"]) == 4 and t["tail_median_ms"] is not None
 
 
 def test_work_skipped_while_timed_is_caught(target, fixture_ctx, libs, tmp_path, fresh_pool):
@@ -147,3 +168,78 @@ def test_remembered_cases_keep_the_files_their_context_wrote(target, monkeypatch
     assert again.cases == [weights] and weights.is_file()
     fresh = gate.prepare_cases(target, spec)  # fresh seeds: nothing remembered, its own Context
     assert fresh.ctx is not again.ctx
+
+
+def test_a_candidate_replaying_its_answer_on_unchanged_inputs_does_the_work_on_every_timed_call(
+        target, fixture_ctx, libs, tmp_path, fresh_pool):
+    """Every timed call gets another input set than the call before it (the warm call included), so the
+    replay never fires while timed: the slowest-path time is what is measured, and it is right."""
+    r = _run(target, fixture_ctx, libs["replay_unchanged"], tmp_path, reps=5)
+    assert r.ok, r.summary
+    t = r.evidence["timing"]
+    assert t["min_ms"] >= 0.8 * SLOW_MS, t  # the old harness timed a memcpy here (~0.1 ms)
+    assert t["input_sets"] >= 3 and t["reps"] == 5
+
+
+def test_rotation_never_repeats_a_set_back_to_back_and_uses_every_set():
+    import random
+
+    from porter.gates.parity.gate import rotation_order
+
+    for seed in range(50):
+        order = rotation_order(3, 10, random.Random(seed))
+        assert len(order) == 10 and set(order) == {0, 1, 2}
+        assert all(a != b for a, b in zip(order, order[1:])), order
+    assert rotation_order(2, 6, random.Random(3)) in ([0, 1, 0, 1, 0, 1], [1, 0, 1, 0, 1, 0])
+
+
+def _timed_case(target, fixture_ctx):
+    from porter.gates.parity.gate import prepare
+
+    spec = load_spec(target, UNIT)
+    cases = prepare(spec, target.api_function(UNIT), fixture_ctx, [0x1111, 0x2222])
+    case = next(c for c in cases if c.shape.timed)
+    return spec, case
+
+
+def _answer(call):
+    import numpy as np
+
+    return np.frombuffer(np.asarray(call.expect["out"], dtype="<f4").tobytes(), dtype=np.uint8).copy()
+
+
+def _judge(spec, case, timing, outputs, order):
+    from porter.gates.parity.gate import evaluate
+
+    results = {"cases": [{"id": case.id, "passes": [], "timing": timing}]}
+    fails, _ = evaluate(spec, [case], results, outputs, orders={case.id: order})
+    return [f for f in fails if f.check == "timing"]
+
+
+def test_a_checked_repetition_is_judged_against_its_own_input_set(target, fixture_ctx):
+    """A timed case has extra input sets, built here with their references; the parent knows which set each
+    repetition got, so the previous repetition's answer (a replay) is refused on the next one."""
+    spec, case = _timed_case(target, fixture_ctx)
+    sets = case.timing_sets
+    assert len(sets) == 3 and len(case.calls) == 2
+    order = [2, 0, 1]
+    timing = {"reps": 3, "times_ms": [1.0, 1.0, 1.0], "tail_ms": [0.0] * 3, "checked_reps": [1, 2]}
+    right = {f"{case.id}.t1.out": _answer(sets[0]), f"{case.id}.t2.out": _answer(sets[1])}
+    assert _judge(spec, case, timing, right, order) == []
+    replayed = {f"{case.id}.t1.out": _answer(sets[2]), f"{case.id}.t2.out": _answer(sets[0])}
+    fails = _judge(spec, case, timing, replayed, order)
+    assert len(fails) == 2 and "input set 1 of 3" in fails[0].detail, [f.detail for f in fails]
+
+
+def test_work_left_past_the_end_event_is_refused(target, fixture_ctx):
+    spec, case = _timed_case(target, fixture_ctx)
+    sets = case.timing_sets
+    outputs = {f"{case.id}.t0.out": _answer(sets[0])}
+    quiet = {"reps": 3, "times_ms": [0.4] * 3, "tail_ms": [0.01, 0.02, 0.01], "checked_reps": [0]}
+    assert _judge(spec, case, quiet, outputs, [0, 1, 2]) == []
+    busy = dict(quiet, tail_ms=[0.9, 1.1, 1.0])  # the device still busy a millisecond after each end event
+    fails = _judge(spec, case, busy, outputs, [0, 1, 2])
+    assert fails and "still busy" in fails[0].detail
+    settled = dict(quiet, settle_changed_reps=[0])  # outputs changed between the end event and the device sync
+    fails = _judge(spec, case, settled, outputs, [0, 1, 2])
+    assert fails and "past the end event" in fails[0].detail

@@ -154,12 +154,13 @@ def test_perf_against_known_good_and_peak(tmp_path):
     cand = ws.write_unit(unit, SOURCES[unit])
     ws.attempt(unit, 1, SOURCES[unit])
     timing = {"case": "real 4096", "bytes": 49152, "median_ms": 0.0125, "p90_ms": 0.013, "reps": 50,
-              "gbps": 1376.3, "peak_gbps": 3352.0, "pct_of_peak": 41.06}
+              "gbps": 1376.3, "peak_gbps": 3352.0, "pct_of_peak": 41.06, "roofline_ms": 0.005}
     evidence = [ws.gate(unit, 1, "build", True, cand)[1],
                 ws.gate(unit, 1, "parity", True, cand, seeds=["00000000000000aa", "00000000000000bb"],
-                        timing=timing, cases=[{"label": "real 4096", "passes": [{"metrics": {"out": {"nmse": 2e-12}}}],
+                        timing=timing, regime={"name": "device"}, cases=[{"label": "real 4096", "passes": [{"metrics": {"out": {"nmse": 2e-12}}}],
                                                "timing": {"median_ms": 0.0125, "gbps": 1376.3}}])[1],
-                ws.gate(unit, 1, "perf", True, cand, ratio=1.25, baseline={"median_ms": 0.01}, max_slowdown=8.0)[1]]
+                ws.gate(unit, 1, "perf", True, cand, ratio=1.25, baseline={"median_ms": 0.01}, limit=1.3,
+                        limit_basis="known-good spread 15.0% over 10 calls", decided_by="known-good")[1]]
     step = ws.ledger.append("step", target=TARGET, unit=unit, attempt=1, state="verified", candidate_sha256=cand,
                             unit_file=ws.rel(ws.unit_path(unit)), evidence=evidence)
     ws.commit_step(step)
@@ -167,7 +168,10 @@ def test_perf_against_known_good_and_peak(tmp_path):
     text = text_of(page(site, unit))
     assert "0.0125 ms median on real 4096" in text
     assert "1376.3 GB/s, 41.1% of the device's peak (3352 GB/s)" in text
-    assert "1.25x the known-good's 0.01 ms (limit 8.0x)" in text
+    assert "1.25x the known-good's 0.01 ms (limit 1.3x: known-good spread 15.0% over 10 calls)" in text
+    assert "regime device" in text and "40.0% of the roofline" in text
+    overview = text_of((site / "index.html").read_text())
+    assert "speed (device regime): 1 unit(s) timed, geomean 1.25x the known-good over 1 unit(s)" in overview
     assert "seeds 00000000000000aa, 00000000000000bb" in text
     assert "real 4096 pass 1: out nmse=2e-12 0.0125 ms, 1376.3 GB/s" in text
 

@@ -290,3 +290,31 @@ def test_a_unit_verified_outside_the_sandbox_is_never_plain_verified(ws):
     s, why = state(r, "mini_gpu_synchronize")
     assert s == "verified (unsandboxed)" and "outside the sandbox" in why
     assert state(r, "mini_gpu_tensor_bytes")[0] == "verified"
+
+
+def test_speed_per_unit_and_for_the_target(ws, capsys):
+    """Status shows each verified unit's time on its timed case, x the known-good, % of the roofline and the
+    regime, in the table and in --json, and a target line: geomean x known-good, units below half their
+    roofline share (the known-good's own share, or the declared floor)."""
+    ws.port("mini_gpu_swiglu_tensor", timing={"case": "n=2^20", "median_ms": 0.5, "roofline_ms": 0.1},
+            perf_facts={"ratio": 3.0, "decided_by": "known-good", "baseline": {"median_ms": 0.1667}})
+    ws.port("mini_gpu_add_tensor", timing={"case": "n=2^20", "median_ms": 0.2, "roofline_ms": 0.1},
+            perf_facts={"ratio": 1.2, "decided_by": "known-good", "baseline": {"median_ms": 0.1667}})
+    ws.port("mini_gpu_synchronize")  # verified, nothing timed
+    code, out = run_status(ws, capsys=capsys)
+    data = json.loads(out)
+    units = {u["unit"]: u for u in data["units"]}
+    slow = units["mini_gpu_swiglu_tensor"]["speed"]
+    assert slow["time_ms"] == 0.5 and slow["x_known_good"] == 3.0 and slow["pct_roofline"] == pytest.approx(20.0)
+    assert slow["regime"] == "device" and slow["below_half"] is True  # 20% where the known-good reaches 60%
+    assert units["mini_gpu_add_tensor"]["speed"]["below_half"] is False
+    assert units["mini_gpu_synchronize"]["speed"] is None
+    summ = data["speed"]
+    assert summ["geomean_x_known_good"] == pytest.approx((3.0 * 1.2) ** 0.5) and summ["units_compared"] == 2
+    assert summ["below_half_roofline_share"] == 1 and summ["regimes"] == ["device"]
+    buf = io.StringIO()
+    render(derive(ws.root, TARGET), Console(file=buf, width=240))
+    text = buf.getvalue()
+    assert "0.5 ms 3x 20% device" in text
+    assert "speed (device regime): 2 unit(s) timed, geomean 1.90x the known-good over 2 unit(s); " \
+           "1 below half their roofline share" in text

@@ -168,8 +168,10 @@ class Workspace:
 
     def port(self, unit: str, attempt: int = 1, state: str = "verified", source: str | None = None,
              commit: bool = True, perf: bool = True, sandbox: str = "bubblewrap 0.8.0",
-             toolchain: dict | None = None) -> tuple[dict, str | None]:
-        """One successful attempt: unit file, gate records, evidence, step record and its commit."""
+             toolchain: dict | None = None, timing: dict | None = None,
+             perf_facts: dict | None = None) -> tuple[dict, str | None]:
+        """One successful attempt: unit file, gate records, evidence, step record and its commit.
+        `timing`: parity's timed case (with a regime); `perf_facts`: the perf evidence's facts."""
         source = source if source is not None else SOURCES[unit]
         cand = self.write_unit(unit, source)
         self.attempt(unit, attempt, source)
@@ -180,8 +182,10 @@ class Workspace:
             if gate == "parity":
                 facts = {"seeds": [11, 12], "metrics": {"nmse": 1e-9}, "sandbox": sandbox,
                          **({"toolchain": toolchain} if toolchain else {})}
+                if timing is not None:
+                    facts.update(timing=timing, regime={"name": timing.get("regime", "device")})
             if gate == "perf":
-                facts = {"ratio": 1.2}
+                facts = perf_facts or {"ratio": 1.2}
             _, ev = self.gate(unit, attempt, gate, True, cand, **facts)
             evidence.append(ev)
         step = self.ledger.append(

@@ -31,6 +31,7 @@ from porter.gates.driver import Candidate, GateContext, ParityOptions, run_gates
 from porter.gates.parity.compare import CHECK_ORDER
 from porter.gates.parity.gate import fresh_seeds
 from porter.gates.parity.spec import inputs_facts, load_specs
+from porter.gates.perf import calibrated_limit
 from porter.ledger import Ledger
 
 
@@ -233,6 +234,9 @@ def record(target, workspace: Path, records: dict, describe: str, good_lib: Path
         if r.get("evidence"):
             ev = dict(r["evidence"], candidate_sha256=r["evidence"].get("candidate_sha256") or lib_sha,
                       calibration_role="known-good")
+            if (ev.get("timing") or {}).get("median_ms"):
+                # the perf limit this known-good's own spread allows, kept with the calibration it came from
+                ev["perf_limit"] = calibrated_limit(ev["timing"])
             ev_sha = store_evidence(Path(workspace), ev)
         ledger.append("calibration", target=target.name, unit=unit, ok=bool(r["ok"]),
                       spec_sha256=spec.sha256 if spec else None,

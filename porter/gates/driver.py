@@ -45,6 +45,8 @@ class ParityOptions:
     # environment the library under test runs with (a known-good variant's knobs that choose other
     # kernels); set in the parity child before the library loads, recorded in the evidence
     env: dict[str, str] | None = None
+    regime: str | None = None  # None: the target's [perf] regime; another name: a comparison run (perf-table)
+    fresh_process: bool = False  # a fresh child, never a warm worker (the perf gate's re-time)
 
 
 @dataclass

@@ -12,6 +12,7 @@ from pygments.formatters import HtmlFormatter
 from pygments.lexers import get_lexer_by_name
 
 from porter.report.collect import SiteData, UnitPage, unit_page_name
+from porter.gates.perf import speed, speed_line
 from porter.report.graph import critical_path_svg, legend_html
 from porter.status import CRITICAL_TIERS, STATES, counts_line
 
@@ -59,7 +60,11 @@ def perf_of(u: UnitPage) -> dict | None:
             perf.update(d["timing"])
         if d.get("gate") == "perf":
             perf.update({"ratio": d.get("ratio"), "baseline_ms": (d.get("baseline") or {}).get("median_ms"),
-                         "max_slowdown": d.get("max_slowdown")})
+                         "max_slowdown": d.get("limit") or d.get("max_slowdown"),
+                         "limit_basis": d.get("limit_basis")})
+    s = speed([e["data"] for e in u.evidence])
+    if s:
+        perf.update(regime=s.get("regime"), pct_roofline=s.get("pct_roofline"), below_half=s.get("below_half"))
     if perf and not perf.get("ratio"):
         gates = [g for a in u.audit["attempts"] for g in a["gates"] if g.get("gate") == "perf"]
         if gates:
@@ -71,7 +76,7 @@ def _env() -> Environment:
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["j2", "html"]),
                       trim_blocks=True, lstrip_blocks=True)
     env.globals.update(counts_line=counts_line, states=STATES, critical_tiers=CRITICAL_TIERS,
-                       fmt_metrics=fmt_metrics, case_metrics=case_metrics)
+                       fmt_metrics=fmt_metrics, case_metrics=case_metrics, speed_line=speed_line)
     return env
 
 

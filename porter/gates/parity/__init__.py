@@ -170,5 +170,5 @@ def run(candidate, ctx) -> GateResult:
             extra["prepared"] = prepared
     return run_spec(target, spec, Path(ctx.library), workspace=ctx.workspace, seeds=opts.seeds, sanitize=sanitize,
                     timeout=opts.timeout, mode=opts.mode, timing_reps=opts.timing_reps, env=opts.env,
-                    candidate_sha256=candidate.sha256,
+                    regime=opts.regime, fresh_process=opts.fresh_process, candidate_sha256=candidate.sha256,
                     calibration=ctx.history.calibration_status(candidate.unit, spec.sha256), **extra)

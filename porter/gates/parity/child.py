@@ -213,7 +213,7 @@ class OpCalls:
                     self.save()
             if case.get("timed") and int(plan.get("timing_reps", 0)) > 0 and case["expect"] == "ok":
                 with self.phase("timing"):
-                    crec["timing"] = self.time_case(case, case["passes"][-1], arrays, bufs, structs)
+                    crec["timing"] = self.time_case(case, arrays, bufs, structs)
         finally:
             for b in bufs.values():
                 try:
@@ -356,54 +356,80 @@ class OpCalls:
             self.outputs[key] = np.frombuffer(immediate[buf], dtype=np.uint8).copy()
         return rec
 
-    def time_case(self, case, pdata, arrays, bufs, structs) -> dict:
-        """Time the unit on the last pass's inputs: each repetition starts from the same buffers
-        (outputs back to the sentinel, in-out tensors back to their inputs) with L2 flushed, and
-        is timed alone by events on the unit's stream.  The outputs of the last repetition and of
-        one repetition drawn at random are read right after the unit's stream and kept for the
-        parent to re-check against the reference: work skipped while being timed shows there.
-        Only the raw times leave this process; the parent computes the statistics."""
+    def time_case(self, case, arrays, bufs, structs) -> dict:
+        """Time the unit on rotating input sets (plan: timing_sets, and timing_order, the set of each
+        repetition; a repetition never gets the inputs of the call before it, so replaying the last
+        answer is useless).  Per repetition: the set's weights are loaded (forget + model hook: the
+        target's regime), one untimed warm call runs on those weights with ANOTHER set's inputs (lazy
+        caches built outside the timed call), the buffers are reset to the set (outputs to the sentinel),
+        persisting L2 lines are reset and L2 flushed, and the call alone is timed by events on the unit's
+        stream; then the device is synchronized and how long that took (the tail: work left past the end
+        event) recorded.  The outputs of the last repetition and of one drawn at random are read right
+        after the unit's stream, and again after the device synchronize: the parent re-checks them against
+        their own set's reference.  Only raw facts leave this process; the parent computes the statistics."""
         dev = self.dev
-        host_map = self._map_for(pdata, arrays)
-        if self.h_forget is not None:
-            self.h_forget()
-        self._keep_map(host_map)
-        if host_map is not None and self.h_model is not None:
-            self.h_model(host_map.ctypes.data, host_map.size, 0, host_map.size)
-        args = self._args(case, pdata, structs, host_map)
-        restore = {}
-        for name, b in case["buffers"].items():
-            if b["role"] == "out":
-                restore[name] = compare.sentinel_bytes(b["nbytes"])
-            elif b["role"] == "inout":
-                restore[name] = np.ascontiguousarray(arrays[pdata["data"][name]]).view(np.uint8).tobytes()
+        sets = case.get("timing_sets") or [case["passes"][-1]]
+        reps = int(self.plan.get("timing_reps", 10))
+        order = case.get("timing_order") or [len(sets) - 1] * reps
+        reps = len(order)
         outs = case["outputs"]
         stream = self.stream or 0
 
-        def fresh():
-            for name, data in restore.items():
-                bufs[name].write(data)
-            dev.flush_l2(stream)
-            dev.synchronize()
+        def put(k_inputs: int) -> None:
+            for name, st in structs.items():  # a call may have rewritten a descriptor
+                st.data, st.bytes, st.owner = bufs[name].ptr, bufs[name].nbytes, 0
+            for name, b in case["buffers"].items():
+                if b["role"] == "out":
+                    bufs[name].write(compare.sentinel_bytes(b["nbytes"]))
+                else:
+                    data = sets[k_inputs]["data"][name]
+                    bufs[name].write(np.ascontiguousarray(arrays[data]).view(np.uint8).tobytes())
+
+        loaded, host_map = None, None
+
+        def load(k: int):
+            nonlocal loaded, host_map
+            if loaded == k:
+                return
+            if self.h_forget is not None:
+                self.h_forget()
+            host_map = self._map_for(sets[k], arrays)
+            self._keep_map(host_map)
+            if host_map is not None and self.h_model is not None:
+                self.h_model(host_map.ctypes.data, host_map.size, 0, host_map.size)
+            loaded = k
 
         self.step(case=case["id"], step="timing")
-        for _ in range(2):
-            fresh()
-            self.fn(*args)
-        dev.synchronize()
-        reps = int(self.plan.get("timing_reps", 10))
         checked = {reps - 1, devmod.urandom_seed() % reps}
-        times = []
-        for r in range(reps):
-            fresh()
-            times.append(dev.time_one(lambda: self.fn(*args), stream))
-            if r in checked:
+        times, tails, settle, reset = [], [], [], True
+        for r, k in enumerate(order):
+            load(k)
+            args = self._args(case, sets[k], structs, host_map)
+            put(order[r - 1] if r and order[r - 1] != k else (k + 1) % len(sets))  # the warm call's inputs
+            self.fn(*args)
+            dev.synchronize()
+            put(k)
+            reset = dev.reset_persisting_l2(stream) and reset
+            dev.flush_l2(stream)
+            dev.synchronize()
+            early = {}
+
+            def read_early():  # right after the end event, before the device is synchronized
                 for param, buf in outs.items():
-                    raw = dev.read_after_stream(bufs[buf].ptr, bufs[buf].nbytes, stream)
-                    self.outputs[f"{case['id']}.t{r}.{param}"] = np.frombuffer(raw, dtype=np.uint8).copy()
+                    early[param] = dev.read_after_stream(bufs[buf].ptr, bufs[buf].nbytes, stream)
+
+            ms, tail = dev.time_call(lambda: self.fn(*args), stream, read_early if r in checked else None)
+            times.append(ms)
+            tails.append(tail)
+            for param, raw in early.items():
+                self.outputs[f"{case['id']}.t{r}.{param}"] = np.frombuffer(raw, dtype=np.uint8).copy()
+                if bufs[outs[param]].read() != raw:
+                    settle.append(r)
         dev.synchronize()
-        return {"reps": reps, "times_ms": times, "checked_reps": sorted(checked),
-                "l2_flushed": dev.kind == "cuda", "clock": "cuda-events" if dev.kind == "cuda" else "host"}
+        return {"reps": reps, "times_ms": times, "tail_ms": tails, "checked_reps": sorted(checked),
+                "settle_changed_reps": sorted(set(settle)), "sets": len(sets),
+                "l2_flushed": dev.kind == "cuda", "l2_persisting_reset": dev.kind == "cuda" and reset,
+                "clock": "cuda-events" if dev.kind == "cuda" else "host"}
 
 
 def call_only(plan_dir: Path, plan: dict) -> int:

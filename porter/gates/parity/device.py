@@ -32,6 +32,29 @@ ATTR_MEMORY_CLOCK_KHZ = 36  # cudaDevAttrMemoryClockRate
 ATTR_BUS_WIDTH_BITS = 37  # cudaDevAttrGlobalMemoryBusWidth
 ATTR_L2_CACHE_BYTES = 38  # cudaDevAttrL2CacheSize
 ATTR_CLOCK_KHZ = 13  # cudaDevAttrClockRate (SM clock)
+LIMIT_PERSISTING_L2 = 0x06  # cudaLimitPersistingL2CacheSize
+STREAM_ATTR_ACCESS_POLICY = 1  # cudaStreamAttributeAccessPolicyWindow (= cudaLaunchAttributeAccessPolicyWindow)
+LAUNCH_ATTR_VALUE_BYTES = 64  # sizeof(cudaLaunchAttributeValue), CUDA 12: room for the window struct
+_CUDART = []
+
+
+def _cudart():
+    """The CUDA runtime cupy already loaded (same primary context), for the calls cupy does not bind."""
+    if not _CUDART:
+        lib = None
+        for name in ("libcudart.so.12", "libcudart.so.13", "libcudart.so.11.0", "libcudart.so"):
+            try:
+                lib = ctypes.CDLL(name)
+                break
+            except OSError:
+                continue
+        if lib is not None:
+            lib.cudaCtxResetPersistingL2Cache.restype = ctypes.c_int
+            lib.cudaStreamSetAttribute.restype = ctypes.c_int
+            lib.cudaStreamSetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+            lib.cudaGetLastError.restype = ctypes.c_int
+        _CUDART.append(lib)
+    return _CUDART[0]
 
 _HOLD_SRC = r"""
 extern "C" __global__ void porter_parity_hold(unsigned long long ns) {
@@ -136,6 +159,21 @@ class Device:
         t0 = time.perf_counter()
         call()
         return (time.perf_counter() - t0) * 1e3
+
+    def reset_persisting_l2(self, stream: int) -> bool:
+        """Return persisting L2 lines to normal and drop access-policy windows (True: done); the host has none."""
+        return True
+
+    def time_call(self, call, stream: int, after_end=None) -> tuple[float, float]:
+        """(ms of the call, ms the device stayed busy after its end): the host clock here."""
+        t0 = time.perf_counter()
+        call()
+        ms = (time.perf_counter() - t0) * 1e3
+        if after_end is not None:
+            after_end()
+        t1 = time.perf_counter()
+        self.synchronize()
+        return ms, (time.perf_counter() - t1) * 1e3
 
     def time_calls(self, call, stream: int, reps: int) -> list[float]:
         times = []
@@ -308,6 +346,46 @@ class CudaDevice(Device):
             self._flush = self.malloc(self._flush_n)
         self._call(self.rt.memsetAsync, self._flush, self._flush_pass & 0xFF, self._flush_n, stream)
         self._flush_pass += 1
+
+    def reset_persisting_l2(self, stream: int) -> bool:
+        """A candidate can pin its inputs in L2 (cudaLimitPersistingL2CacheSize plus an access-policy window
+        on the stream, or a launch attribute) so that a flush by plain writes does not evict them: before
+        each timed call the persisting carve-out goes back to 0, every persisting line is reset to normal
+        (cudaCtxResetPersistingL2Cache) and the unit's stream loses any window.  False where the runtime
+        refused one of them (recorded: the evidence says the reset was not made)."""
+        ok = True
+        try:
+            self.rt.deviceSetLimit(LIMIT_PERSISTING_L2, 0)
+        except Exception:  # noqa: BLE001 - an old runtime or a GPU without persisting L2 (pre-sm_80)
+            ok = False
+        cudart = _cudart()
+        if cudart is None:
+            return False
+        if cudart.cudaCtxResetPersistingL2Cache() != 0:
+            ok = False
+        attr = ctypes.create_string_buffer(LAUNCH_ATTR_VALUE_BYTES)  # an all-zero window: num_bytes 0
+        if stream and cudart.cudaStreamSetAttribute(ctypes.c_void_p(stream), STREAM_ATTR_ACCESS_POLICY, attr) != 0:
+            ok = False
+        cudart.cudaGetLastError()  # nothing refused here may be blamed on the next call
+        return ok
+
+    def time_call(self, call, stream: int, after_end=None) -> tuple[float, float]:
+        """(event ms of the call, ms the device stayed busy after the end event).  `after_end` runs
+        once the end event is done and before the device is synchronized (reads of the outputs as the
+        unit's stream left them)."""
+        if not self._events:
+            self._events = (self._call(self.rt.eventCreate), self._call(self.rt.eventCreate))
+        start, end = self._events
+        self._call(self.rt.eventRecord, start, stream)
+        call()
+        self._call(self.rt.eventRecord, end, stream)
+        self._call(self.rt.eventSynchronize, end)
+        ms = float(self._call(self.rt.eventElapsedTime, start, end))
+        if after_end is not None:
+            after_end()
+        t0 = time.perf_counter()
+        self.synchronize()
+        return ms, (time.perf_counter() - t0) * 1e3
 
     def time_one(self, call, stream: int) -> float:
         if not self._events:

@@ -49,6 +49,36 @@ def default_probe() -> dict:
     return PROBE_EVERY_PASS if os.environ.get("PORTER_STREAM_PROBE") == "every-pass" else PROBE
 
 
+# The timed calls rotate through this many input sets (the case's two passes and the rest built for timing
+# only), never the same set twice in a row: a candidate that replays its last answer when called again on
+# unchanged inputs gets nothing from it, and a checked repetition is judged against its own set's reference.
+TIMING_SETS = 3
+
+
+def timing_set_count() -> int:
+    return max(2, int(os.environ.get("PORTER_TIMING_SETS", TIMING_SETS)))
+
+
+def rotation_order(n_sets: int, reps: int, rand=None) -> list[int]:
+    """Which input set each timed repetition gets: every set once in a random order, then random sets,
+    never the one just used (with at least two sets).  Drawn from os.urandom, kept in the parent."""
+    import random
+
+    rand = rand or random.SystemRandom()
+    order = list(range(n_sets))
+    rand.shuffle(order)
+    while len(order) < reps:
+        order.append(rand.choice([k for k in range(n_sets) if k != order[-1]] or [0]))
+    return order[:reps]
+
+
+# Work left on another stream past the timed call's end event: the device is still busy when the harness
+# synchronizes it right after that event.  Idle, that synchronize returns in microseconds; the median over
+# the repetitions must stay under the larger of these.
+TAIL_LIMIT_MS = 0.1
+TAIL_SHARE = 0.5  # of the median timed call
+
+
 # ---------------------------------------------------------------------------
 # Preparing the calls
 # ---------------------------------------------------------------------------
@@ -60,6 +90,12 @@ class PreparedCase:
     calls: list[Call]  # one per pass (2 for valid shapes, 1 for error shapes)
     seeds: list[int]
     layout: dict = field(default_factory=dict)
+    timing_calls: list[Call] = field(default_factory=list)  # input sets for the timed calls only
+
+    @property
+    def timing_sets(self) -> list[Call]:
+        """Every input set a timed repetition may get: the passes', then the timing-only ones."""
+        return list(self.calls) + list(self.timing_calls)
 
     @property
     def label(self) -> str:
@@ -94,14 +130,26 @@ def _layout(spec: UnitSpec, params: list[dict], call: Call) -> dict:
     return {"buffers": buffers, "bind": bind, "scalars": scalars, "outputs": outputs, "map": map_info}
 
 
+def _same_layout(a: dict, b: dict) -> bool:
+    a, b = dict(a), dict(b)
+    if a["map"] and b["map"]:
+        a["map"], b["map"] = a["map"]["size"], b["map"]["size"]
+    return a == b
+
+
 def prepare(spec: UnitSpec, api_fn, ctx: Context, seeds: list[int]) -> list[PreparedCase]:
     params = header_params(api_fn)
     cases = []
+    n_sets = timing_set_count()
     for i, shape in enumerate(spec.shapes):
         n_pass = 2 if shape.expect == "ok" else 1
+        # a timed case's extra input sets come from the first seed and their own stream of it
+        entropy = [[seeds[p] & (2**64 - 1), i] for p in range(n_pass)]
+        if shape.timed and shape.expect == "ok":
+            entropy += [[seeds[0] & (2**64 - 1), i, 1000 + k] for k in range(max(0, n_sets - n_pass))]
         calls, layouts = [], []
-        for p in range(n_pass):
-            rng = np.random.default_rng([seeds[p] & (2**64 - 1), i])
+        for ent in entropy:
+            rng = np.random.default_rng(ent)
             try:
                 call = spec.build(shape, ctx, rng)
             except SpecError:
@@ -112,14 +160,10 @@ def prepare(spec: UnitSpec, api_fn, ctx: Context, seeds: list[int]) -> list[Prep
             validate_call(spec, api_fn, shape, call)
             calls.append(call)
             layouts.append(_layout(spec, params, call))
-        if len(layouts) == 2:
-            a, b = dict(layouts[0]), dict(layouts[1])
-            if a["map"] and b["map"]:
-                a["map"], b["map"] = a["map"]["size"], b["map"]["size"]
-            if a != b:
-                raise SpecError(f"{spec.unit} shape {shape.label!r}: the two seeds give different layouts "
-                                "(sizes and scalars must depend on the shape only)")
-        cases.append(PreparedCase(f"c{i}", shape, calls, seeds[:n_pass], layouts[0]))
+        if any(not _same_layout(layouts[0], other) for other in layouts[1:]):
+            raise SpecError(f"{spec.unit} shape {shape.label!r}: the two seeds give different layouts "
+                            "(sizes and scalars must depend on the shape only)")
+        cases.append(PreparedCase(f"c{i}", shape, calls[:n_pass], seeds[:n_pass], layouts[0], calls[n_pass:]))
     return cases
 
 
@@ -183,6 +227,19 @@ def prepare_cases(target, spec: UnitSpec, seeds: list[int] | None = None, ctx: C
         return Prepared(spec.unit, spec.sha256, seeds, [], None, str(exc))
 
 
+def in_regime(harness: dict, regime: str) -> dict:
+    """The harness with the model hook of `regime` as the one the child calls: [harness.regimes] names a
+    hook per regime (ds4: a device copy, or the registered host map); a harness without that table has one
+    hook, and it serves the target's one regime."""
+    hooks = harness.get("regimes") or {}
+    if not hooks:
+        return dict(harness, regime=regime)
+    if regime not in hooks:
+        raise ValueError(f"regime {regime!r} has no model hook in parity/harness.toml's [harness.regimes] "
+                         f"(it names {', '.join(sorted(hooks))})")
+    return dict(harness, model_ptr=hooks[regime], regime=regime)
+
+
 def harness_names(target) -> dict:
     """Target-owned helper symbols the child calls (targets/<t>/parity/harness.toml)."""
     path = target.dir / "parity" / "harness.toml"
@@ -194,36 +251,45 @@ def harness_names(target) -> dict:
 
 
 def write_plan(plan_dir: Path, spec: UnitSpec, api_fn, cases: list[PreparedCase], library: Path, *,
-               mode: str, harness: dict, probe: dict | None, timing_reps: int, env: dict | None = None) -> None:
+               mode: str, harness: dict, probe: dict | None, timing_reps: int,
+               env: dict | None = None) -> dict[str, list[int]]:
+    """plan.json and inputs.npz; returns each timed case's rotation of input sets (kept by the caller:
+    the child's folder is writable from inside, the judgement must not read its order back from there)."""
     params = [{"name": p["name"], "kind": p["kind"]} for p in header_params(api_fn)]
     arrays: dict[str, np.ndarray] = {}
-    plan_cases = []
-    for c in cases:
-        passes = []
-        for p, call in enumerate(c.calls):
-            data, mp = {}, None
-            for name, buf in c.layout["buffers"].items():
-                a = call.args[name]
-                if isinstance(a, (In, InOut)):
-                    key = f"{c.id}.{p}.{name}"
+    plan_cases, orders = [], {}
+
+    def call_data(c, tag, call) -> dict:
+        data, mp = {}, None
+        for name, buf in c.layout["buffers"].items():
+            a = call.args[name]
+            if isinstance(a, (In, InOut)):
+                key = f"{c.id}.{tag}.{name}"
+                arrays[key] = a.array
+                data[name] = key
+        for pinfo in params:
+            a = call.args[pinfo["name"]]
+            if isinstance(a, Map):
+                if a.file:
+                    mp = {"file": a.file}
+                else:
+                    key = f"{c.id}.{tag}.map"
                     arrays[key] = a.array
-                    data[name] = key
-            for pinfo in params:
-                a = call.args[pinfo["name"]]
-                if isinstance(a, Map):
-                    if a.file:
-                        mp = {"file": a.file}
-                    else:
-                        key = f"{c.id}.{p}.map"
-                        arrays[key] = a.array
-                        mp = {"npz": key}
-            scalars = _layout(spec, header_params(api_fn), call)["scalars"]
-            passes.append({"data": data, "map": mp, "scalars": scalars})
-        plan_cases.append({
+                    mp = {"npz": key}
+        return {"data": data, "map": mp, "scalars": _layout(spec, header_params(api_fn), call)["scalars"]}
+
+    for c in cases:
+        passes = [call_data(c, p, call) for p, call in enumerate(c.calls)]
+        pc = {
             "id": c.id, "label": c.shape.label, "expect": c.shape.expect, "timed": c.shape.timed,
             "buffers": {n: {"role": b["role"], "nbytes": b["nbytes"]} for n, b in c.layout["buffers"].items()},
             "bind": c.layout["bind"], "outputs": c.layout["outputs"], "passes": passes,
-        })
+        }
+        if c.shape.timed and c.shape.expect == "ok" and timing_reps > 0:
+            extra = [call_data(c, f"x{k}", call) for k, call in enumerate(c.timing_calls)]
+            orders[c.id] = rotation_order(len(passes) + len(extra), timing_reps)
+            pc["timing_sets"], pc["timing_order"] = passes + extra, orders[c.id]
+        plan_cases.append(pc)
     plan = {
         "version": 1, "mode": mode, "library": str(Path(library).resolve()), "unit": spec.unit,
         "restype": "int" if api_fn.return_type.strip() == "int" else "void",
@@ -234,6 +300,7 @@ def write_plan(plan_dir: Path, spec: UnitSpec, api_fn, cases: list[PreparedCase]
     plan_dir.mkdir(parents=True, exist_ok=True)
     (plan_dir / "plan.json").write_text(json.dumps(plan, indent=1))
     np.savez(plan_dir / "inputs.npz", **arrays)
+    return orders
 
 
 # ---------------------------------------------------------------------------
@@ -345,10 +412,12 @@ VALUE_CHECKS = {"sentinel", "exact", "tie-rule", "values"}
 
 
 def evaluate(spec: UnitSpec, cases: list[PreparedCase], results: dict, outputs,
-             success: str = "zero", stream: str = "the unit's stream") -> tuple[list[Failure], list[dict]]:
+             success: str = "zero", stream: str = "the unit's stream",
+             orders: dict | None = None) -> tuple[list[Failure], list[dict]]:
     """Failures by check, and a report per case.  `success`: the API's convention for a
     successful return ("zero", as mini_gpu.h; "nonzero", as ds4_gpu.h); `stream`: the target's
-    [cuda] stream, in words, for the stream checks' texts."""
+    [cuda] stream, in words, for the stream checks' texts; `orders`: the input set of each timed
+    repetition per case (write_plan's), None: every repetition got the last pass's inputs."""
     def succeeded(rc) -> bool:
         if rc is None:
             return True
@@ -410,15 +479,18 @@ def evaluate(spec: UnitSpec, cases: list[PreparedCase], results: dict, outputs,
                                     "returned the first call's answer (or left the outputs untouched)"))
         if "timing" in crec:
             rep["timing"] = timing_stats(crec["timing"])
-            failures.extend(_timed_failures(spec, case, rep["timing"], outputs))
+            failures.extend(_timed_failures(spec, case, rep["timing"], outputs, (orders or {}).get(case.id)))
     return failures, reports
 
 
 def timing_stats(raw: dict) -> dict:
     """Median and p90 computed here from the child's raw per-call times (never taken from the child)."""
-    t = {k: raw[k] for k in ("reps", "checked_reps", "l2_flushed", "clock") if k in raw}
+    t = {k: raw[k] for k in ("reps", "checked_reps", "l2_flushed", "l2_persisting_reset", "clock",
+                             "settle_changed_reps") if k in raw}
     times = sorted(float(x) for x in raw.get("times_ms") or [] if isinstance(x, (int, float)) and x == x)
+    tails = sorted(float(x) for x in raw.get("tail_ms") or [] if isinstance(x, (int, float)) and x == x)
     t["times_ms"] = times
+    t["tail_median_ms"] = statistics.median(tails) if tails else None
     if times:
         t["median_ms"] = statistics.median(times)
         t["p90_ms"] = times[min(len(times) - 1, int(round(0.9 * (len(times) - 1))))]
@@ -428,16 +500,33 @@ def timing_stats(raw: dict) -> dict:
     return t
 
 
-def _timed_failures(spec: UnitSpec, case: PreparedCase, timing: dict, outputs) -> list[Failure]:
-    """The timed calls' outputs, re-checked against the reference of the inputs they were given."""
+def _timed_failures(spec: UnitSpec, case: PreparedCase, timing: dict, outputs,
+                    order: list[int] | None = None) -> list[Failure]:
+    """The timed calls judged: the checked repetitions' outputs against the reference of the input set
+    each was given (`order`, the parent's record of the rotation), outputs that changed after the unit's
+    stream was done, and a device still busy after the end event (work deferred to another stream)."""
     checked = timing.get("checked_reps") or []
+    label, reps = case.shape.label, timing.get("reps")
     if not checked:
-        return [Failure("timing", case.shape.label, None, "the timed calls' outputs were not read back")]
+        return [Failure("timing", label, None, "the timed calls' outputs were not read back")]
+    sets = case.timing_sets
     fails = []
     for r in checked:
-        for f in _value_failures(spec, case, len(case.calls) - 1, case.calls[-1], outputs, {}, tag=f"t{r}"):
-            fails.append(Failure("timing", case.shape.label, None,
-                                 f"timed call {r + 1} of {timing.get('reps')}: [{f.check}] {f.detail}"))
+        k = order[r] if order is not None and 0 <= r < len(order) else len(case.calls) - 1
+        if not 0 <= k < len(sets):
+            fails.append(Failure("timing", label, None, f"timed call {r + 1} of {reps}: no input set {k}"))
+            continue
+        for f in _value_failures(spec, case, min(k, len(case.calls) - 1), sets[k], outputs, {}, tag=f"t{r}"):
+            fails.append(Failure("timing", label, None, f"timed call {r + 1} of {reps} (input set {k + 1} of "
+                                 f"{len(sets)}): [{f.check}] {f.detail}"))
+    for r in timing.get("settle_changed_reps") or []:
+        fails.append(Failure("timing", label, None, f"timed call {r + 1} of {reps}: its outputs changed after the "
+                             "unit's stream reported done: work left running past the end event"))
+    tail, med = timing.get("tail_median_ms"), timing.get("median_ms")
+    if tail is not None and med is not None and tail > max(TAIL_LIMIT_MS, TAIL_SHARE * med):
+        fails.append(Failure("timing", label, None, f"the device was still busy {tail:.3g} ms (median) after each "
+                             f"timed call's end event ({med:.3g} ms timed): work deferred to another stream or "
+                             "thread is not part of the time"))
     return fails
 
 
@@ -511,12 +600,13 @@ class OpKind:
             prepared = prepare_cases(target, spec, seeds, ctx)
         return prepared
 
-    def plan(self, plan_dir: Path, target, spec, prepared: Prepared, library: Path, **kw) -> None:
-        write_plan(plan_dir, spec, target.api_function(spec.unit), prepared.cases, library, **kw)
+    def plan(self, plan_dir: Path, target, spec, prepared: Prepared, library: Path, **kw) -> dict:
+        return write_plan(plan_dir, spec, target.api_function(spec.unit), prepared.cases, library, **kw)
 
-    def judge(self, target, spec, prepared: Prepared, outcome, outputs: dict, plan_dir: Path, harness: dict):
+    def judge(self, target, spec, prepared: Prepared, outcome, outputs: dict, plan_dir: Path, harness: dict,
+              orders: dict | None = None):
         return evaluate(spec, prepared.cases, outcome.results, outputs, success=harness.get("success", "zero"),
-                        stream=target.spec.cuda.stream)
+                        stream=target.spec.cuda.stream, orders=orders)
 
     def describe(self, target, spec, prepared: Prepared, failures, reports, dev: dict, mode: str,
                  env: dict | None) -> Description:
@@ -583,7 +673,8 @@ def _run_spec(target, spec, library: Path, *, workspace: Path | None = None, see
               sanitize: bool = False, timeout: float | None = None, mode: str = "cuda", timing_reps: int = 10,
               candidate_sha256: str | None = None, probe: dict | None = None, keep: bool | None = None,
               calibration: dict | None = None, ctx=None, env: dict | None = None,
-              prepared: "Prepared | None" = None) -> GateResult:
+              prepared: "Prepared | None" = None, regime: str | None = None,
+              fresh_process: bool = False) -> GateResult:
     """A scenario is not timed (the perf gate skips it), makes its own ordering probes (hold/peek) and
     is not run under compute-sanitizer: `sanitize`, `timing_reps` and `probe` are op-spec options."""
     t_start = time.monotonic()
@@ -593,7 +684,8 @@ def _run_spec(target, spec, library: Path, *, workspace: Path | None = None, see
     base.mkdir(parents=True, exist_ok=True)
     plan_dir = Path(tempfile.mkdtemp(prefix=f"{spec.unit}-", dir=base))
     keep = keep if keep is not None else bool(os.environ.get("PORTER_PARITY_KEEP"))
-    harness = harness_names(target)
+    regime = regime or target.spec.perf.regime
+    harness = in_regime(harness_names(target), regime)
     san = None
     try:
         prepared = kind.prepare(target, spec, seeds, ctx, prepared, plan_dir / "files")
@@ -602,11 +694,14 @@ def _run_spec(target, spec, library: Path, *, workspace: Path | None = None, see
         t_prepared = time.monotonic()
         plan = functools.partial(kind.plan, target=target, spec=spec, prepared=prepared, library=library,
                                  harness=harness, env=env)
-        plan(plan_dir, mode=mode, probe=(probe if probe is not None else default_probe()) if mode == "cuda" else None,
-             timing_reps=timing_reps)
+        orders = plan(plan_dir, mode=mode, timing_reps=timing_reps,
+                      probe=(probe if probe is not None else default_probe()) if mode == "cuda" else None)
         limit = timeout or float(os.environ.get("PORTER_PARITY_TIMEOUT", DEFAULT_TIMEOUT_S))
-        outcome = (pool.executor(mode) if kind.warm else pool.SpawnExecutor()).run(plan_dir, limit)
-        failures, reports = kind.judge(target, spec, prepared, outcome, _load_outputs(plan_dir), plan_dir, harness)
+        # a warm worker serves one plan too, but the perf gate's re-time wants nothing shared with the first run
+        warm = kind.warm and not fresh_process
+        outcome = (pool.executor(mode) if warm else pool.SpawnExecutor()).run(plan_dir, limit)
+        failures, reports = kind.judge(target, spec, prepared, outcome, _load_outputs(plan_dir), plan_dir, harness,
+                                       orders=orders)
         failures = _outcome_failures(outcome, {c.id: c.label for c in prepared.cases}) + failures
         if sanitize and kind.sanitizable and mode == "cuda" and outcome.status == "done":
             plan(plan_dir / "sanitize", mode="cuda", probe=None, timing_reps=0)
@@ -628,6 +723,7 @@ def _run_spec(target, spec, library: Path, *, workspace: Path | None = None, see
         mode=mode,
         library={"path": str(library), "sha256": sha256_file(library), "arch": list(target.arch.archs)},
         sandbox=outcome.sandbox, device=dev,
+        regime={"name": regime, "model_hook": harness.get("model_ptr"), "fresh_process": fresh_process},
         spec={"file": str(spec.path.relative_to(target.workspace)) if in_ws else str(spec.path),
               "sha256": spec.sha256, "identity": spec.identity_components, "reference": spec.reference,
               "reference_sha256": _reference_sha(spec),
@@ -709,6 +805,9 @@ def _timing(spec, cases, reports, dev) -> dict | None:
         if timing is None or nbytes > timing["bytes"]:
             timing = {"case": c.shape.label, "bytes": nbytes, "flops": flops, "median_ms": t["median_ms"],
                       "p90_ms": t["p90_ms"], "min_ms": t.get("min_ms"), "reps": t["reps"], "gbps": gbps,
+                      "times_ms": t.get("times_ms"), "input_sets": len(c.timing_sets),
+                      "tail_median_ms": t.get("tail_median_ms"),
+                      "l2_persisting_reset": t.get("l2_persisting_reset"),
                       "peak_gbps": peak, "peak_fp32_tflops": tflops, "roofline_ms": roof_ms,
                       "perf_floor": spec.perf_floor, "l2_flushed": t.get("l2_flushed"),
                       "pct_of_peak": (100.0 * gbps / peak) if gbps and peak else None, "clock": t.get("clock")}

@@ -739,7 +739,8 @@ class ScenarioKind:
              env: dict | None, probe=None, timing_reps: int = 0) -> None:
         write_plan(plan_dir, spec, prepared.cases, library, mode=mode, harness=harness, env=env)
 
-    def judge(self, target, spec: Scenario, prepared, outcome, outputs: dict, plan_dir: Path, harness: dict):
+    def judge(self, target, spec: Scenario, prepared, outcome, outputs: dict, plan_dir: Path, harness: dict,
+              orders: dict | None = None):
         printed = "".join(_read_text(plan_dir / n) for n in ("child.stdout", "child.stderr"))
         return judge(prepared.cases, outcome.results, outputs, success=harness.get("success", "zero"),
                      printed=printed)

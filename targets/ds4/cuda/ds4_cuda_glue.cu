@@ -294,3 +294,31 @@ extern "C" const void *porter_ds4_model_ptr(const void *model_map, uint64_t mode
     (void)ds4_cuda_register_model_map(model_map, model_size);
     return NULL;
 }
+
+// The "device" regime (targets/ds4/parity/harness.toml): the whole map copied into one device
+// allocation, as ds4's engine does when the model fits in device memory, so every unit reads its
+// weights from HBM through ds4_cuda_model_range_ptr's whole-map path.  Returns the device copy:
+// the parity child compares it with the host map after each call (a unit that writes its weights
+// shows there).
+extern "C" const void *porter_ds4_model_on_device(const void *model_map, uint64_t model_size, uint64_t offset,
+                                                  uint64_t bytes) {
+    (void)offset;
+    (void)bytes;
+    if (model_map == NULL || model_size == 0) return NULL;
+    if (model_map == ds4_cuda_model_host_base && model_size == ds4_cuda_model_registered_size &&
+        ds4_cuda_model_device_owned) {
+        return ds4_cuda_model_device_base;
+    }
+    ds4_cuda_release_models();
+    void *dev = NULL;
+    if (!ds4_cuda_ok(cudaMalloc(&dev, (size_t)model_size), "model copy to device")) return NULL;
+    if (!ds4_cuda_ok(cudaMemcpy(dev, model_map, (size_t)model_size, cudaMemcpyHostToDevice), "model copy to device")) {
+        (void)cudaFree(dev);
+        return NULL;
+    }
+    ds4_cuda_model_host_base = model_map;
+    ds4_cuda_model_device_base = static_cast<const char *>(dev);
+    ds4_cuda_model_registered_size = model_size;
+    ds4_cuda_model_device_owned = 1;
+    return dev;
+}
