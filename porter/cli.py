@@ -56,6 +56,8 @@ DEV = {
     "e2e": ("porter.gates.e2e.__main__", "the e2e gate by hand: prepare, calibrate (--write stores the rule), run, logprob"),
     "trace": ("porter.calibration.trace", "which known-good kernels each spec's cases launch (GPU; checkout)"),
     "chunks": ("porter.calibration.chunks", "a target's specs in n chunks of equal calibration work (--chunk i/n)"),
+    "perf-table": ("porter.calibration.perf_table", "the known-good's time and % of roofline per op in each regime, "
+                   "its own perf verdict re-timed, and every perf mutant's (GPU; checkout)"),
     "parity-bench": ("porter.gates.parity.bench", "time from answer text to parity verdict, fresh child vs warm worker (GPU)"),
     "run-bench": ("porter.run_bench", "units per hour of `porter run` at --jobs 1 and N with a slow scripted provider"),
     "status-bench": ("porter.bench_status", "time of `porter status` over a 10,000-record signed ledger"),

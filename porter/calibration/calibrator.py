@@ -26,7 +26,7 @@ from porter.calibration.variants import VariantPlan
 from porter.digest import sha256_file
 from porter.errors import PorterError
 from porter.evidence import store_evidence
-from porter.gates import static
+from porter.gates import perf, static
 from porter.gates.driver import Candidate, GateContext, ParityOptions, run_gates
 from porter.gates.parity.compare import CHECK_ORDER
 from porter.gates.parity.gate import fresh_seeds
@@ -75,14 +75,22 @@ def _probe_counts(res) -> dict:
 
 
 def parity_on_library(target, unit: str, lib: Path, opts: CalibrateOptions, timeout: float | None = None,
-                      env: dict | None = None, seeds: list[int] | None = None):
+                      env: dict | None = None, seeds: list[int] | None = None, fresh_process: bool = False):
     """The parity gate, through the one driver, on a library that holds the unit under test
     (env: a known-good variant's knobs, set in the parity child; seeds: the same for every library
-    of one unit, so its inputs and references are prepared once)."""
+    of one unit, so its inputs and references are prepared once; fresh_process: a perf re-time)."""
     parity = ParityOptions(**{**asdict(opts.parity), "timeout": timeout or opts.parity.timeout,
-                              **({"env": env} if env else {}), **({"seeds": seeds} if seeds else {})})
+                              **({"env": env} if env else {}), **({"seeds": seeds} if seeds else {}),
+                              "fresh_process": fresh_process})
     ctx = GateContext(target, opts.workspace, parity=parity, library=Path(lib))
     return run_gates(Candidate(unit, "", sha256_file(lib)), ctx, gates=("parity",))[0]
+
+
+def perf_on_mutant(target, unit: str, parity, known_good, retime_fn):
+    """The perf gate's verdict on a perf mutant that passed parity, against the known-good run of this same
+    calibration (same seeds, same device, same regime); `retime_fn`: its parity again in a fresh process."""
+    base, why = perf.known_good_baseline(known_good)
+    return perf.decide(target, unit, parity, base, why, retime_fn)
 
 
 def _row(unit, kind, name, expect, res, ok, seconds, static_verdict=None) -> Row:
@@ -202,6 +210,9 @@ def _unit_runs(target, libs, opts, good, plan, mutants, specs, unit, out) -> tup
             out(f"      BUILD-ERROR {m.name}: {exc}")
             continue
         r = parity_on_library(target, unit, lib, opts, timeout=m.timeout, seeds=seeds)
+        if m.perf and r.ok:
+            r = perf_on_mutant(target, unit, r, res, lambda: parity_on_library(target, unit, lib, opts,
+                                                                               timeout=m.timeout, fresh_process=True))
         ok = m.rejected_by(r.word)
         rejected += ok
         rows.append(_row(unit, m.origin, m.name, m.must_fail_check, r, ok, time.monotonic() - t2,

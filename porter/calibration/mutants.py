@@ -6,9 +6,12 @@ known-good source file at build time (`file`: mutants.toml, e.g. ds4's upstream
 ds4_cuda.cu, never copied here).  Each rule's search text must occur exactly
 once, so a changed upstream can never silently yield an unmutated "mutant".
 
-must_fail_check is a check of porter/gates/parity/compare.py CHECK_ORDER, or
-"any" (a scripted answer expected to fail parity somehow) or "pass" (a scripted
-answer that is right but slow: parity must accept it; perf refuses it).
+must_fail_check is a check of porter/gates/parity/compare.py CHECK_ORDER, a perf
+check (porter/gates/perf.py PERF_CHECKS: the mutant passes parity and the perf gate
+must refuse it, judged against the known-good run of the same calibration), or
+"any" (a scripted answer expected to fail parity somehow).  Perf mutants (correct
+but slow kernels, timing hacks) live beside the parity ones: perf_mutants.toml,
+and scripted answers whose expect is "perf".
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ from porter.errors import PorterError
 from porter.extract import extract_unit_source
 from porter.gates import registry
 from porter.gates.parity.compare import CHECK_ORDER
+from porter.gates.perf import PERF_CHECKS
 
 ADVERSARIAL_MANIFEST = Path("adversarial") / "manifest.toml"
 RULES_FILE = "mutants.toml"
+PERF_RULES_FILE = "perf_mutants.toml"  # correct-but-slow kernels and timing hacks, same schema
 
 
 @dataclass(frozen=True)
@@ -55,9 +60,12 @@ class Mutant:
             text = text.replace(rule.search, rule.replace, 1)
         return text
 
+    @property
+    def perf(self) -> bool:
+        """Refused by the perf gate, not parity: calibration runs perf on it when parity passes."""
+        return self.must_fail_check in PERF_CHECKS
+
     def rejected_by(self, got: str) -> bool:
-        if self.must_fail_check == "pass":
-            return got == "pass"
         if self.must_fail_check == "any":
             return got not in ("pass", "skipped")
         return got == self.must_fail_check
@@ -71,7 +79,7 @@ def _toml(path: Path) -> dict:
 
 
 def _check_name(where: str, check: str) -> None:
-    if check not in CHECK_ORDER:
+    if check not in CHECK_ORDER and check not in PERF_CHECKS:
         raise PorterError(f"{where}: unknown check {check!r}")
 
 
@@ -108,8 +116,9 @@ def scripted_answers(target) -> list[dict]:
 
 
 def scripted_bad(target, skip: set[str] = frozenset()) -> list[Mutant]:
-    """Scripted bad answers that reach parity: expect a gate that runs the candidate ('parity': fail it;
-    'perf': pass it), except those the adversarial manifest already names with a sharper check."""
+    """Scripted bad answers that reach parity: expect a gate that runs the candidate ('parity': fail it
+    somehow; 'perf': pass parity and be refused as slower than the known-good allows), except those the
+    adversarial manifest already names with a sharper check."""
     out = []
     for a in scripted_answers(target):
         if a.get("expect") not in registry.names(runs_candidate=True) or a["file"] in skip:
@@ -118,17 +127,29 @@ def scripted_bad(target, skip: set[str] = frozenset()) -> list[Mutant]:
             src = extract_unit_source((target.scripted_dir / a["file"]).read_text(), a["unit"], target)
         except PorterError:
             continue
-        out.append(Mutant(a["unit"], a["file"], "any" if a["expect"] == "parity" else "pass", a.get("why", ""),
+        out.append(Mutant(a["unit"], a["file"], "any" if a["expect"] == "parity" else "slowdown", a.get("why", ""),
                           "scripted", source=src))
     return out
 
 
 def rule_mutants(target) -> list[Mutant]:
-    """targets/<t>/mutants.toml, validated (names unique, checks known, rules non-empty and mutating)."""
-    path = target.dir / RULES_FILE
-    if not path.is_file():
-        return []
+    """targets/<t>/mutants.toml and perf_mutants.toml, validated (names unique across both, checks
+    known, rules non-empty and mutating)."""
     out, seen = [], set()
+    for path in (target.dir / RULES_FILE, target.dir / PERF_RULES_FILE):
+        if path.is_file():
+            out += _rules_of(path, seen)
+    return out
+
+
+def perf_rule_mutants(target) -> list[Mutant]:
+    """targets/<t>/perf_mutants.toml alone: the correct-but-slow kernels and timing hacks."""
+    path = target.dir / PERF_RULES_FILE
+    return _rules_of(path, set()) if path.is_file() else []
+
+
+def _rules_of(path: Path, seen: set) -> list[Mutant]:
+    out = []
     for i, m in enumerate(_toml(path).get("mutant", [])):
         where = f"{path.name}: mutant #{i + 1}"
         for k in ("name", "unit", "file", "must_fail_check", "why", "rule"):

@@ -142,8 +142,30 @@ def judge_retime(first: dict, again: GateResult | None) -> tuple[bool, str]:
     return True, f"re-timed in a fresh process on fresh inputs: {t2:.4g} ms"
 
 
+PERF_CHECKS = ("slowdown", "floor", "retime")  # what a perf refusal names (perf mutants name one of these)
+
+
 def run(candidate, ctx) -> GateResult:
     target, unit, parity = ctx.target, candidate.unit, ctx.results["parity"]
+    spec_sha = (parity.evidence.get("spec") or {}).get("sha256")
+    base, why = baseline(ctx.history, unit, spec_sha)
+    return decide(target, unit, parity, base, why, lambda: retime(candidate, ctx))
+
+
+def known_good_baseline(known_good: GateResult) -> tuple[dict | None, str]:
+    """A known-good's parity result as a baseline (calibration judges its perf mutants against the run it
+    just made, before anything is recorded)."""
+    ev = known_good.evidence or {}
+    timing = ev.get("timing")
+    if not known_good.ok or not timing or not timing.get("median_ms"):
+        return None, "the known-good recorded no passing timing"
+    return dict(timing, perf_limit=calibrated_limit(timing), regime=regime_of(ev),
+                gpu=(ev.get("device") or {}).get("name")), ""
+
+
+def decide(target, unit: str, parity: GateResult, base: dict | None, why: str, retime_fn) -> GateResult:
+    """The verdict on parity's timing against `base` (None: the roofline floor, `why` says why), with a
+    suspiciously fast result re-timed by `retime_fn()` (a fresh-process parity GateResult, or None)."""
     enabled, cap = perf_settings(target)
     cand_sha = parity.evidence.get("candidate_sha256")
     regime = regime_of(parity.evidence)
@@ -155,8 +177,6 @@ def run(candidate, ctx) -> GateResult:
     if not mine or not mine.get("median_ms"):
         return GateResult("perf", False, "perf skipped: the parity run recorded no timing", skipped=True,
                           evidence=facts)
-    spec_sha = (parity.evidence.get("spec") or {}).get("sha256")
-    base, why = baseline(ctx.history, unit, spec_sha)
     if base is not None:
         why = comparable(base, mine, regime, (parity.evidence.get("device") or {}).get("name"))
         base = None if why else base
@@ -167,7 +187,7 @@ def run(candidate, ctx) -> GateResult:
     doubt = suspicion(mine, base)
     if doubt is None:
         return res
-    agrees, how = judge_retime(mine, retime(candidate, ctx))
+    agrees, how = judge_retime(mine, retime_fn())
     res.evidence["retime"] = {"suspected": doubt, "agrees": agrees, "detail": how}
     if not agrees:
         return GateResult("perf", False, f"perf refused: {doubt}; {how}"[:400], check="retime", diagnostics=(

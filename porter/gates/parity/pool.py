@@ -313,7 +313,9 @@ class WarmPool:
         try:
             w = self.spares[i]
             self.spares[i] = None
-            if w is None or not w.fits(plan_dir):
+            # a spare is killed with the thread that started it (bwrap --die-with-parent: the parent-death
+            # signal follows the starting thread), e.g. a calibration's unit threads once they end
+            if w is None or not w.fits(plan_dir) or w.proc.poll() is not None:
                 if w is not None:
                     w.discard()
                 w = self._start(i, plan_dir.parent, outside_files(plan_dir))

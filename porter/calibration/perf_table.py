@@ -1,0 +1,184 @@
+"""`porter dev perf-table`: the known-good's speed per op in each regime, whether it passes its own perf
+limit when timed again, and whether every perf mutant is refused by the check it names.  GPU.
+
+    porter dev perf-table --target ds4 --source CHECKOUT          # upstream ds4, every timed spec
+    porter dev perf-table --target ds4 --chunk 1/2 --out runs/perf-table-1.md
+
+Per timed spec: the known-good (the checkout's upstream backend, built as `porter calibrate --known-good
+upstream` does) timed in the target's regime, timed again in a fresh process on the same inputs and judged
+by the perf gate against the first run (the limit the first run's spread allows: a limit the known-good
+itself cannot meet is a wrong limit), and timed in each further named regime ([perf] regimes) for the
+comparison.  Then every perf mutant of those units (targets/<t>/perf_mutants.toml) is built and judged:
+parity first, perf against the known-good's first run.  Writes a Markdown table (--out, default
+runs/perf-table.md) and the rows as JSON beside it; exit 0 when the known-good passed everywhere and every
+perf mutant was refused by its check, else 1.
+
+The `suggested floor` column is half the known-good's roofline share in the production regime: the
+[perf.floors] value a target may declare for a real port of that op (no known-good to compare with).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from porter.calibration.baseline import times_a_case
+from porter.calibration.calibrator import CalibrateOptions, parity_on_library, perf_on_mutant
+from porter.calibration.chunks import chunk_units
+from porter.calibration.libraries import libraries_for
+from porter.calibration.mutants import perf_rule_mutants
+from porter.gates import perf
+from porter.gates.driver import ParityOptions
+from porter.gates.parity.gate import fresh_seeds
+from porter.gates.parity.spec import load_specs
+
+PARALLEL_SPECS = 4  # inputs and references built side by side; the GPU runs still take turns
+
+
+def _timing(res) -> dict:
+    return (res.evidence or {}).get("timing") or {}
+
+
+def _regime_run(target, unit, lib, opts: CalibrateOptions, seeds, regime: str | None, fresh: bool = False):
+    o = dataclasses.replace(opts, parity=dataclasses.replace(opts.parity, regime=regime))
+    return parity_on_library(target, unit, lib, o, seeds=seeds, fresh_process=fresh)
+
+
+def measure_unit(target, unit: str, good: Path, opts: CalibrateOptions, regimes: list[str]) -> tuple[dict, object, list]:
+    """(the unit's row, the known-good's first run, its seeds)."""
+    seeds = fresh_seeds(2)
+    first = _regime_run(target, unit, good, opts, seeds, None)
+    row = {"unit": unit, "regime": target.spec.perf.regime, "known_good": first.word, "case": _timing(first).get("case")}
+    t = _timing(first)
+    row.update(ms=t.get("median_ms"), pct_roofline=perf.pct_of_roofline(t), gbps=t.get("gbps"),
+               limit=perf.calibrated_limit(t)["limit"] if t else None)
+    if first.ok and t.get("median_ms"):
+        again = _regime_run(target, unit, good, opts, seeds, None, fresh=True)
+        base, why = perf.known_good_baseline(first)
+        verdict = perf.decide(target, unit, again, base, why,
+                              lambda: _regime_run(target, unit, good, opts, fresh_seeds(2), None, fresh=True))
+        row.update(again_ms=_timing(again).get("median_ms"), perf=verdict.word, perf_summary=verdict.summary[:300])
+        if row["pct_roofline"]:
+            row["suggested_floor"] = round(row["pct_roofline"] / 200.0, 4)
+    for name in regimes:
+        other = _regime_run(target, unit, good, opts, seeds, name)
+        ot = _timing(other)
+        row[f"{name}_ms"] = ot.get("median_ms")
+        row[f"{name}_pct_roofline"] = perf.pct_of_roofline(ot)
+        row[f"{name}_known_good"] = other.word
+    return row, first, seeds
+
+
+def judge_mutant(target, m, libs, opts: CalibrateOptions, first, seeds) -> dict:
+    row = {"unit": m.unit, "mutant": m.name, "expect": m.must_fail_check}
+    try:
+        lib = libs.mutant(m)
+    except Exception as exc:  # noqa: BLE001 - a mutant that does not build is a row, not a crash
+        return dict(row, got="build-error", ok=False, summary=str(exc)[:300])
+    r = parity_on_library(target, m.unit, lib, opts, timeout=m.timeout, seeds=seeds)
+    if m.perf and r.ok:
+        r = perf_on_mutant(target, m.unit, r, first, lambda: parity_on_library(
+            target, m.unit, lib, opts, timeout=m.timeout, fresh_process=True))
+    return dict(row, got=r.word, ok=m.rejected_by(r.word), summary=r.summary[:300])
+
+
+def _f(v, fmt="{:.4g}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def render(target, rows: list[dict], mutants: list[dict], regimes: list[str], seconds: float, device: str) -> str:
+    prod = target.spec.perf.regime
+    head = ["unit", "timed case", f"{prod} ms", f"{prod} % roofline", "limit", "again ms", "perf"]
+    for name in regimes:
+        head += [f"{name} ms", f"{name} % roofline"]
+    head.append("suggested floor")
+    lines = [f"# {target.name}: the known-good per op ({device}; {seconds:.0f} s)", "",
+             f"Production regime: {prod}. `perf`: the known-good timed again in a fresh process and judged by the "
+             "perf gate against its first run.", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["unit"].removeprefix(target.symbol_prefix), r.get("case") or "-", _f(r.get("ms")),
+                 _f(r.get("pct_roofline"), "{:.1f}"), _f(r.get("limit"), "{:.3g}x"), _f(r.get("again_ms")),
+                 r.get("perf") or r["known_good"]]
+        for name in regimes:
+            cells += [_f(r.get(f"{name}_ms")), _f(r.get(f"{name}_pct_roofline"), "{:.1f}")]
+        cells.append(_f(r.get("suggested_floor"), "{:.3g}"))
+        lines.append("| " + " | ".join(str(c).replace("|", "/") for c in cells) + " |")
+    if mutants:
+        lines += ["", "## perf mutants", "", "| mutant | unit | must fail by | got | ok |", "|---|---|---|---|---|"]
+        for m in mutants:
+            lines.append(f"| {m['mutant']} | {m['unit'].removeprefix(target.symbol_prefix)} | {m['expect']} | "
+                         f"{m['got']} | {'yes' if m['ok'] else 'NO'} |")
+    passed = sum(1 for r in rows if r.get("perf") == "pass")
+    refused = sum(1 for m in mutants if m["ok"])
+    lines += ["", f"known-good passes perf in the {prod} regime on {passed} of {len(rows)} timed ops; "
+              f"{refused} of {len(mutants)} perf mutants refused by the check they name"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="porter dev perf-table", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", default="ds4")
+    ap.add_argument("--source", metavar="DIR", help="the target's checkout (default: PORTER_<T>_SOURCE)")
+    ap.add_argument("--known-good", default="upstream", metavar="SRC", help="as `porter calibrate --known-good`")
+    ap.add_argument("--unit", action="append", metavar="UNIT", help="only this unit (repeatable)")
+    ap.add_argument("--chunk", metavar="I/N", help="only the I-th of N parts of the timed specs")
+    ap.add_argument("--no-mutants", action="store_true")
+    ap.add_argument("--timing-reps", type=int, default=10)
+    ap.add_argument("--timeout", type=float, default=180.0, metavar="S", help="per parity child")
+    ap.add_argument("--out", default="runs/perf-table.md", metavar="FILE")
+    args = ap.parse_args(argv)
+
+    from porter.gates import parity
+    from porter.target import load_target
+
+    ok, why = parity.available()
+    if not ok:
+        print(f"perf-table needs a GPU: {why}", file=sys.stderr)
+        return 2
+    ws = Path.cwd()
+    target = load_target(ws, args.target, args.source)
+    specs = load_specs(target)
+    units = [u for u in (args.unit or sorted(specs)) if u in specs and times_a_case(specs[u])]
+    if args.chunk:
+        units = chunk_units(target, args.chunk, units)
+    libs = libraries_for(target, args.known_good, ws / "runs" / "build-cache")
+    mutants = [] if args.no_mutants else [m for m in perf_rule_mutants(target) if m.unit in units]
+    t0 = time.monotonic()
+    libs.prepare(mutants)
+    good = libs.known_good()
+    opts = CalibrateOptions(ws, units, parity=ParityOptions(timeout=args.timeout, timing_reps=args.timing_reps),
+                            ledger=False, variants=False)
+    regimes = list(target.spec.perf.regimes)
+    print(f"perf-table: {len(units)} timed spec(s), {len(mutants)} perf mutant(s), regimes "
+          f"{[target.spec.perf.regime] + regimes}; known-good {good}", flush=True)
+    with ThreadPoolExecutor(max_workers=PARALLEL_SPECS) as pool:
+        measured = list(pool.map(lambda u: measure_unit(target, u, good, opts, regimes), units))
+    rows, firsts = [m[0] for m in measured], {u: (m[1], m[2]) for u, m in zip(units, measured)}
+    for r in rows:
+        print(f"  {r['unit']}: {r.get('perf') or r['known_good']} {_f(r.get('ms'))} ms "
+              f"({_f(r.get('pct_roofline'), '{:.1f}')}% roofline)", flush=True)
+    mrows = []
+    for m in mutants:
+        first, seeds = firsts[m.unit]
+        mrows.append(judge_mutant(target, m, libs, opts, first, seeds))
+        print(f"  mutant {m.name}: want {m.must_fail_check}, got {mrows[-1]['got']}", flush=True)
+    device = next((((f.evidence or {}).get("device") or {}).get("name") for f, _ in firsts.values()
+                   if (f.evidence or {}).get("device")), "unknown GPU")
+    text = render(target, rows, mrows, regimes, time.monotonic() - t0, device)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    out.with_suffix(".json").write_text(json.dumps({"rows": rows, "mutants": mrows}, indent=1, default=str))
+    print("\n" + text)
+    bad = [r for r in rows if r.get("perf") != "pass"] + [m for m in mrows if not m["ok"]]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
