@@ -749,13 +749,14 @@ def counts_line(counts: dict) -> str:
     return ", ".join(f"{counts[s]} {s}" for s in STATES if counts.get(s)) or "none"
 
 
-def status_columns(ranked: bool, speed: bool = False) -> list:
-    """The status table's columns, in order; the reason is the table's tail (term.Table).  `speed`: some
-    unit has a timing (perf.speed_cell: time, x known-good, % of roofline, regime), given way like the commit."""
+def status_columns(ranked: bool, timed: bool = False) -> list:
+    """The status table's columns, in order; the reason is the table's tail (term.Table).  `timed`: some
+    unit has a timing, shown in a speed column (perf.speed_cell: time, x known-good, % of roofline,
+    regime) that gives way like the commit."""
     from porter.term import Column
 
     return ([Column("unit", key=True)] + ([Column("tier")] if ranked else [])
-            + [Column("state"), Column("att", right=True)] + ([Column("speed", give_way=True)] if speed else [])
+            + [Column("state"), Column("att", right=True)] + ([Column("speed", give_way=True)] if timed else [])
             + [Column("commit", give_way=True)])
 
 
@@ -769,9 +770,9 @@ def status_table(report: StatusReport):
     table = Table(status_columns(ranked, timed), tail="reason", title=f"porter status: {report.target}")
     for u in report.units:
         # Text, not markup: reasons quote ledger and compiler text
-        speed = [Text(speed_cell(u.speed), style="red" if (u.speed or {}).get("below_half") else None)] if timed else []
+        fast = [Text(speed_cell(u.speed), style="red" if (u.speed or {}).get("below_half") else None)] if timed else []
         table.add_row(u.unit, *([u.tier or ""] if ranked else []), Text(u.state, style=_STYLE[u.state]),
-                      str(u.attempts), *speed, u.commit[:10] if u.commit else "", tail=u.reason)
+                      str(u.attempts), *fast, u.commit[:10] if u.commit else "", tail=u.reason)
     return table
 
 
@@ -795,7 +796,8 @@ def render(report: StatusReport, console=None, wide: bool = False) -> None:
     status_table(report).print(console, wide)
 
     say(f"units ({report.counts['total']}): {counts_line(report.counts)}")
-    say(speed_line(report.speed))
+    if report.speed["units_timed"]:
+        say(speed_line(report.speed))
     say(prefill_line((report.prefill["state"], report.prefill["commit"], report.prefill["reason"])),
         "bold green" if report.prefill["state"] == "verified" else None)
     cp = report.critical_path

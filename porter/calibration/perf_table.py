@@ -123,7 +123,7 @@ def render(target, rows: list[dict], mutants: list[dict], regimes: list[str], se
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="porter dev perf-table", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--target", default="ds4")
+    ap.add_argument("--target", help="the target (default: the workspace's only target)")
     ap.add_argument("--source", metavar="DIR", help="the target's checkout (default: PORTER_<T>_SOURCE)")
     ap.add_argument("--known-good", default="upstream", metavar="SRC", help="as `porter calibrate --known-good`")
     ap.add_argument("--unit", action="append", metavar="UNIT", help="only this unit (repeatable)")
@@ -136,13 +136,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from porter.gates import parity
     from porter.target import load_target
+    from porter.workspace import default_target
 
     ok, why = parity.available()
     if not ok:
         print(f"perf-table needs a GPU: {why}", file=sys.stderr)
         return 2
     ws = Path.cwd()
-    target = load_target(ws, args.target, args.source)
+    target = load_target(ws, args.target or default_target(ws), args.source)
     specs = load_specs(target)
     units = [u for u in (args.unit or sorted(specs)) if u in specs and times_a_case(specs[u])]
     if args.chunk:
