@@ -66,6 +66,32 @@ DEV = {
 DEV_LIST = "".join(f"  {name:<14}{help_}\n" for name, (_, help_) in DEV.items())
 
 
+def porter_version() -> str:
+    """The installed distribution's version (pyproject.toml), and the git commit when run from a checkout."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        v = version("porter")
+    except PackageNotFoundError:
+        v = "unknown"
+    repo = Path(__file__).resolve().parents[1]
+    if (repo / ".git").exists():
+        import subprocess
+
+        r = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short=10", "HEAD"], capture_output=True, text=True)
+        if r.returncode == 0 and r.stdout.strip():
+            v += f" (commit {r.stdout.strip()})"
+    return v
+
+
+class _Version(argparse.Action):
+    """--version, asked for only when given (the commit costs a git process, which no other command pays)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"porter {porter_version()}")
+        parser.exit(0)
+
+
 def _common(json_flag: bool) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--target", metavar="NAME", help="target to work on (default: the workspace's only target)")
@@ -107,6 +133,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("-C", dest="workspace_dir", metavar="DIR",
                         help="run in workspace DIR (default: the git repository of the current directory)")
+    parser.add_argument("--version", action=_Version, nargs=0, help="print porter's version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
 
     def add(name: str, help_: str, **kw) -> argparse.ArgumentParser:
@@ -182,8 +209,18 @@ def _cmd_init(args) -> int:
         print(f"porter: {existing} is already a workspace with target {args.target}; left as it is "
               f"(`porter -C {existing} status` says where it stands)")
         return 0
+    from porter import signing
+
+    key = signing.private_key_path()
+    had_key = key.is_file()
     ws = init_workspace(args.directory, [spec], source=args.source)
     print(f"porter: new workspace {ws} (target {args.target}, every unit a placeholder)")
+    if args.source:
+        print(f"source: {Path(args.source).expanduser().resolve()} (remembered in {ws / 'porter.toml'})")
+    fp = signing.load_private(ws).fingerprint
+    print(f"signing key: {key} ({fp}, {'yours already' if had_key else 'made now'}); its public half is "
+          f"committed as ledger/signer.pub")
+    print(f"  {signing.SECOND_MACHINE}")
     scripted = (ws / "targets" / args.target / "scripted" / "manifest.toml").is_file()
     provider = "scripted" if scripted else "anthropic"
     print(f"next: cd {ws} && porter units && porter run --provider {provider}")
@@ -191,11 +228,15 @@ def _cmd_init(args) -> int:
 
 
 def units_table(workspace: Path, target_name: str, source: str | None) -> list[dict]:
+    """Each API function the target ports: its signature, its file, and its state as `porter status`
+    derives it (unported, failing, built, verified, ...); `file_state` says only what the file is."""
     from porter.placeholder import is_placeholder
+    from porter.status import derive
     from porter.target import load_target
     import hashlib
 
     target = load_target(workspace, target_name, source)
+    states = {u.unit: u for u in derive(workspace, target=target, rank=False, prefill=False).units}
     rows = []
     for fn in target.api:
         if fn.name not in target.units:
@@ -203,10 +244,10 @@ def units_table(workspace: Path, target_name: str, source: str | None) -> list[d
         path = target.unit_path(fn.name)
         if path.is_file():
             data = path.read_bytes()
-            state = "placeholder" if is_placeholder(data.decode("utf-8", "replace")) else "ported"
+            file_state = "placeholder" if is_placeholder(data.decode("utf-8", "replace")) else "written"
             sha = hashlib.sha256(data).hexdigest()
         else:
-            state, sha = "missing", None
+            file_state, sha = "missing", None
         rows.append({
             "unit": fn.name,
             "kind": "runtime" if fn.name in target.runtime_units else "op",
@@ -215,7 +256,8 @@ def units_table(workspace: Path, target_name: str, source: str | None) -> list[d
             "params": [{"type": p.type, "name": p.name} for p in fn.params],
             "header_line": fn.line,
             "file": str(path.relative_to(workspace)),
-            "state": state,
+            "file_state": file_state,
+            "state": states[fn.name].state,
             "sha256": sha,
         })
     return rows
@@ -226,18 +268,21 @@ def _cmd_units(args) -> int:
     if args.json:
         print(json.dumps({"target": args.target, "units": rows}, indent=2))
         return 0
-    from rich.console import Console
-    from rich.markup import escape
+    from rich.text import Text
 
-    con = Console(highlight=False, soft_wrap=True)
+    from porter.status import STATE_STYLE, counts_line, state_label
+    from porter.term import console
+
+    con = console()
     n_rt = sum(r["kind"] == "runtime" for r in rows)
-    ported = sum(r["state"] == "ported" for r in rows)
-    con.print(f"{args.target}: {len(rows)} units ({n_rt} runtime, {len(rows) - n_rt} ops), "
-              f"{ported} ported, {len(rows) - ported} not; files under {Path(rows[0]['file']).parent}/" if rows else
-              f"{args.target}: no units")
+    counts = {s: sum(r["state"] == s for r in rows) for s in STATE_STYLE}
+    con.print(f"{args.target}: {len(rows)} units ({n_rt} runtime, {len(rows) - n_rt} ops): {counts_line(counts)}; "
+              f"files under {Path(rows[0]['file']).parent}/" if rows else f"{args.target}: no units",
+              markup=False, highlight=False)
+    w = max((len(state_label(r["state"])) for r in rows), default=0)
     for r in rows:
-        style = {"ported": "green", "placeholder": "dim", "missing": "red"}[r["state"]]
-        con.print(f"  {r['kind']:<8} [{style}]{r['state']:<12}[/] {escape(r['signature'])}")
+        con.print(Text.assemble(f"  {r['kind']:<8} ", (f"{state_label(r['state']):<{w}}", STATE_STYLE[r["state"]]),
+                                f" {r['signature']}"), soft_wrap=True)
     return 0
 
 

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from porter.errors import PorterError
+from porter.gguf_file import check_model_file
 
 TIERS = ("runtime", "prefill", "decode", "unreachable")
 
@@ -233,8 +234,8 @@ def run(args) -> int:
     target = load_target(workspace, args.target, getattr(args, "source", None))
     s = scan(target, cache=not getattr(args, "rescan", False))
     model = getattr(args, "model", None)
-    if model is not None and not Path(model).is_file():
-        raise PorterError(f"model file {model} does not exist")
+    if model is not None:
+        check_model_file(model)
     ranked = ranked_units(target, model, scan_result=s)
     why = getattr(args, "why", None)
     as_json = getattr(args, "json", False)

@@ -180,6 +180,12 @@ def write_workspace_key(workspace: Path, signer: Signer) -> Path:
     return path
 
 
+# What another machine or user must do to go on porting in a workspace signed by someone's key
+# (reviewers need nothing: status checks signatures with ledger/signer.pub alone).
+SECOND_MACHINE = (f"to port in this workspace from another machine or as another user, copy this key there "
+                  f"(mode 0600) as $PORTER_HOME/signing_key or name it with {KEY_ENV}; reviewers need no key")
+
+
 def signer_for(workspace: Path) -> Signer | None:
     """The signer for appends to this workspace's ledger: None for an unsigned (legacy) workspace;
     a PorterError (exit 3) when the workspace is signed and this user's key is absent or another key."""
@@ -192,10 +198,13 @@ def signer_for(workspace: Path) -> Signer | None:
     want = fingerprint(public)
     if signer is None:
         raise PorterError(f"this workspace's ledger is signed by {want}; no signing key here ({private_key_path()}): "
-                          f"records written here could not be signed", exit_code=3)
+                          f"records written here could not be signed. Copy the key that signed it (its "
+                          f"$PORTER_HOME/signing_key where the workspace was made) to {private_key_path()}, "
+                          f"mode 0600, or set {KEY_ENV} to it", exit_code=3)
     if signer.fingerprint != want:
         raise PorterError(f"wrong key: this workspace's ledger is signed by {want}, your signing key "
-                          f"({private_key_path()}) is {signer.fingerprint}", exit_code=3)
+                          f"({private_key_path()}) is {signer.fingerprint}. Set {KEY_ENV} to the key that "
+                          f"signed it (`ssh-keygen -l -f KEY` prints its fingerprint)", exit_code=3)
     return signer
 
 

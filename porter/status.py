@@ -732,21 +732,29 @@ def tamper_check(workspace: Path, target: Target, key) -> tuple[str, str] | None
 
 # ---- CLI ------------------------------------------------------------------------
 
-_STYLE = {
+# Terminal colours: success colours only for what a GPU measured. `built` compiled and nothing more
+# (a CPU-only run ends every unit there, wrong answers included), so it is neutral, never green.
+STATE_STYLE = {
     "verified": "bold green",
     PERF_UNMEASURED: "green",
     UNSANDBOXED: "yellow",
-    "built": "green",
+    "built": "",
     "stale": "yellow",
     "tampered": "bold red",
     "failing": "red",
     "exhausted": "magenta",
     "unported": "dim",
 }
+# How a state is shown to a person (the state itself, in --json and the ledger, is unchanged).
+STATE_LABEL = {"built": "built (not yet judged)"}
+
+
+def state_label(state: str) -> str:
+    return STATE_LABEL.get(state, state)
 
 
 def counts_line(counts: dict) -> str:
-    return ", ".join(f"{counts[s]} {s}" for s in STATES if counts.get(s)) or "none"
+    return ", ".join(f"{counts[s]} {state_label(s)}" for s in STATES if counts.get(s)) or "none"
 
 
 def status_columns(ranked: bool, timed: bool = False) -> list:
@@ -771,7 +779,7 @@ def status_table(report: StatusReport):
     for u in report.units:
         # Text, not markup: reasons quote ledger and compiler text
         fast = [Text(speed_cell(u.speed), style="red" if (u.speed or {}).get("below_half") else None)] if timed else []
-        table.add_row(u.unit, *([u.tier or ""] if ranked else []), Text(u.state, style=_STYLE[u.state]),
+        table.add_row(u.unit, *([u.tier or ""] if ranked else []), Text(state_label(u.state), style=STATE_STYLE[u.state]),
                       str(u.attempts), *fast, u.commit[:10] if u.commit else "", tail=u.reason)
     return table
 

@@ -306,12 +306,28 @@ def _env_source_var(name: str) -> str:
     return "PORTER_" + "".join(c if c.isalnum() else "_" for c in name.upper()) + "_SOURCE"
 
 
+# Facts of one workspace rather than of its target: [sources] <target> = the checkout `porter init --source`
+# was given, so the commands init suggests next work without it. Committed with the workspace.
+WORKSPACE_FILE = "porter.toml"
+
+
+def remembered_source(workspace: Path, name: str) -> str | None:
+    path = Path(workspace) / WORKSPACE_FILE
+    if not path.is_file():
+        return None
+    try:
+        found = tomllib.loads(path.read_text()).get("sources", {}).get(name)
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, AttributeError) as exc:
+        raise PorterError(f"malformed {path}: {exc}") from exc
+    return found if isinstance(found, str) and found else None
+
+
 def load_target(workspace: Path, name: str, source: str | Path | None = None) -> Target:
     """Load targets/<name>/target.toml of `workspace` and resolve the source checkout.
 
-    The checkout is, in order: `source`, $PORTER_<NAME>_SOURCE, the target's
-    default_checkout (relative to its folder). A missing one is an error that
-    names how to provide it.
+    The checkout is, in order: `source`, $PORTER_<NAME>_SOURCE, the one `porter init --source`
+    remembered in the workspace's porter.toml, the target's default_checkout (relative to its
+    folder). A missing one is an error that names how to provide it.
     """
     workspace = Path(workspace).resolve()
     target_dir = workspace / "targets" / name
@@ -337,13 +353,15 @@ def load_target(workspace: Path, name: str, source: str | Path | None = None) ->
         checkout, how = Path(source), "--source"
     elif os.environ.get(env_var):
         checkout, how = Path(os.environ[env_var]), env_var
+    elif remembered_source(workspace, name):
+        checkout, how = Path(remembered_source(workspace, name)), f"{WORKSPACE_FILE}, remembered by porter init"
     elif spec.source.default_checkout is not None:
         checkout, how = target_dir / spec.source.default_checkout, "default_checkout"
     else:
         raise PorterError(f"target {name} needs a source checkout: pass --source DIR or set {env_var}")
     checkout = checkout.resolve()
     if not checkout.is_dir():
-        raise PorterError(f"source checkout {checkout} (from {how}) does not exist")
+        raise PorterError(f"source checkout {checkout} (from {how}) does not exist: pass --source DIR or set {env_var}")
     header = checkout / spec.source.api_header
     if not header.is_file():
         raise PorterError(f"source checkout {checkout} (from {how}) has no {spec.source.api_header}")

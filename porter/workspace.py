@@ -152,6 +152,8 @@ def init_workspace(directory: str | Path, targets: list[str], source: str | Path
         (dest / ".gitignore").write_text(GITIGNORE)
         for name in target_names:
             write_placeholders(dest, name, source=source)
+        if source is not None:
+            remember_sources(dest, {name: Path(source).expanduser().resolve() for name in target_names})
         # every record this workspace's ledger will hold is signed with this user's key (made now
         # when there is none, outside the workspace); its public half is committed with the workspace
         signing.write_workspace_key(dest, signing.create_private(dest))
@@ -167,6 +169,20 @@ def init_workspace(directory: str | Path, targets: list[str], source: str | Path
             shutil.rmtree(dest, ignore_errors=True)
         raise
     return dest
+
+
+def remember_sources(workspace: Path, sources: dict[str, Path]) -> Path:
+    """porter.toml: the checkout each target was initialised with (read by target.load_target)."""
+    import json
+
+    from porter.target import WORKSPACE_FILE
+
+    lines = ["# written by `porter init --source`: where this workspace's target sources are checked out;",
+             "# --source DIR or PORTER_<TARGET>_SOURCE override it", "[sources]"]
+    lines += [f"{json.dumps(name)} = {json.dumps(str(path))}" for name, path in sources.items()]  # TOML basic strings
+    path = workspace / WORKSPACE_FILE
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 def runs_dir(workspace: Path) -> Path:

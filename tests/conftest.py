@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -21,6 +22,11 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH: the build gate needs the CUDA toolkit")
+
+
+# Why a ds4 test skipped, and how to stop it skipping: ds4 is an input, never part of this repository.
+NO_DS4 = ("no ds4 checkout: git clone https://github.com/antirez/ds4 external/ds4 "
+          "(or set PORTER_DS4_SOURCE to a clone)")
 
 
 def ds4_checkout() -> Path | None:
@@ -37,6 +43,19 @@ def _porter_home(monkeypatch, tmp_path):
     for var in ("PORTER_SIGNING_KEY", "PORTER_TRUSTED_KEYS", "PORTER_WITNESS_DIR"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("PORTER_HOME", str(tmp_path / "porter-home"))
+
+
+def show_if_verbose(config, lines: list[str]) -> bool:
+    """A test's table for whoever asked for detail (-v): under -q it would land in the middle of the
+    progress dots (mini_cpu.c's 126 lines did). Returns whether it was shown."""
+    if config.get_verbosity() < 1:
+        return False
+    tr = config.pluginmanager.getplugin("terminalreporter")
+    capman = config.pluginmanager.getplugin("capturemanager")
+    with capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext():
+        for line in lines:
+            (tr.write_line(line) if tr else print(line))
+    return True
 
 
 @pytest.fixture(scope="session")

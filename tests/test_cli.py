@@ -102,13 +102,14 @@ def test_units_lists_signatures_and_file_state(workspace, porter_cli):
     assert data["target"] == "minimoe" and [u["unit"] for u in data["units"]] == target.units
     for u in data["units"]:
         fn = target.api_function(u["unit"])
-        assert u["signature"] == fn.c_signature() and u["state"] == "placeholder"
+        assert u["signature"] == fn.c_signature() and u["file_state"] == "placeholder" and u["state"] == "unported"
         assert u["kind"] == ("runtime" if u["unit"] in target.runtime_units else "op")
     assert sum(u["kind"] == "runtime" for u in data["units"]) == 10
-    # a hand-written file is "ported" (what it is worth is for the gates and `porter status`)
+    # a hand-written file is "written", and still unported: what it is worth is for the gates to say
     target.unit_path("mini_gpu_add_tensor").write_text('#include "mini_cuda.cuh"\n// real code here\n')
     data = json.loads(porter_cli(workspace, "units", "--json").stdout)
-    assert {u["unit"]: u["state"] for u in data["units"]}["mini_gpu_add_tensor"] == "ported"
+    add = {u["unit"]: u for u in data["units"]}["mini_gpu_add_tensor"]
+    assert add["file_state"] == "written" and add["state"] == "unported"
     text = porter_cli(workspace, "units").stdout
     assert "int mini_gpu_attention_window_tensor(mini_gpu_tensor *out," in text and "24 units" in text
 

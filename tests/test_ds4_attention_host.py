@@ -15,9 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from conftest import NO_DS4
+
 from tests.test_ds4_attention_specs import CHECKOUT, REPO
 
-pytestmark = pytest.mark.skipif(CHECKOUT is None, reason="no ds4 checkout (PORTER_DS4_SOURCE or external/ds4)")
+pytestmark = pytest.mark.skipif(CHECKOUT is None, reason=NO_DS4)
 
 STAND_IN_C = r"""
 #include <stdint.h>

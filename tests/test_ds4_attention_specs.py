@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import NO_DS4
+
 REPO = Path(__file__).resolve().parents[1]
 UNITS = [f"ds4_gpu_{n}_tensor" for n in (
     "indexer_score_one", "indexer_scores_prefill", "indexer_scores_decode_batch", "dsv4_fp8_kv_quantize",
@@ -37,7 +39,7 @@ def _checkout() -> Path | None:
 
 
 CHECKOUT = _checkout()
-pytestmark = pytest.mark.skipif(CHECKOUT is None, reason="no ds4 checkout (PORTER_DS4_SOURCE or external/ds4)")
+pytestmark = pytest.mark.skipif(CHECKOUT is None, reason=NO_DS4)
 
 
 @pytest.fixture(scope="module")

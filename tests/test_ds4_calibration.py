@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import NO_DS4
+
 from porter.errors import PorterError
 from porter.calibration.calibrator import CalibrateOptions, calibrate, table
 from porter.calibration.libraries import UpstreamLibraries, build_upstream, libraries_for
@@ -44,8 +46,7 @@ def _checkout() -> Path | None:
 
 
 CHECKOUT = _checkout()
-needs_checkout = pytest.mark.skipif(CHECKOUT is None, reason="no ds4 checkout (set PORTER_DS4_SOURCE or put it at "
-                                    "external/ds4): the ds4 specs and mutants are checked against it")
+needs_checkout = pytest.mark.skipif(CHECKOUT is None, reason=NO_DS4 + " (the ds4 specs and mutants are checked against it)")
 
 
 @pytest.fixture(scope="module")
@@ -336,7 +337,7 @@ def test_calibrate_records_a_spec_calibrated_only_with_its_mutants_rejected(targ
 
 def _gpu_skip_reason() -> str | None:
     if CHECKOUT is None:
-        return "no ds4 checkout (set PORTER_DS4_SOURCE or put it at external/ds4)"
+        return NO_DS4
     from porter.gates.parity import available
 
     ok, why = available()

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import needs_nvcc
+from conftest import NO_DS4, needs_nvcc
 from porter.gates.driver import Candidate, GateContext
 
 REPO = Path(__file__).resolve().parents[1]
@@ -138,7 +138,7 @@ def _ds4_checkout() -> Path | None:
 
 @needs_nvcc
 @needs_cublas
-@pytest.mark.skipif(_ds4_checkout() is None, reason="no ds4 checkout (PORTER_DS4_SOURCE or external/ds4)")
+@pytest.mark.skipif(_ds4_checkout() is None, reason=NO_DS4)
 def test_placeholders_of_every_unit_link_with_the_glue_and_cublas(tmp_path, build_cache, monkeypatch):
     from porter.gates import build
     from porter.placeholder import is_placeholder

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import NO_DS4
+
 REPO = Path(__file__).resolve().parents[1]
 
 STAND_IN_C = r"""
@@ -224,8 +226,7 @@ def _checkout() -> Path | None:
 
 
 CHECKOUT = _checkout()
-pytestmark = pytest.mark.skipif(CHECKOUT is None, reason="no ds4 checkout (set PORTER_DS4_SOURCE or put it at "
-                                "external/ds4): the specs bind against its ds4_gpu.h")
+pytestmark = pytest.mark.skipif(CHECKOUT is None, reason=NO_DS4 + " (the specs bind against its ds4_gpu.h)")
 
 
 @pytest.fixture(scope="module")

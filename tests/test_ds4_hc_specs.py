@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import NO_DS4
+
 REPO = Path(__file__).resolve().parents[1]
 FAMILY_HEADER = "# --- hc/norm/router family ---"
 
@@ -37,8 +39,7 @@ def _checkout() -> Path | None:
 
 
 CHECKOUT = _checkout()
-pytestmark = pytest.mark.skipif(CHECKOUT is None, reason="no ds4 checkout (set PORTER_DS4_SOURCE or put it at "
-                                "external/ds4): the specs are validated against its ds4_gpu.h and ds4_cuda.cu")
+pytestmark = pytest.mark.skipif(CHECKOUT is None, reason=NO_DS4 + " (the specs are validated against its ds4_gpu.h and ds4_cuda.cu)")
 
 
 @pytest.fixture(scope="module")

@@ -418,7 +418,7 @@ def test_routed_moe_reference_is_the_same_to_the_bit_for_any_thread_count(monkey
     from conftest import ds4_checkout
 
     if ds4_checkout() is None:
-        pytest.skip("no ds4 checkout (external/ds4 or $PORTER_DS4_SOURCE): the spec's inputs need ds4_gpu.h")
+        pytest.skip(NO_DS4 + " (the spec's inputs need ds4_gpu.h)")
     t = load_target(Path(__file__).resolve().parents[1], "ds4", ds4_checkout())
     spec = load_spec(t, "ds4_gpu_routed_moe_batch_tensor")
     shapes = [s for s in spec.shapes if s.expect == "ok" and s.dims.get("n_tokens", 1) > 1][:2]

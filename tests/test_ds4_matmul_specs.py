@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import NO_DS4
+
 from porter.errors import PorterError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,7 +44,7 @@ def _checkout():
 
 
 CHECKOUT = _checkout()
-needs_checkout = pytest.mark.skipif(CHECKOUT is None, reason="no ds4 checkout (PORTER_DS4_SOURCE or external/ds4)")
+needs_checkout = pytest.mark.skipif(CHECKOUT is None, reason=NO_DS4)
 
 
 @pytest.fixture(scope="module")

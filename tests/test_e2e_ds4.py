@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import NO_DS4
+
 from porter.errors import PorterError
 from porter.target_code import load_file
 
@@ -29,7 +31,7 @@ DATA = ROOT / "tests" / "data" / "ds4_logprob"
 def _checkout() -> Path:
     src = Path(os.environ.get("PORTER_DS4_SOURCE", ROOT / "external" / "ds4"))
     if not (src / "ds4.c").is_file():
-        pytest.skip("no ds4 checkout (set PORTER_DS4_SOURCE)")
+        pytest.skip(NO_DS4)
     return src
 
 

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ds4_checkout
+from conftest import NO_DS4, ds4_checkout
 from porter.calibration.variants import FILE, Variant, VariantPlan, load_variants
 from porter.errors import PorterError
 
 REPO = Path(__file__).resolve().parents[1]
-needs_ds4 = pytest.mark.skipif(ds4_checkout() is None, reason="no ds4 checkout (external/ds4 or $PORTER_DS4_SOURCE)")
+needs_ds4 = pytest.mark.skipif(ds4_checkout() is None, reason=NO_DS4)
 
 
 class _T:

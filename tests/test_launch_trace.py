@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ds4_checkout as _ds4_checkout, needs_nvcc
+from conftest import NO_DS4, ds4_checkout as _ds4_checkout, needs_nvcc
 from porter.calibration import trace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,7 +26,7 @@ def _symbols(which: str, lib: Path) -> set[str]:
 
 
 needs_ds4 = pytest.mark.skipif(_ds4_checkout() is None,
-                               reason="no ds4 checkout (PORTER_DS4_SOURCE or external/ds4)")
+                               reason=NO_DS4)
 
 
 @pytest.mark.parametrize("mangled,name", [

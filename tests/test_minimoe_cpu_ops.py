@@ -37,6 +37,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import show_if_verbose
+
 import gguf
 
 import reference.minimoe_ops as ops
@@ -171,21 +173,12 @@ def fx(tmp_path_factory) -> Fixture:
 @pytest.fixture(scope="module", autouse=True)
 def _report(request):
     yield
-    if not REPORT:
-        return
-    tr = request.config.pluginmanager.getplugin("terminalreporter")
     lines = ["", "mini_cpu.c vs numpy reference: max abs error per op"]
-    width = max(len(op) for op, *_ in REPORT)
+    width = max((len(op) for op, *_ in REPORT), default=0)
     for op, case, err, tol in REPORT:
         lines.append(f"  {op:<{width}}  {case:<34} max_abs={err:.3e}  allowed={tol:.1e}")
-    capman = request.config.pluginmanager.getplugin("capturemanager")
-    if capman is not None:
-        with capman.global_and_fixture_disabled():
-            for line in lines:
-                (tr.write_line(line) if tr else print(line))
-    else:
-        for line in lines:
-            print(line)
+    if REPORT:
+        show_if_verbose(request.config, lines)
 
 
 def check(op: str, case: str, got, want, tol: float, scale: float | None = None) -> None:

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import NO_DS4
+
 from porter import plan
 from porter.errors import PorterError
 from porter.scan import scan
@@ -25,7 +27,7 @@ from porter.target import load_target
 REPO = Path(__file__).resolve().parents[1]
 DS4 = Path(os.environ.get("PORTER_DS4_SOURCE") or REPO / "external" / "ds4")
 needs_ds4 = pytest.mark.skipif(not (DS4 / "ds4_gpu.h").is_file(),
-                               reason=f"no ds4 checkout at {DS4} (set PORTER_DS4_SOURCE)")
+                               reason=NO_DS4)
 
 MINI_RUNTIME = ["mini_gpu_init", "mini_gpu_cleanup", "mini_gpu_tensor_alloc", "mini_gpu_tensor_view",
                 "mini_gpu_tensor_free", "mini_gpu_tensor_bytes", "mini_gpu_tensor_write", "mini_gpu_tensor_read",

@@ -7,6 +7,7 @@ fake sleep, so retry schedules are asserted exactly without waiting."""
 from __future__ import annotations
 
 import random
+import re
 import socket
 import sys
 from pathlib import Path
@@ -148,17 +149,19 @@ def test_retry_after_is_capped(name):
 
 
 @pytest.mark.parametrize("name", PROVIDERS)
-def test_connection_refused_is_retried_then_reported(name):
+def test_connection_refused_fails_at_once_naming_the_server(name):
+    """Nothing listening (a local server not started): one line at once, not a minute of retries."""
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()  # nothing listens there now
     sleeps: list[float] = []
     base = f"http://127.0.0.1:{port}" + ("" if name == "anthropic" else "/v1")
-    p = make(name, None, sleeps, base_url=base, max_attempts=3)
-    with pytest.raises(ProviderError, match="connection error.*gave up after 3 attempts"):
+    p = make(name, None, sleeps, base_url=base, max_attempts=6)
+    with pytest.raises(ProviderError, match=f"connection refused by {re.escape(base)}.*server running") as ei:
         p.complete(request())
-    assert sleeps == [1.0, 2.0]
+    assert sleeps == [] and "\n" not in str(ei.value)
+    assert ei.value.usage["calls"] == 1
 
 
 # -- no retry -------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from porter.providers import get_provider
 from porter.providers.base import PromptRequest, ProviderError
 from porter.target import load_target
 
-from conftest import needs_nvcc
+from conftest import NO_DS4, needs_nvcc
 from porter.gates.driver import Candidate, GateContext
 
 REPO = Path(__file__).resolve().parents[1]
@@ -256,7 +256,7 @@ def test_the_static_table_rule_keeps_two_units_linkable_with_device_linking(tmp_
 from conftest import ds4_checkout as _ds4_checkout  # noqa: E402
 
 needs_ds4 = pytest.mark.skipif(_ds4_checkout() is None,
-                               reason="no ds4 checkout (PORTER_DS4_SOURCE or external/ds4): the ds4 slices need upstream's ds4_cuda.cu")
+                               reason=NO_DS4 + " (the ds4 slices need upstream's ds4_cuda.cu)")
 
 # ds4_cuda.cu's ds4_gpu_routed_moe_batch_tensor has 25 parameters where ds4_gpu.h
 # (and ds4_metal.m) have 26 (`bool *mid_is_f16`): upstream's own signature drift,

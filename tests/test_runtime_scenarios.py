@@ -25,6 +25,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import NO_DS4
+
 REPO = Path(__file__).resolve().parents[1]
 
 MINI_RUNTIME = ["mini_gpu_init", "mini_gpu_cleanup", "mini_gpu_tensor_alloc", "mini_gpu_tensor_view",
@@ -258,8 +260,7 @@ def _ds4_checkout() -> Path | None:
 
 
 DS4 = _ds4_checkout()
-needs_ds4 = pytest.mark.skipif(DS4 is None, reason="no ds4 checkout (set PORTER_DS4_SOURCE or put it at "
-                               "external/ds4): the ds4 scenarios are bound to its ds4_gpu.h")
+needs_ds4 = pytest.mark.skipif(DS4 is None, reason=NO_DS4 + " (the ds4 scenarios are bound to its ds4_gpu.h)")
 
 DS4_C = r"""
 #include <stdint.h>

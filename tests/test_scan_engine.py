@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import NO_DS4
+
 from porter.scan import scan
 from porter.scan.engine import scan_engine, split_entries
 from porter.target import load_target
@@ -18,7 +20,7 @@ from porter.target import load_target
 REPO = Path(__file__).resolve().parents[1]
 DS4 = Path(os.environ.get("PORTER_DS4_SOURCE") or REPO / "external" / "ds4")
 needs_ds4 = pytest.mark.skipif(not (DS4 / "ds4_gpu.h").is_file(),
-                               reason=f"no ds4 checkout at {DS4} (set PORTER_DS4_SOURCE)")
+                               reason=NO_DS4)
 
 ENGINE = b"""
 #define SYNC() api_sync()

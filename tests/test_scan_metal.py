@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import NO_DS4
+
 from porter.scan import scan
 from porter.scan.common import IDENT, mask_comments
 from porter.scan.metal import loop_macros, prepare, scan_metal
@@ -21,7 +23,7 @@ from porter.target import load_target
 REPO = Path(__file__).resolve().parents[1]
 DS4 = Path(os.environ.get("PORTER_DS4_SOURCE") or REPO / "external" / "ds4")
 needs_ds4 = pytest.mark.skipif(not (DS4 / "ds4_gpu.h").is_file(),
-                               reason=f"no ds4 checkout at {DS4} (set PORTER_DS4_SOURCE)")
+                               reason=NO_DS4)
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +37,7 @@ def mini(tmp_path_factory):
 @pytest.fixture(scope="module")
 def ds4(tmp_path_factory):
     if not (DS4 / "ds4_gpu.h").is_file():
-        pytest.skip(f"no ds4 checkout at {DS4} (set PORTER_DS4_SOURCE)")
+        pytest.skip(NO_DS4)
     t = load_target(REPO, "ds4", DS4)
     return t, scan(t, cache_dir=tmp_path_factory.mktemp("scan-cache"))
 

@@ -23,6 +23,7 @@ from porter.calibration.calibrator import CalibrateOptions, calibrate, inputs_ta
 from porter.calibration.chunks import chunk_units
 from porter.calibration.libraries import libraries_for
 from porter.errors import PorterError
+from porter.gguf_file import check_model_file
 from porter.gates import parity
 from porter.gates.driver import ParityOptions
 from porter.gates.parity.pool import executor_arguments, use_executor
@@ -63,7 +64,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     ws = Path(args.workspace)
     if getattr(args, "model", None):  # read by porter.gates.parity.spec.Context.for_target
-        os.environ[MODEL_ENV] = str(Path(args.model).resolve())
+        os.environ[MODEL_ENV] = str(check_model_file(args.model).resolve())
     target = load_target(ws, args.target, getattr(args, "source", None))
     workers = use_executor(args, args.mode)
     if args.mode == "cuda":

@@ -245,6 +245,8 @@ class HttpProvider(Provider):
                          f"check {' / '.join(self.key_envs) or 'the API key'}", usage)
         if isinstance(exc, sdk.APITimeoutError):
             return Retryable(f"timed out after {self.timeout_s:g}s", None, usage)
+        if _refused(exc):
+            return self._refused(usage)
         if isinstance(exc, sdk.APIConnectionError):
             cause = exc.__cause__ or exc.__context__
             return Retryable(f"connection error: {_one_line(cause or exc, 160)}", None, usage)
@@ -274,6 +276,13 @@ class HttpProvider(Provider):
             return Fatal(f"malformed response: {_one_line(exc, 160)}", usage)
         raise exc
 
+    def _refused(self, usage: dict | None) -> Fatal:
+        """Nothing listens at the address: no server is running there (a local one not started, a
+        wrong port). Waiting a minute of retries for it helps no one."""
+        where = self.base_url or "the provider's API"
+        return Fatal(f"connection refused by {where}: is the server running and is the URL right "
+                     f"(--base-url / PORTER_BASE_URL)?", usage)
+
     @staticmethod
     def _api_message(exc) -> str:
         body = getattr(exc, "body", None)
@@ -284,6 +293,17 @@ class HttpProvider(Provider):
             if isinstance(err, str):
                 return err
         return getattr(exc, "message", None) or str(exc)
+
+
+def _refused(exc: BaseException) -> bool:
+    """Whether `exc` (or what it wraps) is a refused TCP connection."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, ConnectionRefusedError) or "connection refused" in str(exc).lower():
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def _error_type(body) -> str | None:

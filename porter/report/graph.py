@@ -11,7 +11,7 @@ from __future__ import annotations
 from html import escape
 
 STATE_COLOURS = {
-    "verified": "#1a7f37", "built": "#4caf50", "stale": "#d4a72c", "tampered": "#cf222e",
+    "verified": "#1a7f37", "built": "#d0d7de", "stale": "#d4a72c", "tampered": "#cf222e",
     "failing": "#e16f24", "exhausted": "#8250df", "unported": "#8c959f",
 }
 ROW = 24

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from porter.errors import PorterError
+from porter.gguf_file import check_model_file, unreadable
 
 _QUANT_TOKEN = re.compile(r"(?<![A-Za-z0-9])(iq\d_(?:xxs|xs|s|m|nl)|q\d_[01k]|q\d_k)(?![A-Za-z0-9])", re.I)
 
@@ -211,13 +212,11 @@ def read_header(path: str | Path) -> tuple[str | None, list[TensorInfo], bool]:
             self.tensors = []
             self.porter_tensors = infos
 
-    path = Path(path)
+    path = check_model_file(path)
     try:
         reader = _HeaderReader(str(path))
-    except FileNotFoundError as exc:
-        raise PorterError(f"model file {path} does not exist") from exc
     except (ValueError, KeyError, IndexError, OSError) as exc:
-        raise PorterError(f"{path} is not a readable GGUF file: {exc}") from exc
+        raise PorterError(unreadable(path, exc)) from exc
     arch = None
     f = reader.get_field("general.architecture")
     if f is not None:

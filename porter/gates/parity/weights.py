@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from porter.errors import PorterError
+from porter.gguf_file import model_file_problem, unreadable
 
 SPARSE_MIN = 256 << 20  # bytes: larger maps become sparse files
 ALIGN = 32
@@ -80,14 +81,15 @@ class ModelFile:
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        if not self.path.is_file():
-            raise WeightsError(f"no model file at {self.path}")
+        problem = model_file_problem(self.path)
+        if problem:
+            raise WeightsError(problem)
         import gguf
 
         try:
             r = gguf.GGUFReader(str(self.path))
         except Exception as exc:  # noqa: BLE001 - a bad file is one clear error
-            raise WeightsError(f"{self.path} is not a readable GGUF: {exc}") from None
+            raise WeightsError(unreadable(self.path, exc)) from None
         self.tensors = {}
         for t in r.tensors:
             shape = tuple(int(s) for s in reversed([int(x) for x in t.shape]))
