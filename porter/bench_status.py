@@ -40,6 +40,7 @@ from porter.ledger import Ledger
 from porter.status import derive
 from porter.target import load_target
 from porter.workspace import example_target
+from porter.term import command_steps
 
 TARGET = example_target()
 STALE_EXIT = 4  # the two hand-edited units are stale, by design
@@ -132,7 +133,9 @@ def build_workspace(root: Path, records: int = 10_000, seed: int = 7) -> dict:
     with mock.patch("porter.ledger.os.fsync"), mock.patch("porter.durable.os.fsync"):
         units = list(target.units)
         seq = 0
+        bar = command_steps(f"writing a {records:,}-record signed ledger", records)
         while seq < records:
+            bar.advance(seq - bar.done)
             unit = units[rng.randrange(len(units))]
             attempt_no[unit] += 1
             a = attempt_no[unit]
@@ -184,6 +187,7 @@ def build_workspace(root: Path, records: int = 10_000, seed: int = 7) -> dict:
             elif a % 40 == 0:
                 seq = led.append("exhausted", target=TARGET, unit=unit, attempts=a)["seq"]
         history.commits.append(({"ledger/ledger.jsonl": led.path.stat().st_size, **pending}, "porter: run end\n"))
+        bar.stop()
     for unit, source in current.items():  # the loop wrote each verified file as it went
         target.unit_path(unit).write_text(source)
     history.fast_import(root, led.path.read_bytes())

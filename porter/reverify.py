@@ -27,23 +27,31 @@ class Reverdict:
         return asdict(self)
 
 
-def reverify(target, build_dir=None) -> list[Reverdict]:
+def reverify(target, build_dir=None, progress=None) -> list[Reverdict]:
+    """`progress`: (what, total) -> porter.term.Steps, for the units and a first build's objects."""
+    from porter.term import Steps
+
     out: list[Reverdict] = []
-    for unit in target.units:
-        path = target.unit_path(unit)
-        if not path.is_file():
-            out.append(Reverdict(unit, [], None, "no unit file"))
-            continue
-        source = path.read_text(errors="replace")
-        if is_placeholder(source):
-            out.append(Reverdict(unit, [], None, "placeholder: nothing to check"))
-            continue
-        results = run_gates(Candidate.of(unit, source), GateContext(target, build_cache=build_dir),
-                            gates=registry.names(registry.UNIT, rechecked=True))
-        refused = refusal(results)
-        last = refused or results[-1]
-        out.append(Reverdict(unit, [verdict_word(r) for r in results], refused is None, last.summary))
+    with (progress or Steps)(f"re-verifying {len(target.units)} units", len(target.units)) as steps:
+        for unit in target.units:
+            steps.working_on(unit)
+            out.append(_reverify_unit(target, unit, build_dir, progress))
+            steps.advance()
     return out
+
+
+def _reverify_unit(target, unit: str, build_dir, progress) -> Reverdict:
+    path = target.unit_path(unit)
+    if not path.is_file():
+        return Reverdict(unit, [], None, "no unit file")
+    source = path.read_text(errors="replace")
+    if is_placeholder(source):
+        return Reverdict(unit, [], None, "placeholder: nothing to check")
+    results = run_gates(Candidate.of(unit, source), GateContext(target, build_cache=build_dir, progress=progress),
+                        gates=registry.names(registry.UNIT, rechecked=True))
+    refused = refusal(results)
+    last = refused or results[-1]
+    return Reverdict(unit, [verdict_word(r) for r in results], refused is None, last.summary)
 
 
 def contradicted(recorded: dict[str, str], fresh: list[Reverdict]) -> list[str]:

@@ -25,6 +25,7 @@ from pathlib import Path
 from porter.history import Attempt, Exhausted, History, Step
 from porter.run import RunOptions, run
 from porter.workspace import example_target, init_workspace
+from porter.term import command_steps
 
 
 def one_run(root: Path, name: str, jobs: int, delay: float, max_units: int | None) -> dict:
@@ -55,11 +56,16 @@ def main(argv=None) -> int:
         one_run(root, "warm-up", 1, 0.0, a.max_units)
         print(f"warm-up run (no delay, fills the build cache): {time.monotonic() - t0:.0f} s")
         rows = []
-        for j in [int(x) for x in a.jobs.split(",")]:
+        jobs = [int(x) for x in a.jobs.split(",")]
+        steps = command_steps("measured runs", len(jobs))
+        for j in jobs:
+            steps.working_on(f"--jobs {j}")
             r = one_run(root, f"jobs-{j}", j, a.delay, a.max_units)
+            steps.advance()
             rows.append(r)
             print(f"--jobs {j}: {r['units']} units ({r['attempts']} attempts) in {r['wall_s']:.0f} s = "
                   f"{r['units_per_hour']:.1f} units/hour (answer delay {a.delay:g} s, rc {r['rc']})")
+        steps.stop()
         if len(rows) >= 2 and rows[0]["units_per_hour"]:
             ratio = rows[-1]["units_per_hour"] / rows[0]["units_per_hour"]
             print(f"speed-up --jobs {rows[-1]['jobs']} vs --jobs {rows[0]['jobs']}: {ratio:.1f}x "

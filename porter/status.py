@@ -746,7 +746,7 @@ STATE_STYLE = {
     "unported": "dim",
 }
 # How a state is shown to a person (the state itself, in --json and the ledger, is unchanged).
-STATE_LABEL = {"built": "built (not yet judged)"}
+STATE_LABEL = {"built": "built (not judged)"}  # short: it fits status at 80 columns beside minimoe's names
 
 
 def state_label(state: str) -> str:
@@ -840,8 +840,12 @@ def run(args) -> int:
     fresh = contradicted_units = None
     if getattr(args, "reverify", False):
         print(REVERIFY_SAYS, file=sys.stderr if getattr(args, "json", False) else sys.stdout)
+        from porter.term import console, steps_factory
+
         target = load_target(workspace, report.target, getattr(args, "source", None))
-        fresh = reverify(target)
+        # a bar on a terminal (stderr beside --json); nothing more in a log: the section says it all
+        fresh = reverify(target, progress=steps_factory(console(file=sys.stderr if getattr(args, "json", False)
+                                                                else None)))
         contradicted_units = contradicted({u.unit: u.state for u in report.units}, fresh)
     if getattr(args, "json", False):
         out = report.to_json()

@@ -212,3 +212,100 @@ class Table:
     def print(self, con: Console, wide: bool = False) -> None:
         for line in self.lines(None if wide or con.width >= WIDE else con.width):
             con.print(line, soft_wrap=True)
+
+
+# ---- progress -----------------------------------------------------------------------------------
+
+import threading  # noqa: E402 - the progress half of this module only
+import time  # noqa: E402
+
+_LIVE_LOCK = threading.Lock()
+_LIVE: dict[int, list] = {}  # id(console) -> [rich Progress, number of Steps on it]: one live display per console
+
+
+class Steps:
+    """Progress over `total` steps of one long job (units, objects, builds, repetitions).
+
+    On a terminal: a bar (a row of the console's one live display, so a build's bar sits under
+    `porter run`'s); it disappears when done. Elsewhere (a pipe, cron's log): plain lines through
+    `plain`, at most one per tenth of the job and one at the end, so a log shows it moving without a
+    line per object. Inert when neither is given. Safe to advance from several threads.
+    """
+
+    def __init__(self, what: str, total: int, console: Console | None = None, plain=None):
+        self.what, self.total, self.done = what, max(0, int(total)), 0
+        self._plain = plain
+        self._lock = threading.Lock()
+        self._t0 = time.monotonic()
+        self._tenth = 0
+        self._live = None
+        self._con = console if console is not None and console.is_terminal else None
+        if self.total <= 0:
+            return
+        if self._con is not None:
+            self._live = self._attach()
+            self._task = self._live.add_task(what, total=self.total)
+        elif self._plain is not None:
+            self._plain(f"{what}: 0/{self.total}")
+
+    def _attach(self):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with _LIVE_LOCK:
+            entry = _LIVE.get(id(self._con))
+            if entry is None:
+                p = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                             console=self._con, transient=True)
+                p.start()
+                entry = _LIVE[id(self._con)] = [p, 0]
+            entry[1] += 1
+            return entry[0]
+
+    def working_on(self, label: str) -> None:
+        if self._live is not None:
+            self._live.update(self._task, description=f"{self.what}: {label}")
+
+    def advance(self, n: int = 1) -> None:
+        with self._lock:
+            self.done += n
+            done, tenth = self.done, (self.done * 10) // self.total if self.total else 10
+            say = self._plain is not None and self._live is None and tenth > self._tenth and done < self.total
+            if say:
+                self._tenth = tenth
+        if self._live is not None:
+            self._live.advance(self._task, n)
+        elif say:
+            self._plain(f"{self.what}: {done}/{self.total} ({time.monotonic() - self._t0:.0f} s)")
+
+    def stop(self) -> None:
+        with self._lock:
+            live, self._live = self._live, None
+            plain_end = self._plain is not None and self._con is None and self.total > 0 and self._tenth >= 0
+            self._tenth = -1  # once
+        if live is not None:
+            with _LIVE_LOCK:
+                entry = _LIVE.get(id(self._con))
+                entry[1] -= 1
+                if entry[1] <= 0:  # the last one draws its final frame as the display ends
+                    entry[0].stop()
+                    del _LIVE[id(self._con)]
+                else:
+                    live.remove_task(self._task)
+        elif plain_end:
+            self._plain(f"{self.what}: {self.done}/{self.total} in {time.monotonic() - self._t0:.0f} s")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def command_steps(what: str, total: int, plain=print) -> Steps:
+    """Steps for a command that owns the terminal (the benchmarks): a bar on stdout's terminal, else lines."""
+    return Steps(what, total, console=console(), plain=plain)
+
+
+def steps_factory(console: Console | None = None, plain=None):
+    """What a command hands to code that runs long jobs: `factory(what, total) -> Steps`."""
+    return lambda what, total: Steps(what, total, console=console, plain=plain)

@@ -295,7 +295,7 @@ class _StandIns:
     def has(self, unit):
         return True
 
-    def prepare(self, mutants):
+    def prepare(self, mutants, progress=None):
         pass
 
     def known_good(self):

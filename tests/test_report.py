@@ -84,14 +84,14 @@ def test_the_link_check_can_fail(site):
 
 def test_overview_counts_states_by_tier_and_names_what_is_missing(site):
     text = text_of((site / "index.html").read_text())
-    assert "24: 1 verified, 1 built (not yet judged), 1 exhausted, 21 unported" in text
-    assert re.search(r"critical path runtime\+prefill, \d+ units: 1 verified, 1 built \(not yet judged\), 1 exhausted", text)
+    assert "24: 1 verified, 1 built (not judged), 1 exhausted, 21 unported" in text
+    assert re.search(r"critical path runtime\+prefill, \d+ units: 1 verified, 1 built \(not judged\), 1 exhausted", text)
     assert "attempts 5 in 1 run(s); 3 answers refused (2 by static, 1 by build)" in text
     assert "prefill unverified (no passing e2e record)" in text  # derive()'s prefill line: no e2e evidence
     assert "chain ok" in text and "UNKEYED" in text
     assert "uncalibrated never calibrated" in text
     # the timeline: run-1 made 5 attempts on 3 units, 3 refused, 2 steps
-    assert re.search(r"run-1 \S+ \S+ 3 5 3 1 verified 1 built \(not yet judged\)", text), text[-300:]
+    assert re.search(r"run-1 \S+ \S+ 3 5 3 1 verified 1 built \(not judged\)", text), text[-300:]
 
 
 def _greenish(colour: str) -> bool:
@@ -104,7 +104,7 @@ def test_built_is_not_yet_judged_and_never_in_success_colours(site):
     from porter.report.graph import STATE_COLOURS
     from porter.status import STATE_STYLE
 
-    assert re.search(r'class="chip st-built">built \(not yet judged\)<', page(site, BUILT))
+    assert re.search(r'class="chip st-built">built \(not judged\)<', page(site, BUILT))
     css = (Path(__import__("porter.report", fromlist=["x"]).__file__).parent / "templates" / "style.css").read_text()
     rule = re.search(r"\.st-built \{([^}]*)\}", css).group(1)
     assert not any(_greenish(c) for c in re.findall(r"#[0-9a-fA-F]{6}", rule)), rule

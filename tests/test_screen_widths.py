@@ -219,7 +219,7 @@ def test_status_reverify_and_audit_respect_columns_in_a_pipe(tmp_path, monkeypat
     ws = make_workspace(tmp_path / "ws")
     ws.fail("mini_gpu_routed_gate_up_iq2_xxs_tensor", 1, gate="static", summary=REASONS[3])
     monkeypatch.setattr(status_mod, "reverify",
-                        lambda target: [Reverdict(u, ["static ok", "build REFUSED"], False, REASONS[1])
+                        lambda target, **kw: [Reverdict(u, ["static ok", "build REFUSED"], False, REASONS[1])
                                         for u in target.units])
     monkeypatch.setenv("COLUMNS", "80")
     main(["-C", str(ws.root), "status", "--reverify"])

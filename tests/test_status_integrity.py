@@ -201,7 +201,7 @@ def test_reverify_says_it_runs_the_workspaces_specs(tmp_path, capsys, monkeypatc
     from porter.reverify import Reverdict
 
     # the statement is what is tested, not the gates (test_status_reverify runs them with nvcc)
-    monkeypatch.setattr(status_mod, "reverify", lambda target: [Reverdict(SYNC, ["static ok"], True, "ok")])
+    monkeypatch.setattr(status_mod, "reverify", lambda target, **kw: [Reverdict(SYNC, ["static ok"], True, "ok")])
     args = argparse.Namespace(workspace=ws.root, target=TARGET, json=False, reverify=True, source=None, wide=True)
     status_mod.run(args)
     out = capsys.readouterr().out

@@ -94,7 +94,7 @@ def test_calibration_refuses_a_spec_an_all_zero_answer_passes(target, tmp_path, 
         def has(self, unit):
             return True
 
-        def prepare(self, mutants):
+        def prepare(self, mutants, progress=None):
             pass
 
         def known_good(self):

@@ -33,6 +33,7 @@ from porter.gates.parity.gate import fresh_seeds
 from porter.gates.parity.spec import inputs_facts, load_specs
 from porter.gates.perf import calibrated_limit
 from porter.ledger import Ledger
+from porter.term import Steps
 
 
 @dataclass
@@ -46,6 +47,7 @@ class CalibrateOptions:
     ledger: bool = True
     variants: bool = True  # also run the known-good with each of its env-knob variants (variants.py)
     jobs: int = field(default_factory=lambda: min(4, os.cpu_count() or 1))  # units calibrated side by side
+    progress: object = None  # (what, total) -> porter.term.Steps: the command's bar or log lines; None: silent
 
 
 @dataclass
@@ -130,7 +132,8 @@ def calibrate(target, libs, opts: CalibrateOptions, out=print) -> dict:
         raise PorterError(f"no parity spec for {', '.join(unknown)}")
     mutants = select_mutants(target, libs, units, opts)
     t0 = time.monotonic()
-    libs.prepare(mutants)
+    progress = opts.progress or Steps
+    libs.prepare(mutants, progress)
     good = libs.known_good()
     build_s = time.monotonic() - t0
     out(f"known-good: {libs.describe} -> {good}  ({build_s:.1f} s to build, {len(mutants)} mutant(s))")
@@ -143,9 +146,16 @@ def calibrate(target, libs, opts: CalibrateOptions, out=print) -> dict:
     # free slot: the longest-first schedule --chunk used across runs, here across the --jobs slots
     # (with --executor ray, one per GPU of the cluster), so one command calibrates a whole target.
     heaviest = sorted(units, key=lambda u: (-calibration_runs(u, plan, mutants), units.index(u)))
-    with ThreadPoolExecutor(max_workers=max(1, min(opts.jobs, len(units) or 1))) as pool:
-        started = {u: pool.submit(_calibrate_unit, target, libs, opts, good, plan, mutants, specs, u, out)
-                   for u in heaviest}
+    with progress(f"calibrating {len(units)} specs", len(units)) as steps, \
+            ThreadPoolExecutor(max_workers=max(1, min(opts.jobs, len(units) or 1))) as pool:
+        def one(u):
+            steps.working_on(u)
+            try:
+                return _calibrate_unit(target, libs, opts, good, plan, mutants, specs, u, out)
+            finally:
+                steps.advance()
+
+        started = {u: pool.submit(one, u) for u in heaviest}
         done = [started[u].result() for u in units]
     rows: list[Row] = [r for unit_rows, _ in done for r in unit_rows]
     records: dict[str, dict] = {u: rec for u, (_, rec) in zip(units, done)}

@@ -93,6 +93,10 @@ def run(args) -> int:
     elif workers:
         opts.jobs = workers  # one unit per cluster worker: its runs keep that worker busy
     log = (lambda *a, **k: print(*a, file=sys.stderr, **k)) if args.json else print
+    from porter.term import console, steps_factory
+
+    # a bar on a terminal (on stderr beside --json), a line every tenth of each job in a log
+    opts.progress = steps_factory(console(file=sys.stderr if args.json else None), plain=log)
     report = calibrate(target, libs, opts, out=log)
     if args.report:
         Path(args.report).write_text(json.dumps(report, indent=1, default=str))

@@ -41,9 +41,19 @@ class BuildError(PorterError):
         self.log = log
 
 
-def _parallel(fn, items) -> list:
-    with ThreadPoolExecutor(max_workers=max(1, min(len(items) or 1, os.cpu_count() or 1))) as pool:
-        return list(pool.map(fn, items))
+def _parallel(fn, items, progress=None, what: str = "") -> list:
+    """fn over items, side by side; `progress` (what, total) -> porter.term.Steps shows it moving."""
+    from porter.term import Steps
+
+    with (progress or Steps)(what, len(items)) as steps:
+        def one(item):
+            try:
+                return fn(item)
+            finally:
+                steps.advance()
+
+        with ThreadPoolExecutor(max_workers=max(1, min(len(items) or 1, os.cpu_count() or 1))) as pool:
+            return list(pool.map(one, items))
 
 
 def _caught(fn, *args):
@@ -111,9 +121,10 @@ class SourceLibraries:
     def mutant(self, m: Mutant) -> Path:
         return self.library({**self.sources, m.unit: self._mutant_source(m)}, m.name)
 
-    def prepare(self, mutants: list[Mutant]) -> None:
+    def prepare(self, mutants: list[Mutant], progress=None) -> None:
         """Compile every mutant's unit up front, in parallel (objects are cached; errors surface at link)."""
-        _parallel(lambda m: _caught(self.object_for, m.unit, self._mutant_source(m)), mutants)
+        _parallel(lambda m: _caught(self.object_for, m.unit, self._mutant_source(m)), mutants, progress,
+                  f"compiling {len(mutants)} mutants")
 
 
 def sources_from(target, spec: str) -> tuple[dict[str, str], str]:
@@ -248,10 +259,12 @@ class UpstreamLibraries:
         """The builds so far that failed: name ("upstream" or the mutant's) -> why."""
         return {k: v for k, v in self._built.items() if isinstance(v, Exception)}
 
-    def prepare(self, mutants: list[Mutant]) -> None:
+    def prepare(self, mutants: list[Mutant], progress=None) -> None:
         """Build the known-good and every rule mutant in parallel (each is a whole-backend compile)."""
         todo = ([] if self.prebuilt else [None]) + [m for m in mutants if m.source is None]
-        for m, got in zip(todo, _parallel(lambda m: _caught(build_upstream, self.target, m, self.out_dir), todo)):
+        built = _parallel(lambda m: _caught(build_upstream, self.target, m, self.out_dir), todo, progress,
+                          f"building {len(todo)} whole backends (known-good and mutants)")
+        for m, got in zip(todo, built):
             self._built[m.name if m else "upstream"] = got
 
 

@@ -305,6 +305,11 @@ def run(candidate, ctx) -> GateResult:
     objects: dict[str, Path] = {unit: obj}
     failures: list[CompileFailure] = []
 
+    # a first build compiles every placeholder and glue object (ds4: 81, minutes on a small machine)
+    fresh = {label for label, _name, data in jobs if not (cache / "objects" / f"{object_key(target, data)}.o").is_file()}
+    steps = (ctx.progress(f"first build: {len(fresh)} objects of the backend (cached after)", len(fresh))
+             if ctx.progress is not None and len(fresh) > 1 else None)
+
     def one(job):
         label, name, data = job
         try:
@@ -313,11 +318,18 @@ def run(candidate, ctx) -> GateResult:
             exc.name, exc.file = label, f"{name}.cu"
             failures.append(exc)
             return label, None
+        finally:
+            if steps is not None and label in fresh:
+                steps.advance()
 
-    with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
-        for label, path in pool.map(one, jobs):
-            if path is not None:
-                objects[label] = path
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+            for label, path in pool.map(one, jobs):
+                if path is not None:
+                    objects[label] = path
+    finally:
+        if steps is not None:
+            steps.stop()
     ev["others_compile_seconds"] = round(time.monotonic() - t1, 2)
     if failures:  # the glue, placeholders and committed units: nothing of the candidate's
         raise environment_fault(target, sorted(failures, key=lambda f: f.name), cache)

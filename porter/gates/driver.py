@@ -61,6 +61,9 @@ class GateContext:
     results: dict[str, GateResult] = field(default_factory=dict)  # gate -> result, for the gates after it
     parity_ahead: object | None = None  # a Future of parity's inputs and references, made during the build
     candidate: object | None = None  # what the next gate judges (extract replaces the answer by its unit)
+    # progress of a long job inside a gate (the first build of every placeholder object): a
+    # factory (what, total) -> porter.term.Steps given by the command that owns the terminal; None: silent
+    progress: Callable | None = None
 
     def __post_init__(self):
         self.workspace = Path(self.workspace or self.target.workspace)

@@ -194,7 +194,7 @@ def end_to_end(ws: Path, target, r: Run) -> None:
 
     def build_and_run() -> GateResult:
         unit = (prefill_units or target.units)[0]  # any unit's current file: the build links them all
-        ctx = GateContext(target, ws)
+        ctx = GateContext(target, ws, progress=getattr(r.out, "steps", None))
         built = run_gates(Candidate.of(unit, target.unit_path(unit).read_text()), ctx, gates=("build",))[-1]
         if not built.ok:
             return GateResult("e2e", False, f"e2e: the backend does not build: {built.summary}", check="build")

@@ -172,7 +172,7 @@ class Run:
 
     def _gates_and_step(self, unit: str, attempt: int, candidate: Candidate, gates, opened=None) -> AttemptOutcome:
         target = self.target
-        ctx = GateContext(target, self.ws)
+        ctx = GateContext(target, self.ws, progress=getattr(self.out, "steps", None))
         outcome = AttemptOutcome(ok=False)
         evidence: list[str] = []
 

@@ -9,6 +9,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
+from porter.term import Steps
+
 
 class Reporter:
     """Progress on the terminal (rich) and the same lines in runs/<run>/run.log."""
@@ -32,10 +34,15 @@ class Reporter:
             stamp = datetime.now(timezone.utc).strftime("%H:%M:%S")
             self._log.write(f"{stamp} {text}\n")
 
-    def progress(self, total: int, what: str) -> "UnitBar":
+    def progress(self, total: int, what: str) -> Steps:
         """A progress bar under the lines on a terminal; nothing extra in pipes and logs (the lines say it)."""
-        self.bar = UnitBar(self.console if (self.console.is_terminal and not self.quiet) else None, total, what)
+        self.bar = Steps(what, total, console=None if self.quiet else self.console)
         return self.bar
+
+    def steps(self, what: str, total: int) -> Steps:
+        """Progress of a long job inside the run (the first build of every placeholder object): a row
+        under the run's bar on a terminal; in pipes and run.log, a plain line every tenth of it."""
+        return Steps(what, total, console=None if self.quiet else self.console, plain=self.line)
 
     def close(self) -> None:
         if self.bar is not None:
@@ -43,32 +50,3 @@ class Reporter:
         if self._log:
             self._log.close()
             self._log = None
-
-
-class UnitBar:
-    """rich's Progress over the run's units: the current unit as its label; inert without a console."""
-
-    def __init__(self, console: Console | None, total: int, what: str):
-        self._p = None
-        if console is None or total <= 0:
-            return
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self._p = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                           console=console, transient=True)
-        self._task = self._p.add_task(what, total=total)
-        self._what = what
-        self._p.start()
-
-    def working_on(self, label: str) -> None:
-        if self._p is not None:
-            self._p.update(self._task, description=f"{self._what}: {label}")
-
-    def advance(self) -> None:
-        if self._p is not None:
-            self._p.advance(self._task)
-
-    def stop(self) -> None:
-        if self._p is not None:
-            self._p.stop()
-            self._p = None

@@ -44,6 +44,7 @@ from porter.gates.driver import Candidate, GateContext, ParityOptions, refusal, 
 from porter.gates.parity import pool
 from porter.target import load_target
 from porter.workspace import example_target
+from porter.term import command_steps
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -172,12 +173,19 @@ def main(argv=None) -> int:
             name = path + (" (no sandbox)" if unsafe else "")
             pool.shutdown()
             attempt(target, a.unit, with_nonce(-2), warm, ws)  # starts the pool outside the measurement
-            rows = [attempt(target, a.unit, with_nonce(100 * len(res["paths"]) + i), warm, ws) for i in range(a.reps)]
+            with command_steps(f"{name}: verdicts", a.reps) as steps:
+                rows = []
+                for i in range(a.reps):
+                    rows.append(attempt(target, a.unit, with_nonce(100 * len(res["paths"]) + i), warm, ws))
+                    steps.advance()
             res["paths"][name], res["rows"][name] = summary(rows), rows
             show(f"{name:<5}", res["paths"][name])
     os.environ.pop(sandbox.UNSAFE_ENV, None)
-    scratch = [attempt(target, a.unit, with_nonce(1000 + i), tmp / f"cache-scratch-{i}", ws)
-               for i in range(a.scratch_reps)]
+    with command_steps("scratch: whole backend per verdict", a.scratch_reps) as steps:
+        scratch = []
+        for i in range(a.scratch_reps):
+            scratch.append(attempt(target, a.unit, with_nonce(1000 + i), tmp / f"cache-scratch-{i}", ws))
+            steps.advance()
     if scratch:
         res["scratch"] = summary(scratch)
         show("scratch (whole backend compiled, empty cache)", res["scratch"])
@@ -208,13 +216,15 @@ def build_only(target, unit, with_nonce, tmp: Path, ws: Path, reps: int) -> dict
     attempt(target, unit, with_nonce(-1), cache, ws, gates=("static", "build"))  # whole backend + the header
     print(f"warm-up (cold cache, whole backend compiled): {time.monotonic() - t0:.1f} s")
     rows: dict[str, list[dict]] = {"host-pch": [], "no-host-pch": [], "unsandboxed": []}
-    for i in range(reps):
-        for k, mode in enumerate(rows):
-            build.HOST_PCH = mode != "no-host-pch"
-            # the compiler's sandbox (compile_jail.py) off: what its bwrap starts cost
-            os.environ[sandbox.UNSAFE_ENV] = "1" if mode == "unsandboxed" else ""
-            rows[mode].append(attempt(target, unit, with_nonce(7000 + 3 * i + k), cache, ws,
-                                      gates=("static", "build")))
+    with command_steps(f"build verdicts, {len(rows)} modes each", reps) as steps:
+        for i in range(reps):
+            for k, mode in enumerate(rows):
+                build.HOST_PCH = mode != "no-host-pch"
+                # the compiler's sandbox (compile_jail.py) off: what its bwrap starts cost
+                os.environ[sandbox.UNSAFE_ENV] = "1" if mode == "unsandboxed" else ""
+                rows[mode].append(attempt(target, unit, with_nonce(7000 + 3 * i + k), cache, ws,
+                                          gates=("static", "build")))
+            steps.advance()
     build.HOST_PCH = True
     os.environ.pop(sandbox.UNSAFE_ENV)
     out = {"unit": unit, "reps": reps, "modes": {}}

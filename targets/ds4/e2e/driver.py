@@ -33,6 +33,8 @@ from porter.errors import PorterError
 from porter.gates.e2e import cbuild
 from porter.gates.e2e.compare import PrefillOutputs, ReferenceFailure
 from porter.target_code import sibling
+from porter.term import Steps
+from porter.term import console as term_console
 
 HC_ROW = 4 * 4096  # DS4_N_HC * DS4_N_EMBD floats per token
 N_EMBD = 4096
@@ -385,7 +387,11 @@ def _build_all(red: Ds4Reduced, variants: list[Ds4Variant], log) -> dict[str, Pa
             return key, red.build(members[0])
         except PorterError as exc:
             return key, exc
-    with ThreadPoolExecutor(max_workers=max(1, len(groups))) as pool:
+        finally:
+            steps.advance()
+    # a bar on a terminal, a line every tenth of the builds in a log (minutes of nvcc otherwise silent)
+    with Steps("ds4 e2e builds", len(groups), console=term_console(), plain=log) as steps, \
+            ThreadPoolExecutor(max_workers=max(1, len(groups))) as pool:
         by_key = dict(pool.map(one, list(groups)))
     failed = [str(r) for r in by_key.values() if isinstance(r, Exception)]
     log(f"built {len(groups)} ds4 builds for {len(variants)} variants in {time.monotonic() - t0:.0f}s"
