@@ -301,9 +301,12 @@ class Steps:
         self.stop()
 
 
-def command_steps(what: str, total: int, plain=print) -> Steps:
-    """Steps for a command that owns the terminal (the benchmarks): a bar on stdout's terminal, else lines."""
-    return Steps(what, total, console=console(), plain=plain)
+def command_steps(what: str, total: int) -> Steps:
+    """Steps for a command whose stdout is its result (the benchmarks): a bar on stderr's terminal, else
+    plain lines on stderr, so what the command prints stays what it measured."""
+    import sys
+
+    return Steps(what, total, console=console(file=sys.stderr), plain=lambda line: print(line, file=sys.stderr))
 
 
 def steps_factory(console: Console | None = None, plain=None):
