@@ -89,7 +89,7 @@ def test_calibrate_starts_the_heaviest_units_first_and_reports_in_the_units_orde
     class Libs:
         describe = "stand-in"
 
-        def prepare(self, mutants):
+        def prepare(self, mutants, progress=None):
             pass
 
         def known_good(self):

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import NO_DS4
+
 from porter.calibration.mutants import load_mutants, rule_mutants
 from porter.gates.perf import PERF_CHECKS
 from porter.target import load_target
@@ -31,7 +33,7 @@ def test_ds4_has_slow_kernels_and_timing_hacks_each_with_its_check(ds4):
         assert all("porter mutant (perf)" in r.replace for r in m.rules[:1]), m.name
 
 
-@pytest.mark.skipif(not (CHECKOUT / "ds4_cuda.cu").is_file(), reason="no ds4 checkout at external/ds4")
+@pytest.mark.skipif(not (CHECKOUT / "ds4_cuda.cu").is_file(), reason=NO_DS4)
 def test_every_ds4_perf_mutant_applies_once_to_the_checkout(tmp_path):
     target = load_target(REPO, "ds4", CHECKOUT)
     src = (CHECKOUT / "ds4_cuda.cu").read_text()

@@ -15,7 +15,7 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from conftest import REPO, ds4_checkout
+from conftest import NO_DS4, REPO, ds4_checkout
 from porter.prompt import render_prompt
 from porter.prompt.rules import contradictions, conventions_text
 from porter.target import load_target
@@ -29,7 +29,7 @@ def _workspace(tmp_path: Path, name: str):
     if name == "ds4":
         src = ds4_checkout()
         if src is None:
-            pytest.skip("no ds4 checkout: clone antirez/ds4 into external/ds4 (or set PORTER_DS4_SOURCE)")
+            pytest.skip(NO_DS4)
         ws = init_workspace(tmp_path / "ws", [name], source=src)
         return load_target(ws, name, src)
     spec = str(TINY) if name == "tinytarget" else name

@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import NO_DS4
+
 from porter.calibration.calibrator import inputs_table
 from porter.gates.parity import compare
 from porter.gates.parity.scenario import is_scenario
@@ -35,8 +37,7 @@ def _checkout() -> Path | None:
 
 
 CHECKOUT = _checkout()
-needs_checkout = pytest.mark.skipif(CHECKOUT is None, reason="no ds4 checkout at external/ds4: the ds4 specs bind "
-                                    "against its ds4_gpu.h")
+needs_checkout = pytest.mark.skipif(CHECKOUT is None, reason=NO_DS4 + " (the ds4 specs bind against its ds4_gpu.h)")
 
 # every op family with a known-good that is stable at an edge has cases there
 EDGE_UNITS = {
@@ -56,7 +57,7 @@ EDGE_UNITS = {
 
 def _target(name):
     if name == "ds4" and CHECKOUT is None:
-        pytest.skip("no ds4 checkout at external/ds4")
+        pytest.skip(NO_DS4)
     return load_target(REPO, name, CHECKOUT if name == "ds4" else None)
 
 
