@@ -13,7 +13,7 @@ this order, keeping one line per row as long as it can:
   1. every column, the tail beside them;
   2. the columns marked `give_way` left out (a commit id, which --json and audit also show);
   3. every column on the row's line, the tail on its own lines under it;
-  4. the same without the `give_way` columns;
+  4. the same without the `give_way` columns (with one space between columns if only that fits);
   5. stacked: the key column (the unit) alone on the first line, the other columns under it,
      then the tail.
 A new column (a speed figure, say) is one more `Column` in the list: the layout needs no change.
@@ -34,6 +34,7 @@ WIDE = 100_000
 TAIL_MIN = 30  # narrowest a reason column may be: below it, the reason goes under its row
 INDENT = "  "
 GAP = "  "
+NARROW_GAP = " "
 UNDER = "      "  # a reason or the stacked columns, under the unit they belong to
 
 
@@ -108,19 +109,25 @@ class Table:
         return max([r[1].cell_len for r in self.rows if r is not None] + [cell_len(self.tail or "")])
 
     def layout(self, width: int | None) -> tuple[str, list[int]]:
-        """(mode, indices of the columns shown): mode is 'beside', 'under' or 'stacked'."""
+        """(mode, indices of the columns shown): mode is 'beside', 'under' or 'stacked'. Sets the gap
+        between columns: two spaces, or one where that alone keeps a row on one line (ds4's 51-character
+        names and 'unreachable' at 80 columns are one column over with two)."""
         every = list(range(len(self.columns)))
         kept = [i for i in every if not self.columns[i].give_way]
+        self._gap = GAP
         if width is None:
             return "beside", every
 
-        def fixed(cols: list[int], mode: str = "beside") -> int:
-            return len(INDENT) + sum(self._widths(cols, mode)) + len(GAP) * (len(cols) - 1)
+        def fixed(cols: list[int], mode: str = "beside", gap: str = GAP) -> int:
+            return len(INDENT) + sum(self._widths(cols, mode)) + len(gap) * (len(cols) - 1)
 
         if self.tail is None:
             for cols in (every, kept):
                 if fixed(cols) <= width:
                     return "beside", cols
+            if fixed(kept, gap=NARROW_GAP) <= width:
+                self._gap = NARROW_GAP
+                return "beside", kept
             return "stacked", kept
         need = min(TAIL_MIN, self._longest_tail())
         for cols in (every, kept):
@@ -129,19 +136,23 @@ class Table:
         for cols in (every, kept):
             if fixed(cols, "under") <= width:
                 return "under", cols
+        if fixed(kept, "under", NARROW_GAP) <= width:
+            self._gap = NARROW_GAP
+            return "under", kept
         return "stacked", kept
 
     def lines(self, width: int | None) -> list[Text]:
         mode, cols = self.layout(width)
+        gap = self._gap
         widths = dict(zip(cols, self._widths(cols, mode)))
         key = self.key
-        tail_at = len(INDENT) + sum(widths.values()) + len(GAP) * len(cols)
+        tail_at = len(INDENT) + sum(widths.values()) + len(gap) * len(cols)
 
         def join(cells: list[tuple[int, Text]], lead: str, pad: bool = True) -> Text:
             out = Text(lead)
             for n, (i, t) in enumerate(cells):
                 if n:
-                    out.append(GAP)
+                    out.append(gap)
                 t = t.copy()
                 if pad:
                     t.align("right" if self.columns[i].right else "left", widths[i])
@@ -173,7 +184,7 @@ class Table:
         else:
             head = [join([(i, headers[i]) for i in cols], INDENT)]
             if self.tail and mode == "beside":
-                head[0].append(GAP)
+                head[0].append(gap)
                 head[0].append(self.tail, style="bold")
         out += [_rstripped(h) for h in head]
         ruled = len(out)
@@ -187,7 +198,7 @@ class Table:
                 if not tail.plain:
                     out.append(_rstripped(line))
                     continue
-                line.append(GAP)
+                line.append(gap)
                 for t in wrapped(tail, " " * tail_at, tail_at, first=line):
                     out.append(t)
                 continue

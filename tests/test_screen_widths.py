@@ -128,6 +128,24 @@ def test_at_120_columns_ds4s_reason_keeps_its_own_readable_column_or_line():
     assert squeezed(reason) in squeezed(" ".join(block)) and len(block) <= 1 + len(reason) // TAIL_MIN + 1
 
 
+def test_a_fresh_ds4_workspace_keeps_one_line_per_unit_at_80_columns():
+    """All unported, tiers up to 'unreachable': two-space gaps are one column too many at 80; one space
+    keeps each unit's state on its line instead of stacking three lines a unit."""
+    names = unit_names("ds4")
+    units = [UnitStatus(unit=u, state="unported", reason="placeholder, no attempt", tier=("runtime", "unreachable")[i % 2])
+             for i, u in enumerate(names)]
+    counts = {s: 0 for s in STATES} | {"unported": len(units), "total": len(units)}
+    report = StatusReport(target="ds4", units=units, counts=counts,
+                          critical_path={"available": True, "tiers": ["runtime"], "counts": counts, "reason": None,
+                                         "units": []},
+                          ledger={"ok": True, "records": 0, "key": "unsigned", "problems": []})
+    lines = printed(lambda con: render(report, con), 80)
+    assert_readable(lines, 80, {u.unit: u.reason for u in units})
+    for u in names:
+        row = next(x for x in lines if x.split() and x.split()[0] == u)
+        assert "unported" in row, row
+
+
 def ranked_of(target: str) -> list[RankedUnit]:
     names = unit_names(target)
     kernels = ["kernel_flash_attn_ext_vec_f16_dk512_dv512", "kernel_mul_mv_id_iq2_xxs_f32", "kernel_dsv4_topk_mask",
