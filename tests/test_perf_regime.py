@@ -36,3 +36,14 @@ def test_ds4_is_timed_with_its_weights_in_device_memory(tmp_path):
         text = (target.dir / src).read_text()
         assert f'extern "C" const void *{hook}(' in text, src
     assert "DS4_CUDA_COPY_MODEL" in (target.dir / "parity" / "upstream_harness.cu").read_text()
+
+
+def test_a_retime_runs_in_a_child_of_its_own_unless_the_plans_go_to_a_cluster(monkeypatch):
+    from porter.gates.parity import pool
+
+    monkeypatch.delenv("PORTER_PARITY_EXECUTOR", raising=False)
+    assert isinstance(pool.fresh_executor("host"), pool.SpawnExecutor)
+    made = []
+    monkeypatch.setenv("PORTER_PARITY_EXECUTOR", "ray")
+    monkeypatch.setattr(pool, "executor", lambda mode: made.append(mode) or "cluster")
+    assert pool.fresh_executor("cuda") == "cluster" and made == ["cuda"]  # the orchestrator may have no GPU

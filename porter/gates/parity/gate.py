@@ -697,9 +697,9 @@ def _run_spec(target, spec, library: Path, *, workspace: Path | None = None, see
         orders = plan(plan_dir, mode=mode, timing_reps=timing_reps,
                       probe=(probe if probe is not None else default_probe()) if mode == "cuda" else None)
         limit = timeout or float(os.environ.get("PORTER_PARITY_TIMEOUT", DEFAULT_TIMEOUT_S))
-        # a warm worker serves one plan too, but the perf gate's re-time wants nothing shared with the first run
-        warm = kind.warm and not fresh_process
-        outcome = (pool.executor(mode) if warm else pool.SpawnExecutor()).run(plan_dir, limit)
+        # a warm worker serves one plan too, but the perf gate's re-time wants nothing made before its plan
+        ex = pool.fresh_executor(mode) if fresh_process else pool.executor(mode) if kind.warm else pool.SpawnExecutor()
+        outcome = ex.run(plan_dir, limit)
         failures, reports = kind.judge(target, spec, prepared, outcome, _load_outputs(plan_dir), plan_dir, harness,
                                        orders=orders)
         failures = _outcome_failures(outcome, {c.id: c.label for c in prepared.cases}) + failures

@@ -383,6 +383,15 @@ def executor(mode: str) -> Executor:
         return ex
 
 
+def fresh_executor(mode: str) -> Executor:
+    """Where a re-time runs (the perf gate's, of a result too fast to believe): a child started for this
+    plan alone, nothing of it made before the plan existed.  Under a Ray cluster the orchestrator may have
+    no GPU: there the plan goes to the cluster, whose workers each serve one plan in their own process."""
+    if os.environ.get("PORTER_PARITY_EXECUTOR", "warm").lower() == "ray":
+        return executor(mode)
+    return SpawnExecutor()
+
+
 def executor_arguments(p) -> None:
     """--executor and --ray-address, for every command that runs parity plans (run, calibrate,
     the trace, the parity bench)."""
