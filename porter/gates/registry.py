@@ -12,6 +12,7 @@ import importlib
 from dataclasses import dataclass
 
 ANSWER, UNIT, BACKEND = "answer", "unit", "backend"  # what a gate judges: the provider's text, one unit, e2e
+SPEEDUP = "speedup"  # a unit against its committed self: only `porter optimize` asks for it
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ ACTIVE: tuple[Gate, ...] = (
     Gate("build", "porter.gates.build"),
     Gate("parity", "porter.gates.parity", runs_candidate=True),
     Gate("perf", "porter.gates.perf", needs=("parity",), rechecked=False, runs_candidate=True),
+    Gate("speedup", "porter.optimize.ab", judges=SPEEDUP, needs=("perf",), rechecked=False, runs_candidate=True),
     Gate("e2e", "porter.gates.e2e.gate", judges=BACKEND, rechecked=False),
 )
 
