@@ -76,11 +76,11 @@ def porter_version() -> str:
         v = "unknown"
     repo = Path(__file__).resolve().parents[1]
     if (repo / ".git").exists():
-        import subprocess
+        from porter import gitops
 
-        r = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short=10", "HEAD"], capture_output=True, text=True)
-        if r.returncode == 0 and r.stdout.strip():
-            v += f" (commit {r.stdout.strip()})"
+        sha = gitops.commit_of(repo)
+        if sha:
+            v += f" (commit {sha[:10]})"
     return v
 
 
