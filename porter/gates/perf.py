@@ -88,8 +88,10 @@ def baseline(history, unit: str, spec_sha256: str | None) -> tuple[dict | None, 
                 regime=regime_of(ev), gpu=(ev.get("device") or {}).get("name")), ""
 
 
-def regime_of(parity_evidence: dict) -> str | None:
-    return (parity_evidence.get("regime") or {}).get("name")
+def regime_of(evidence: dict) -> str | None:
+    """The regime an evidence record names: parity's {"name": ...}, or perf's own word."""
+    r = evidence.get("regime")
+    return r.get("name") if isinstance(r, dict) else r
 
 
 def comparable(base: dict, mine: dict, regime: str | None, gpu: str | None) -> str:
