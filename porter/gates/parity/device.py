@@ -41,13 +41,11 @@ _CUDART = []
 def _cudart():
     """The CUDA runtime cupy already loaded (same primary context), for the calls cupy does not bind."""
     if not _CUDART:
-        lib = None
-        for name in ("libcudart.so.12", "libcudart.so.13", "libcudart.so.11.0", "libcudart.so"):
-            try:
-                lib = ctypes.CDLL(name)
-                break
-            except OSError:
-                continue
+        if __package__:  # imported as porter's module (the parent)
+            from porter.gates.parity import loader
+        else:  # loaded by path in the parity child, beside loader.py
+            import loader
+        lib = loader.cuda_runtime()
         if lib is not None:
             lib.cudaCtxResetPersistingL2Cache.restype = ctypes.c_int
             lib.cudaStreamSetAttribute.restype = ctypes.c_int

@@ -1,4 +1,5 @@
-"""The one module of porter that loads a library into a process: the parity child's candidate, and libc.
+"""The one module of porter that loads a library into a process: the parity child's candidate, libc
+and the CUDA runtime.
 
 Loaded by path (a sibling of child.py, like device.py): ctypes only, nothing of porter.  Both kinds
 of plan (op specs in child.py, runtime scenarios in scenario_child.py) get the library, its
@@ -36,6 +37,17 @@ def load(path: str):
         return ctypes.CDLL(path, mode=os.RTLD_NOW | os.RTLD_LOCAL)
     except OSError as exc:
         raise Fatal("load", f"cannot load {Path(path).name}: {exc}") from None
+
+
+def cuda_runtime():
+    """The CUDA runtime cupy already loaded (same primary context), for calls cupy does not bind
+    (device.py: the persisting-L2 reset); None when no runtime library is found."""
+    for name in ("libcudart.so.12", "libcudart.so.13", "libcudart.so.11.0", "libcudart.so"):
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    return None
 
 
 def libc():
