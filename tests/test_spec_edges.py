@@ -49,7 +49,10 @@ EDGE_UNITS = {
             "ds4_gpu_rms_norm_weight_tensor", "ds4_gpu_rms_norm_weight_rows_tensor", "ds4_gpu_head_rms_norm_tensor",
             "ds4_gpu_dsv4_qkv_rms_norm_rows_tensor", "ds4_gpu_swiglu_tensor", "ds4_gpu_hc_split_sinkhorn_tensor",
             "ds4_gpu_hc_split_weighted_sum_tensor", "ds4_gpu_hc_split_weighted_sum_norm_tensor",
-            "ds4_gpu_compressor_update_tensor", "ds4_gpu_compressor_prefill_tensor", "ds4_gpu_indexer_topk_tensor"},
+            "ds4_gpu_compressor_update_tensor", "ds4_gpu_compressor_prefill_tensor", "ds4_gpu_indexer_topk_tensor",
+            "ds4_gpu_matmul_f32_tensor", "ds4_gpu_matmul_f16_tensor", "ds4_gpu_matmul_f16_pair_tensor",
+            "ds4_gpu_matmul_q8_0_tensor", "ds4_gpu_matmul_q8_0_hc_expand_tensor",
+            "ds4_gpu_shared_down_hc_expand_q8_0_tensor", "ds4_gpu_shared_gate_up_swiglu_q8_0_tensor"},
     "minimoe": {"mini_gpu_attention_window_tensor", "mini_gpu_router_topk_tensor", "mini_gpu_rms_norm_plain_rows_tensor",
                 "mini_gpu_rms_norm_weight_rows_tensor", "mini_gpu_swiglu_tensor"},
 }
@@ -261,6 +264,155 @@ def test_ds4_sinkhorn_softmax_without_its_max_fails_only_the_shifted_combine():
     assert not any(_verdicts(spec, edges, _sinkhorn32(stable=False)).values())
     # float32 with the max, against the float64 reference under the spec's NMSE 1e-11: inside
     assert all(_verdicts(spec, edges, _sinkhorn32(stable=True)).values())
+
+
+# ---- ds4 projections: cancelling sums and outputs past f16's range ---------------------------
+
+def _dense_w(a, key, rows, n, dtype):
+    off = a[key]
+    return a["model_map"].array[off:off + rows * n * np.dtype(dtype).itemsize].view(dtype).reshape(rows, n).astype(F)
+
+
+def _q8_w(a, key, rows, n):
+    from reference import quant
+
+    blocks = (n + 31) // 32
+    raw = a["model_map"].array[a[key]:a[key] + rows * blocks * 34].reshape(rows, blocks * 34)
+    b = raw.reshape(rows, blocks, 34)
+    d = b[:, :, :2].copy().view("<f2").reshape(rows, blocks).astype(F)
+    q = b[:, :, 2:].view(np.int8).astype(np.int32)
+    assert np.allclose(quant.dequantize(raw, "Q8_0", (rows, blocks * 32))[:1], (q * d[:, :, None]).reshape(rows, -1)[:1])
+    return d, q
+
+
+def _accumulate(terms, half: bool, chunk):
+    """Sum the last axis of float32 terms as a kernel does.  half=False: 32 float32 lane sums over
+    a strided split, then their float32 sum (upstream's warp reduction; its Q8 block sums).  half=True:
+    the flaw -- split-K partials of `chunk` terms, each stored and accumulated in float16."""
+    if not half:
+        k = terms.shape[-1]
+        t = np.pad(terms, [(0, 0)] * (terms.ndim - 1) + [(0, -k % 32)]).astype(F)
+        return t.reshape(*terms.shape[:-1], -1, 32).sum(axis=-2, dtype=F).sum(axis=-1, dtype=F)
+    k = terms.shape[-1]
+    t = np.pad(terms, [(0, 0)] * (terms.ndim - 1) + [(0, -k % chunk)]).astype(F)
+    parts = t.reshape(*terms.shape[:-1], -1, chunk).sum(axis=-1, dtype=F).astype(np.float16)
+    acc = np.zeros(terms.shape[:-1], np.float16)
+    for c in range(parts.shape[-1]):
+        acc = (acc + parts[..., c]).astype(np.float16)
+    return acc.astype(F)
+
+
+def _project(w, x, half):
+    """float32 W x per token (W float32 rows), accumulated by _accumulate (256-term split-K chunks)."""
+    return np.stack([_accumulate((w * xt[None, :]).astype(F), half, 256) for xt in np.atleast_2d(x)])
+
+
+def _project_q8(d, q, x, half):
+    """Upstream's Q8_0 path: x quantized per block (d = amax/127), integer block dots, float32 block
+    sums d_w d_x isum (the flaw: split-K chunks of 8 blocks in float16)."""
+    from reference import ds4_ops as ops
+
+    xq, xd = ops.quantize_q8_0_activation(np.atleast_2d(x))
+    rows = []
+    for t in range(xq.shape[0]):
+        isum = np.einsum("obk,bk->ob", q, xq[t].reshape(-1, 32).astype(np.int32))
+        rows.append(_accumulate((d * xd[t][None, :] * isum.astype(F)).astype(F), half, 8))
+    return np.stack(rows)
+
+
+def _hc(block, a, extra=0.0):
+    n_hc, n_embd = a["n_hc"], a["n_embd"]
+    split, res = a["split"].array.astype(np.float64), a["residual_hc"].array.astype(np.float64)
+    post, comb = split[n_hc:2 * n_hc], split[2 * n_hc:]
+    y = block[:n_embd].astype(np.float64) + extra
+    return np.stack([y * post[h] + sum(comb[h + s * n_hc] * res[s] for s in range(n_hc)) for h in range(n_hc)])
+
+
+def _projection_ops(half):
+    """{unit: op(args) -> outputs} emulating each projection with float32 (or the f16 flaw) sums."""
+    def f32(a):
+        w = _dense_w(a, "weight_offset", a["out_dim"], a["in_dim"], "<f4")
+        return {"out": _project(w, a["x"].array, half)}
+
+    def f16(a):
+        w = _dense_w(a, "weight_offset", a["out_dim"], a["in_dim"], "<f2")
+        return {"out": _project(w, a["x"].array, half)}
+
+    def pair(a):
+        wa = _dense_w(a, "weight_a_offset", a["out_dim"], a["in_dim"], "<f2")
+        wb = _dense_w(a, "weight_b_offset", a["out_dim"], a["in_dim"], "<f2")
+        return {"out_a": _project(wa, a["x"].array, half), "out_b": _project(wb, a["x"].array, half)}
+
+    def q8(a):
+        d, q = _q8_w(a, "weight_offset", a["out_dim"], a["in_dim"])
+        return {"out": _project_q8(d, q, a["x"].array.reshape(a["n_tok"], -1), half)}
+
+    def hc_expand(a):
+        d, q = _q8_w(a, "weight_offset", a["out_dim"], a["in_dim"])
+        block = _project_q8(d, q, a["x"].array, half)[0]
+        return {"block_out": block, "out_hc": _hc(block, a)}
+
+    def shared_down(a):
+        d, q = _q8_w(a, "weight_offset", a["out_dim"], a["in_dim"])
+        block = _project_q8(d, q, a["shared_mid"].array, half)[0]
+        return {"shared_out": block, "out_hc": _hc(block, a, a["routed_out"].array[:a["n_embd"]])}
+
+    def gate_up(a):
+        c = F(a["clamp"])
+        g, u = (_project_q8(*_q8_w(a, k, a["out_dim"], a["in_dim"]), a["x"].array, half)[0]
+                for k in ("gate_offset", "up_offset"))
+        gc, uc = (np.minimum(g, c), np.clip(u, -c, c)) if c > F(1e-6) else (g, u)
+        with np.errstate(over="ignore"):
+            mid = (gc / (F(1) + np.exp(-gc, dtype=F)) * uc).astype(F)
+        return {"gate": g, "up": u, "mid": mid}
+
+    return {"ds4_gpu_matmul_f32_tensor": f32, "ds4_gpu_matmul_f16_tensor": f16, "ds4_gpu_matmul_f16_pair_tensor": pair,
+            "ds4_gpu_matmul_q8_0_tensor": q8, "ds4_gpu_matmul_q8_0_hc_expand_tensor": hc_expand,
+            "ds4_gpu_shared_down_hc_expand_q8_0_tensor": shared_down,
+            "ds4_gpu_shared_gate_up_swiglu_q8_0_tensor": gate_up}
+
+
+def _cheap(sh):  # CPU time: at most ~4M multiply-adds a case
+    d = sh.dims
+    n_tok = d.get("n_tok", 1)
+    return sh.expect == "ok" and not d.get("vocab") and n_tok * d["in_dim"] * d.get("out_dim", d.get("n_embd", 0)) <= 1 << 25
+
+
+@needs_checkout
+@pytest.mark.parametrize("unit", sorted(_projection_ops(False)))
+def test_ds4_projections_with_f16_partial_sums_fail_only_the_edge_cases(unit):
+    from porter.gates.parity.spec import Context
+
+    spec = _op_specs("ds4")[unit]
+    # at 16384 wide the ordinary cases already catch f16 partials (64 chunks): the edges matter below
+    ordinary = [sh.label for sh in spec.shapes if not sh.edge and _cheap(sh) and sh.dims["in_dim"] <= 8192]
+    edges = _edge_labels(spec, _cheap)
+    assert ordinary and edges and {e.split(",")[0] for e in edges} >= {"edge: cancelling halves"}
+    calls = _cases(spec, ordinary + edges, ctx=Context(None, None))
+    stable = _judge(spec, calls, _projection_ops(half=False)[unit])
+    flawed = _judge(spec, calls, _projection_ops(half=True)[unit])
+    assert all(stable.values()), [lab for lab, ok in stable.items() if not ok]  # float32 sums: inside every bound
+    assert all(flawed[lab] for lab in ordinary), [lab for lab in ordinary if not flawed[lab]]  # blind without edges
+    assert not any(flawed[lab] for lab in edges), [lab for lab in edges if flawed[lab]]
+
+
+@needs_checkout
+def test_ds4_cancelling_inputs_cancel_and_sit_on_an_exact_grid():
+    """The cancelling case is what it says: outputs ~1e3 below the sum of their terms' magnitudes,
+    and x exact under Q8_0 activation quantization and F16 (so every upstream path meets the reference)."""
+    from porter.gates.parity.spec import Context
+    from reference import ds4_ops as ops
+
+    spec = _op_specs("ds4")["ds4_gpu_matmul_q8_0_tensor"]
+    lab = "edge: cancelling halves, attn_kv 4096->512, decode"
+    a = _cases(spec, [lab], ctx=Context(None, None))[lab].args
+    d, q = _q8_w(a, "weight_offset", 512, 4096)
+    w, x = (q * d[:, :, None]).reshape(512, 4096).astype(np.float64), a["x"].array.astype(np.float64)
+    ratio = np.median((np.abs(w) @ np.abs(x).T).ravel() / np.abs(w @ x.T).ravel())
+    assert ratio > 300, ratio
+    xq, xd = ops.quantize_q8_0_activation(a["x"].array)
+    assert np.array_equal((xq.reshape(1, -1, 32) * xd[:, :, None]).reshape(1, -1), a["x"].array)
+    assert np.array_equal(a["x"].array.astype(np.float16).astype(F), a["x"].array)
 
 
 # ---- minimoe ---------------------------------------------------------------------------------

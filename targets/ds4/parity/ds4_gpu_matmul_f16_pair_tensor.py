@@ -35,7 +35,8 @@ def build(shape, ctx, rng):
     m, (off_a, off_b), _ = W.dense(shape, ctx, rng, [("F16", out_dim, cols), ("F16", out_dim, cols)])
     if d.get("b_past_end"):
         off_b = m.size - out_dim * in_dim  # half of W_b lies beyond the map
-    x = rng.standard_normal((n_tok, cols)).astype(np.float32)
+    W.mirror_if_cancelling(d, m, [off_a, off_b], out_dim, 2 * cols)
+    x = W.activations(rng, d, (n_tok, cols))
     args = {"out_a": Out("f32", (n_tok, out_dim)), "out_b": Out("f32", (n_tok, out_dim)), "model_map": m,
             "model_size": m.size, "weight_a_offset": off_a, "weight_b_offset": off_b, "in_dim": in_dim,
             "out_dim": out_dim, "x": In(x), "n_tok": n_tok}
@@ -65,6 +66,12 @@ SPEC = UnitSpec(
         _s("odd 100->37, decode", 1, 100, 37),
         _s("odd 4097->3, decode (short last chunk)", 1, 4097, 3),
         _s("odd 31->5, 3 tokens", 3, 31, 5),
+        _s("edge: cancelling halves, kv+gate 4096->1024, decode", 1, 4096, 1024, dims={"cancel": True},
+           edge=W.CANCEL),
+        _s("edge: cancelling halves, kv+gate 4096->512, 3 tokens (cuBLAS)", 3, 4096, 512, dims={"cancel": True},
+           edge=W.CANCEL),
+        # decode only: upstream's n_tok > 1 path converts x to F16 (65504 at most)
+        _s("edge: x x1e5, kv+gate 4096->1024, decode", 1, 4096, 1024, dims={"x_scale": 1e5}, edge=W.HUGE),
         _s("error: in_dim 0", 1, 0, 8, expect="error", why="upstream refuses an empty projection"),
         _s("error: W_b runs past the map", 1, 256, 64, dims={"b_past_end": True}, expect="error",
            why="a weight range outside the model map is an error"),

@@ -39,7 +39,8 @@ def build(shape, ctx, rng):
     m, (off,), _ = W.dense(shape, ctx, rng, [("F16", out_dim, in_dim)])
     if d.get("offset_past_end"):
         off = m.size - out_dim * in_dim  # half the weights lie beyond the map
-    x = (rng.standard_normal((n_tok, in_dim)) * d.get("x_scale", 1.0)).astype(np.float32)
+    W.mirror_if_cancelling(d, m, [off], out_dim, 2 * in_dim)
+    x = W.activations(rng, d, (n_tok, in_dim))
     args = {"out": Out("f32", (n_tok, out_dim)), "model_map": m, "model_size": m.size, "weight_offset": off,
             "in_dim": in_dim, "out_dim": out_dim, "x": In(x), "n_tok": n_tok}
     if shape.expect == "error":
@@ -71,6 +72,14 @@ SPEC = UnitSpec(
         _s("odd 4097->5, decode (short last chunk)", 1, 4097, 5),
         _s("odd 33->7, decode (chunks of 2, empty last chunks)", 1, 33, 7),
         _s("odd 1000->131, 3 tokens, x x30", 3, 1000, 131, dims={"x_scale": 30.0}),
+        _s("edge: cancelling halves, router 4096->256, decode", 1, 4096, 256, dims={"cancel": True},
+           edge=W.CANCEL),
+        _s("edge: cancelling halves, router 4096->256, 129 tokens (cuBLAS)", 129, 4096, 256, dims={"cancel": True},
+           edge=W.CANCEL),
+        _s("edge: cancelling halves, indexer attn_q_b 1024->8192, 2 tokens", 2, 1024, 8192, dims={"cancel": True},
+           edge=W.CANCEL),
+        # decode only: upstream's prefill path converts x to F16 (65504 at most)
+        _s("edge: x x1e5, router 4096->256, decode", 1, 4096, 256, dims={"x_scale": 1e5}, edge=W.HUGE),
         _s("error: weights run past the map", 1, 256, 64, dims={"offset_past_end": True}, expect="error",
            why="a weight range outside the model map is an error"),
     ],

@@ -30,7 +30,8 @@ def build(shape, ctx, rng):
     d = shape.dims
     n_tok, in_dim, out_dim = d["n_tok"], d["in_dim"], d["out_dim"]
     m, (off,), _ = W.dense(shape, ctx, rng, [("F32", max(out_dim, 1), max(in_dim, 1))])
-    x = rng.standard_normal((max(n_tok, 1), max(in_dim, 1))).astype(np.float32)
+    W.mirror_if_cancelling(d, m, [off], out_dim, 4 * in_dim)
+    x = W.activations(rng, d, (max(n_tok, 1), max(in_dim, 1)))
     args = {"out": Out("f32", (max(n_tok, 1), max(out_dim, 1))), "model_map": m, "model_size": m.size,
             "weight_offset": off, "in_dim": in_dim, "out_dim": out_dim, "x": In(x), "n_tok": n_tok}
     if shape.expect == "error":
@@ -39,7 +40,7 @@ def build(shape, ctx, rng):
 
 
 def _s(label, n_tok, in_dim, out_dim, tensor=None, **kw):
-    return Shape(label, {"n_tok": n_tok, "in_dim": in_dim, "out_dim": out_dim},
+    return Shape(label, {"n_tok": n_tok, "in_dim": in_dim, "out_dim": out_dim, **kw.pop("dims", {})},
                  source=f"model:{tensor}" if tensor else "synthetic", **kw)
 
 
@@ -56,6 +57,13 @@ SPEC = UnitSpec(
         _s("router width 4096->256, 128 tokens", 128, 4096, 256, timed=True),
         _s("odd 1000->33, 3 tokens", 3, 1000, 33),
         _s("odd 7->3, decode (fewer values than threads)", 1, 7, 3),
+        _s("edge: cancelling halves, router width 4096->256, decode", 1, 4096, 256, dims={"cancel": True},
+           edge=W.CANCEL),
+        _s("edge: cancelling halves, hc 16384->24, 129 tokens (TF32 cuBLAS)", 129, 16384, 24, dims={"cancel": True},
+           edge=W.CANCEL),
+        _s("edge: x x1e5, router width 4096->256, decode", 1, 4096, 256, dims={"x_scale": 1e5}, edge=W.HUGE),
+        _s("edge: x x1e5, router width 4096->256, 3 tokens (TF32 cuBLAS)", 3, 4096, 256, dims={"x_scale": 1e5},
+           edge=W.HUGE),
         _s("error: in_dim 0", 1, 0, 4, expect="error", why="upstream refuses an empty projection"),
         _s("error: n_tok 0", 0, 64, 4, expect="error", why="upstream refuses zero tokens"),
     ],

@@ -44,7 +44,8 @@ def build(shape, ctx, rng):
     m, (off,), _ = W.dense(shape, ctx, rng, [("Q8_0", out_dim, W.pad32(in_dim))])
     if d.get("offset_past_end"):
         off = m.size - out_dim * (in_dim + 31) // 32 * 34 // 2
-    x = rng.standard_normal(in_dim).astype(np.float32)
+    W.mirror_if_cancelling(d, m, [off], out_dim, W.pad32(in_dim) // 32 * 34)
+    x = W.activations(rng, d, (in_dim,))
     res = (rng.standard_normal((n_hc, n_embd))).astype(np.float32)
     split = rng.uniform(-1.0, 1.0, 2 * n_hc + n_hc * n_hc).astype(np.float32)
     args = {"out_hc": Out("f32", (n_hc, n_embd)), "block_out": Out("f32", (max(out_dim, n_embd),)),
@@ -78,6 +79,10 @@ SPEC = UnitSpec(
         # DS4_CUDA_DISABLE_Q8_HC_EXPAND_FUSED (a known-good variant) the same call runs as the plain
         # Q8_0 matmul then the HC expand, and neither checks it (measured on the H100: returns
         # success).  A port may take either path, so the spec cannot require the refusal.
+        Shape("edge: cancelling halves, 8192->4096, n_hc 4", {"in_dim": 8192, "n_embd": 4096, "n_hc": 4,
+                                                                "cancel": True}, edge=W.CANCEL),
+        Shape("edge: x x1e5, 8192->4096, n_hc 4", {"in_dim": 8192, "n_embd": 4096, "n_hc": 4, "x_scale": 1e5},
+              edge=W.HUGE),
         Shape("error: weights run past the map", {"in_dim": 256, "n_embd": 64, "n_hc": 4, "offset_past_end": True},
               expect="error", why="a weight range outside the model map is an error"),
     ],

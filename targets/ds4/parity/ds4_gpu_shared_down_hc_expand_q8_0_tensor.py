@@ -34,7 +34,8 @@ def build(shape, ctx, rng):
     in_dim, n_embd, n_hc = d["in_dim"], d["n_embd"], d["n_hc"]
     out_dim = d.get("out_dim", n_embd)
     m, (off,), _ = W.dense(shape, ctx, rng, [("Q8_0", out_dim, W.pad32(in_dim))])
-    mid = rng.standard_normal(in_dim).astype(np.float32)
+    W.mirror_if_cancelling(d, m, [off], out_dim, W.pad32(in_dim) // 32 * 34)
+    mid = W.activations(rng, d, (in_dim,))
     routed = rng.standard_normal(max(out_dim, n_embd)).astype(np.float32)
     res = rng.standard_normal((n_hc, n_embd)).astype(np.float32)
     split = rng.uniform(-1.0, 1.0, 2 * n_hc + n_hc * n_hc).astype(np.float32)
@@ -66,6 +67,10 @@ SPEC = UnitSpec(
               source="model:blk.40.ffn_down_shexp.weight"),
         Shape("odd 100->37, n_hc 4", {"in_dim": 100, "n_embd": 37, "n_hc": 4}),
         Shape("odd 1056->65, n_hc 3", {"in_dim": 1056, "n_embd": 65, "n_hc": 3}),
+        Shape("edge: cancelling halves, 2048->4096, n_hc 4", {"in_dim": 2048, "n_embd": 4096, "n_hc": 4,
+                                                                "cancel": True}, edge=W.CANCEL),
+        Shape("edge: mid x1e5, 2048->4096, n_hc 4", {"in_dim": 2048, "n_embd": 4096, "n_hc": 4, "x_scale": 1e5},
+              edge=W.HUGE),
         # No "out_dim != n_embd must fail" case: upstream's fused kernel refuses it, but with
         # DS4_CUDA_DISABLE_Q8_HC_EXPAND_FUSED (a known-good variant) the same call runs as the plain
         # Q8_0 matmul then the HC expand, and neither checks it (measured on the H100: returns

@@ -36,7 +36,8 @@ def build(shape, ctx, rng):
     m, (g_off, u_off), _ = W.dense(shape, ctx, rng, [("Q8_0", out_dim, cols), ("Q8_0", out_dim, cols)])
     if d.get("up_past_end"):
         u_off = m.size - out_dim * cols // 32 * 34 // 2
-    x = (rng.standard_normal(max(in_dim, 1)) * d.get("x_scale", 1.0)).astype(np.float32)
+    W.mirror_if_cancelling(d, m, [g_off, u_off], out_dim, cols // 32 * 34)
+    x = W.activations(rng, d, (max(in_dim, 1),))
     args = {"gate": Out("f32", (out_dim,)), "up": Out("f32", (out_dim,)), "mid": Out("f32", (out_dim,)),
             "model_map": m, "model_size": m.size, "gate_offset": g_off, "up_offset": u_off, "in_dim": in_dim,
             "out_dim": out_dim, "x": In(x), "clamp": d["clamp"]}
@@ -68,6 +69,10 @@ SPEC = UnitSpec(
               source="model:mtp.0.ffn_gate_shexp.weight,mtp.0.ffn_up_shexp.weight"),
         Shape("odd 100->37 (partial last block), clamp 10", {"in_dim": 100, "out_dim": 37, "clamp": C, "x_scale": 8.0}),
         Shape("odd 2080->129 (65 blocks), clamp 10", {"in_dim": 2080, "out_dim": 129, "clamp": C}),
+        Shape("edge: cancelling halves, 4096->2048, clamp 10", {"in_dim": 4096, "out_dim": 2048, "clamp": C,
+                                                                  "cancel": True}, edge=W.CANCEL),
+        Shape("edge: x x1e5, 4096->2048, clamp 10", {"in_dim": 4096, "out_dim": 2048, "clamp": C, "x_scale": 1e5},
+              edge=W.HUGE),
         Shape("error: in_dim 0", {"in_dim": 0, "out_dim": 16, "clamp": C}, expect="error",
               why="upstream refuses an empty projection"),
         Shape("error: up weights run past the map", {"in_dim": 256, "out_dim": 64, "clamp": C, "up_past_end": True},
