@@ -47,6 +47,8 @@ DELEGATED = {
     "calibrate": ("porter.calibration.command", "check that each parity spec accepts a known-good build and rejects mutants"),
     "trust": ("porter.trust", "pin the ledger signing key you trust (a key swapped in the repository is then tampered)"),
     "repair": ("porter.repair", "accept a tampered tail or a rollback explicitly (recorded, signed), so runs can go on"),
+    "optimize": ("porter.optimize.command", "ask for faster versions of verified units; keep one only when a "
+                 "rank test on interleaved timings proves it faster and every gate passes again"),
     "doctor": ("porter.doctor", "can this machine port this target? nvcc, toolkit headers and libraries, GPU and "
                "architecture, cupy, sandbox, signing key, provider key; one line per check with what to do"),
 }

@@ -282,6 +282,7 @@ def checks(workspace: Path | None, target_name: str | None, source: str | None =
 PREFLIGHT = {
     "run": ("target", "nvcc", "headers", "libraries", "arch", "sandbox"),
     "calibrate": ("target", "nvcc", "headers", "libraries", "arch", "sandbox"),
+    "optimize": ("target", "nvcc", "headers", "libraries", "arch", "sandbox"),
 }
 
 

@@ -121,9 +121,10 @@ def restore(workspace: Path, rel: str) -> None:
 
 
 def step_message(target: str, unit: str, state: str, attempt: int, candidate_sha256: str,
-                 step_hash: str, evidence: list[str]) -> str:
+                 step_hash: str, evidence: list[str], headline: str = "") -> str:
+    """headline: what the step did beyond passing its gates (a speedup and its p), after the subject."""
     lines = [
-        f"porter: {state} {unit} (attempt {attempt})",
+        f"porter: {state} {unit} (attempt {attempt})" + (f": {headline}" if headline else ""),
         "",
         f"Porter-Unit: {unit}",
         f"Porter-Target: {target}",

@@ -170,6 +170,8 @@ class UnitStatus:
     # the latest step's timing where the unit is verified (porter.gates.perf.speed): time_ms, x_known_good,
     # pct_roofline, regime, case, decided_by, below_half
     speed: dict | None = None
+    # speedups `porter optimize` landed, oldest first: attempt, x (old/new median), p_value, before_ms, after_ms
+    speedups: list[dict] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -685,6 +687,7 @@ def derive(
             st.commit = commit.sha if commit else None
             if state in VERIFIED_STATES:
                 st.speed = speed([evidence(sha)[0] for sha in st.evidence])
+        st.speedups = speedups_landed(uh, evidence)
         results.append(st)
     for unit in former:  # reported, not dropped: a unit cannot leave status by leaving the header
         last = history.unit(unit).last_step
@@ -716,6 +719,30 @@ def derive(
     return StatusReport(target=target.name, units=results, counts=_count(results), critical_path=critical,
                         ledger=ledger_info, notes=notes, problems=integ.problems,
                         prefill={"state": p_state, "commit": p_commit, "reason": p_reason})
+
+
+def speedups_landed(uh, evidence) -> list[dict]:
+    """The speedup gate's passing evidence among the live steps' own evidence (what was committed)."""
+    won = {g.attempt for g in uh.gates if g.gate == "speedup" and g.ok}
+    out = []
+    for step in uh.steps:
+        if step.attempt not in won:
+            continue
+        for sha in step.evidence:
+            ev = evidence(sha)[0] or {}
+            d = ev.get("decision") or {}
+            if ev.get("gate") == "speedup" and ev.get("ok") is True and d.get("new_median_ms"):
+                out.append({"attempt": step.attempt, "x": d["old_median_ms"] / d["new_median_ms"],
+                            "p_value": d.get("p_value"), "before_ms": d["old_median_ms"],
+                            "after_ms": d["new_median_ms"], "evidence": sha})
+    return out
+
+
+def speedups_line(units) -> str | None:
+    """'speedups landed: unit 2.9x (p=5.4e-06); ...', or None when none."""
+    parts = [f"{u.unit} " + ", ".join(f"{s['x']:.2f}x (p={s['p_value']:.2g})" for s in u.speedups)
+             for u in units if u.speedups]
+    return "speedups landed: " + "; ".join(parts) if parts else None
 
 
 def tamper_check(workspace: Path, target: Target, key) -> tuple[str, str] | None:
@@ -806,6 +833,8 @@ def render(report: StatusReport, console=None, wide: bool = False) -> None:
     say(f"units ({report.counts['total']}): {counts_line(report.counts)}")
     if report.speed["units_timed"]:
         say(speed_line(report.speed))
+    if line := speedups_line(report.units):
+        say(line)
     say(prefill_line((report.prefill["state"], report.prefill["commit"], report.prefill["reason"])),
         "bold green" if report.prefill["state"] == "verified" else None)
     cp = report.critical_path

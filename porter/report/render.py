@@ -14,7 +14,7 @@ from pygments.lexers import get_lexer_by_name
 from porter.report.collect import SiteData, UnitPage, unit_page_name
 from porter.gates.perf import speed, speed_line
 from porter.report.graph import critical_path_svg, legend_html
-from porter.status import CRITICAL_TIERS, STATES, counts_line, state_label
+from porter.status import CRITICAL_TIERS, STATES, counts_line, speedups_line, state_label
 
 TEMPLATES = Path(__file__).parent / "templates"
 _FORMATTER = HtmlFormatter(linenos="table", cssclass="code", wrapcode=True)
@@ -76,7 +76,8 @@ def _env() -> Environment:
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["j2", "html"]),
                       trim_blocks=True, lstrip_blocks=True)
     env.globals.update(counts_line=counts_line, label=state_label, states=STATES, critical_tiers=CRITICAL_TIERS,
-                       fmt_metrics=fmt_metrics, case_metrics=case_metrics, speed_line=speed_line)
+                       fmt_metrics=fmt_metrics, case_metrics=case_metrics, speed_line=speed_line,
+                       speedups_line=speedups_line)
     return env
 
 

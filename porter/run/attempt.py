@@ -23,9 +23,9 @@ from porter.providers.budget import usage_record
 from porter.run.kill import kill_point
 
 
-def commit_step(workspace: Path, step: Step) -> str:
+def commit_step(workspace: Path, step: Step, headline: str = "") -> str:
     msg = gitops.step_message(step.target, step.unit, step.state, int(step.attempt), step.candidate_sha256,
-                              step.hash, list(step.evidence))
+                              step.hash, list(step.evidence), headline)
     return gitops.commit_paths(workspace, [step.unit_file, "ledger"], msg)
 
 
@@ -132,10 +132,15 @@ class Run:
             return early[1].result(), early[0], True  # a ProviderError is raised here, as from complete()
         return send(self.provider, req), req, False
 
-    def attempt(self, unit: str, attempt: int, failures: list[Failure]) -> AttemptOutcome:
-        """Ask the provider once, run the gates on the answer (extract first), and land a step if they pass."""
+    def attempt(self, unit: str, attempt: int, failures: list[Failure], *, request=build_prompt, gates=None,
+                purpose: str | None = None, required: tuple[str, ...] = ()) -> AttemptOutcome:
+        """Ask the provider once, run the gates on the answer (extract first), and land a step if they pass.
+
+        `porter optimize` passes its own request builder (same arguments as build_prompt), its gate list,
+        purpose="optimize" (kept in the attempt record) and the gates that must have PASSED for a step to
+        land (a speedup no GPU measured is no speedup)."""
         target = self.target
-        req = build_prompt(target, unit, attempt, failures)
+        req = request(target, unit, attempt, failures)
         completion, req, early = self._complete(unit, attempt, failures, req)
         prompt_sha = self._save(unit, f"attempt-{attempt}.prompt.md",
                                 f"<!-- system -->\n{req.system}\n\n<!-- prompt -->\n{req.prompt}\n")
@@ -153,11 +158,12 @@ class Run:
                 provider=completion.provider, model=completion.model, prompt_sha256=prompt_sha,
                 response_sha256=response_sha, candidate_sha256=candidate.sha256 if candidate else None,
                 usage=dict(completion.usage or {}), prompt_builder=req.meta["builder"],
+                **({"purpose": purpose} if purpose else {}),
             )
             kill_point("after-attempt")
 
-        return self._gates_and_step(unit, attempt, Candidate.of(unit, completion.text), registry.names(registry.ANSWER, registry.UNIT),
-                                    opened)
+        return self._gates_and_step(unit, attempt, Candidate.of(unit, completion.text),
+                                    gates or registry.names(registry.ANSWER, registry.UNIT), opened, required)
 
     def reverify(self, step: Step) -> AttemptOutcome:
         """Run parity (and perf) on a unit that was committed as 'built' before parity could run here.
@@ -170,7 +176,8 @@ class Run:
         after_static = registry.names(registry.UNIT)[registry.names(registry.UNIT).index("build"):]
         return self._gates_and_step(step.unit, int(step.attempt or 0), candidate, after_static)
 
-    def _gates_and_step(self, unit: str, attempt: int, candidate: Candidate, gates, opened=None) -> AttemptOutcome:
+    def _gates_and_step(self, unit: str, attempt: int, candidate: Candidate, gates, opened=None,
+                        required: tuple[str, ...] = ()) -> AttemptOutcome:
         target = self.target
         ctx = GateContext(target, self.ws, progress=getattr(self.out, "steps", None))
         outcome = AttemptOutcome(ok=False)
@@ -192,6 +199,10 @@ class Run:
                                    action="abandon-attempt", reason=f"environment fault, not the candidate's: {exc}")
             raise
         refused = refusal(results)
+        unproven = next((g for g in required if not passed(ctx.results.get(g))), None)
+        if refused is None and unproven is not None:
+            why = ctx.results[unproven].summary if unproven in ctx.results else "it could not run (an earlier gate was skipped)"
+            refused = GateResult(unproven, False, f"{unproven} not established: {why}", check="unmeasured")
         if refused is not None:
             dsha = self._diagnostics(refused.diagnostics or refused.summary)
             self.ledger.append("failure", target=target.name, unit=unit, attempt=attempt, gate=refused.gate,
@@ -221,7 +232,8 @@ class Run:
                 run=self.run_id,
             )
             kill_point("after-step")
-            sha = commit_step(self.ws, typed(0, raw))
+            speedup = ctx.results.get("speedup")
+            sha = commit_step(self.ws, typed(0, raw), speedup.summary if passed(speedup) else "")
             kill_point("after-commit")
         self.commits.append(sha)
         outcome.ok, outcome.state, outcome.commit = True, state, sha
