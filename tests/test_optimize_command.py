@@ -99,6 +99,7 @@ def verified(workspace, build_cache, monkeypatch):
     monkeypatch.setattr(registry, "ACTIVE", gates_with(parity=parity_gate, perf=StandInPerf(), e2e=e2e))
     rounds = Rounds()
     monkeypatch.setattr(ab, "time_round", rounds)
+    monkeypatch.setattr(command, "engine_proven", lambda report: True)  # as if e2e passed at HEAD
     assert main(["-C", str(workspace), "run", "--target", "minimoe", "--provider", "scripted", "--unit", ADD,
                  "--max-attempts", "1"]) == 0
     target = load_target(workspace, "minimoe")
@@ -238,3 +239,11 @@ def test_units_are_chosen_prefill_first_then_furthest_from_the_roofline():
     assert dict(over) == {"p_done": "already at 95% of its roofline (--target-fraction 0.8)"}
     _, over = command.choose(report, ["failing"], 0.8)
     assert dict(over) == {"failing": "failing, not verified: nothing to optimise"}
+
+
+def test_e2e_judges_a_speedup_only_where_the_engine_was_proven():
+    from types import SimpleNamespace as R
+
+    assert command.engine_proven(R(prefill={"state": "verified"}))
+    assert not command.engine_proven(R(prefill={"state": "unverified"}))
+

@@ -54,7 +54,7 @@ def committed_library(candidate, ctx) -> tuple[object, Path | None, str]:
     if blob is None:
         return None, None, f"{rel} is not committed: nothing to compare with"
     old = Candidate.of(candidate.unit, blob.decode())
-    mine = GateContext(ctx.target, ctx.workspace, ctx.build_cache, ctx.parity)
+    mine = GateContext(ctx.target, ctx.workspace, build_cache=ctx.build_cache, parity=ctx.parity)
     res = build.run(old, mine)
     if not res.ok:
         return old, None, f"the committed {rel} does not build here: {res.summary}"

@@ -91,6 +91,12 @@ def choose(report, wanted: list[str], target_fraction: float) -> tuple[list, lis
     return picked, passed_over
 
 
+def engine_proven(report) -> bool:
+    """e2e judges a speedup only where the engine was proven at HEAD: on a partial port (placeholders on
+    the prefill path) the engine cannot run with or without the new unit, so there is nothing to keep."""
+    return report.prefill.get("state") == "verified"
+
+
 def optimize(opts: OptimizeOptions) -> int:
     ws = opts.workspace
     target = load_target(ws, opts.target, opts.source)
@@ -131,7 +137,12 @@ def _optimize_locked(opts: OptimizeOptions, target, key, provider, signer, budge
         r = Run(ws, target, provider, ledger, out, run_id, run_dir)
         if not r.parity_ok:
             raise PorterError(f"porter optimize needs the parity gate on a GPU: {r.parity_reason}", exit_code=2)
-        picked, passed_over = choose(derive(ws, target=target), opts.units, opts.target_fraction)
+        report = derive(ws, target=target)
+        picked, passed_over = choose(report, opts.units, opts.target_fraction)
+        gates = GATES if engine_proven(report) else tuple(g for g in GATES if g != "e2e")
+        if "e2e" not in gates and picked:
+            out.line(f"e2e: not run (prefill is {report.prefill.get('state')} at HEAD: no proven engine to keep "
+                     "unchanged); the unit gates and the speedup gate still decide", "yellow")
         for unit, why in passed_over:
             out.line(f"{unit}: {why}", "dim")
             results.append({"unit": unit, "outcome": "skipped", "why": why})
@@ -141,7 +152,7 @@ def _optimize_locked(opts: OptimizeOptions, target, key, provider, signer, budge
         for row in picked:
             if stop:
                 break
-            stop = _optimize_unit(r, row, opts, results, lambda: budget_s is not None
+            stop = _optimize_unit(r, row, opts, gates, results, lambda: budget_s is not None
                                   and time.monotonic() - started > budget_s)
         if gitops.dirty_paths(ws, "ledger"):
             refused = sum(len(x.get("refused", [])) for x in results)
@@ -158,7 +169,7 @@ def _optimize_locked(opts: OptimizeOptions, target, key, provider, signer, budge
     return 1 if stop and stop.startswith("provider") else 0
 
 
-def _optimize_unit(r: Run, row, opts: OptimizeOptions, results: list[dict], out_of_time) -> str | None:
+def _optimize_unit(r: Run, row, opts: OptimizeOptions, gates, results: list[dict], out_of_time) -> str | None:
     """Attempts at one unit until a speedup lands or its attempts are used; why the run stops, or None."""
     unit, target = row.unit, r.target
     committed = target.unit_path(unit).read_text()
@@ -170,7 +181,7 @@ def _optimize_unit(r: Run, row, opts: OptimizeOptions, results: list[dict], out_
             return f"time budget {opts.time_budget} spent"
         uh = r.history().unit(unit)
         try:
-            o = r.attempt(unit, uh.next_attempt, uh.failures_since_step, request=request, gates=GATES,
+            o = r.attempt(unit, uh.next_attempt, uh.failures_since_step, request=request, gates=gates,
                           purpose="optimize", required=REQUIRED)
         except ProviderError as exc:
             if getattr(exc, "usage", None):
