@@ -163,6 +163,9 @@ def test_a_faster_answer_lands_one_step_and_commit_with_its_evidence(verified, m
     assert row["speedups"][0]["p_value"] == pytest.approx(d["p_value"])
     main(["-C", str(ws), "status"])
     assert re.search(r"speedups landed: mini_gpu_add_tensor 2\.\d+x \(p=5\.4e-06\)", capsys.readouterr().out)
+    assert main(["-C", str(ws), "report", "--out", str(ws / "runs" / "site")]) == 0
+    index = (ws / "runs" / "site" / "index.html").read_text()
+    assert re.search(r"<th>speedups</th><td>speedups landed: mini_gpu_add_tensor 2\.\d+x", index)
 
 
 def _speedup_evidence(ws, step) -> str:
