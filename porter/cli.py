@@ -169,7 +169,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                    "the cluster's GPUs)")
     p.add_argument("--time-budget", metavar="DURATION", help="stop starting attempts after e.g. 30m, 2h, 90s")
     p.add_argument("--quiet", action="store_true", help="no progress lines (runs/<run>/run.log still has them)")
-    from porter.gates.parity.pool import executor_arguments
+    from porter.gates.parity.executors import executor_arguments
 
     executor_arguments(p)
     g = p.add_argument_group("provider settings (override target.toml [provider]; API keys only from the environment)")
@@ -339,7 +339,7 @@ def _dispatch(args) -> int:
         return _cmd_units(args)
     if args.command == "run":
         from porter.run import RunOptions, run
-        from porter.gates.parity.pool import use_executor
+        from porter.gates.parity.executors import use_executor
 
         workers = use_executor(args)
         jobs = args.jobs if args.jobs is not None else (workers or 1)

@@ -128,7 +128,7 @@ def _gpu(target) -> list[Check]:
                          required=False))
     choice = target.arch if target is not None else None
     if choice is not None:
-        # under --executor ray the cluster's workers load the builds (porter.gates.parity.pool names their
+        # under --executor ray the cluster's workers load the builds (porter.gates.parity.executors names their
         # architectures), not this machine's GPUs
         remote = os.environ.get("PORTER_PARITY_EXECUTOR") == "ray"
         uncovered = [] if remote else [a for a in found if a not in choice.archs]

@@ -8,12 +8,14 @@ if another module asks a tool its --version.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import platform
 import re
 import shutil
 import socket
 import subprocess
+import sys
 from functools import lru_cache
 from pathlib import Path
 
@@ -149,3 +151,25 @@ def toolkit_rpath(nvcc: str) -> list[str]:
     """-rpath to the toolkit's library folders: the parity child dlopens the backend, and a
     library it links (-lcublas) must resolve there even when the loader's path lacks the toolkit."""
     return [a for d in toolkit_lib_dirs(nvcc) for a in ("-Xlinker", "-rpath", "-Xlinker", str(d))]
+
+
+def cuda_device_here() -> tuple[bool, str]:
+    """(True, what) when cupy is importable here and sees a CUDA device; else (False, why).  Parity's own
+    check of this machine, and what a Ray worker asks of its host before taking a job (cluster.GateWorker.hello)."""
+    if importlib.util.find_spec("cupy") is None:
+        return False, "cupy is not installed (pip install 'porter[gpu]'); parity needs cupy and an NVIDIA GPU"
+    probe = "import cupy; print(cupy.cuda.runtime.getDeviceCount())"
+    try:
+        proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return False, f"cannot probe for a CUDA device: {exc}"
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["unknown error"])[-1]
+        return False, f"no usable CUDA device ({last[:200]})"
+    try:
+        n = int(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return False, "no usable CUDA device (device count unreadable)"
+    if n < 1:
+        return False, "no CUDA device visible"
+    return True, f"{n} CUDA device(s) visible to cupy"

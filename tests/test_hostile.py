@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from porter import sandbox
-from porter.gates.parity import pool
+from porter.gates.parity import executors, pool
 from porter.gates.parity.gate import run_spec
 from porter.gates.parity.spec import load_spec
 
@@ -62,9 +62,9 @@ def planted(tmp_path, monkeypatch):
     for k, v in api.items():
         monkeypatch.setenv(k, v)
     outside = tmp_path / "outside"
-    pool.shutdown()
+    executors.shutdown()
     yield {"key": key, "api": list(api.values()), "outside": outside, "home": home}
-    pool.shutdown()
+    executors.shutdown()
     _kill_daemons()
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from porter import sandbox
-from porter.gates.parity import available, pool
+from porter.gates.parity import available, executors
 
 from tests.test_hostile import EFFECTS, HOSTILE, _daemons, planted  # noqa: F401  (fixture)
 
@@ -42,7 +42,7 @@ def bench_ws():
             for a in scripted_answers(target) if a["expect"] == "pass"}
     target.ported_dir.mkdir(parents=True, exist_ok=True)
     yield target, ws, tmp, good
-    pool.shutdown()
+    executors.shutdown()
     shutil.rmtree(tmp, ignore_errors=True)
 
 

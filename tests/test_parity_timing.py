@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from porter.gates.parity import pool
+from porter.gates.parity import executors
 from porter.gates.parity.gate import run_spec, timing_stats
 from porter.gates.parity.spec import load_spec
 
@@ -66,9 +66,9 @@ def libs(tmp_path_factory):
 
 @pytest.fixture
 def fresh_pool():
-    pool.shutdown()  # workers read the environment when they start
+    executors.shutdown()  # workers read the environment when they start
     yield
-    pool.shutdown()
+    executors.shutdown()
 
 
 def _run(target, ctx, lib, tmp_path, reps=4):
@@ -98,7 +98,7 @@ def test_faster_than_the_roofline_is_refused(target, fixture_ctx, libs, tmp_path
     r = _run(target, fixture_ctx, libs["honest"], tmp_path)
     assert not r.ok and r.summary.startswith("parity failed [impossible]"), r.summary
     monkeypatch.setenv("PORTER_PARITY_HOST_PEAK_GBPS", "1e9")
-    pool.shutdown()
+    executors.shutdown()
     assert _run(target, fixture_ctx, libs["honest"], tmp_path).ok
 
 

@@ -39,11 +39,11 @@ def test_ds4_is_timed_with_its_weights_in_device_memory(tmp_path):
 
 
 def test_a_retime_runs_in_a_child_of_its_own_unless_the_plans_go_to_a_cluster(monkeypatch):
-    from porter.gates.parity import pool
+    from porter.gates.parity import executors, pool
 
     monkeypatch.delenv("PORTER_PARITY_EXECUTOR", raising=False)
-    assert isinstance(pool.fresh_executor("host"), pool.SpawnExecutor)
+    assert isinstance(executors.fresh_executor("host"), pool.SpawnExecutor)
     made = []
     monkeypatch.setenv("PORTER_PARITY_EXECUTOR", "ray")
-    monkeypatch.setattr(pool, "executor", lambda mode: made.append(mode) or "cluster")
-    assert pool.fresh_executor("cuda") == "cluster" and made == ["cuda"]  # the orchestrator may have no GPU
+    monkeypatch.setattr(executors, "executor", lambda mode: made.append(mode) or "cluster")
+    assert executors.fresh_executor("cuda") == "cluster" and made == ["cuda"]  # the orchestrator may have no GPU

@@ -50,9 +50,9 @@ def cluster():
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 1, "include_dashboard": False})
     c.add_node(num_cpus=1, num_gpus=1)  # a second raylet: a second "host" with its own GPU
     yield c
-    from porter.gates.parity import pool
+    from porter.gates.parity import executors
 
-    pool.shutdown()
+    executors.shutdown()
     ray.shutdown()
     c.shutdown()
 
@@ -99,10 +99,10 @@ class HostParity:
 
 def _port(workspace, monkeypatch, tmp_path, executor: str, address: str | None = None, slow_s: float = 0.0):
     from porter.gates import parity, registry
-    from porter.gates.parity import pool
+    from porter.gates.parity import executors, pool
     from porter.run import RunOptions, run
 
-    pool.shutdown()
+    executors.shutdown()
     if executor == "ray":
         monkeypatch.setenv("PORTER_PARITY_EXECUTOR", "ray")
         monkeypatch.setenv("PORTER_RAY_ADDRESS", address)
@@ -140,12 +140,12 @@ def _parity_evidence(ws) -> list[dict]:
             if r["kind"] == "gate" and r["gate"] == "parity" and r["unit"] in OPS]
 
 
-def _kill_first_job_worker(pool, seen: list) -> threading.Thread:
+def _kill_first_job_worker(executors, seen: list) -> threading.Thread:
     """SIGKILL the Ray worker (the actor's process) of the first parity job seen in flight."""
     def watch():
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and not seen:
-            ex = pool._executors.get("host")
+            ex = executors._executors.get("host")
             flying = dict(getattr(ex, "in_flight", {}) or {})
             for job, where in flying.items():
                 if where.get("pid"):
@@ -173,12 +173,12 @@ def test_ray_port_has_the_local_pools_verdicts_and_a_killed_worker_costs_one_rer
 
     ray_ws = make_workspace(tmp_path / "ray")
     seen: list = []
-    from porter.gates.parity import pool
+    from porter.gates.parity import executors
 
-    watcher = _kill_first_job_worker(pool, seen)
+    watcher = _kill_first_job_worker(executors, seen)
     rc, pool = _port(ray_ws, monkeypatch, tmp_path, "ray", cluster.address, slow_s=1.5)
     watcher.join(timeout=1)
-    ex = pool._executors["host"]
+    ex = executors._executors["host"]
     assert rc == 0
     assert seen, "no parity job was seen in flight on the cluster"
     assert len(ex.lost) == 1 and ex.retried == [seen[0][0]], (ex.lost, ex.retried)
@@ -197,7 +197,7 @@ def test_run_and_calibrate_take_the_clusters_gpus_as_their_jobs(cluster, monkeyp
     import porter.calibration.command as command
     import porter.run as porter_run
     from porter.cli import main
-    from porter.gates.parity import pool
+    from porter.gates.parity import executors
 
     seen = {}
     monkeypatch.setattr(porter_run, "run", lambda opts: seen.setdefault("run", []).append(opts.jobs) or 0)
@@ -206,13 +206,13 @@ def test_run_and_calibrate_take_the_clusters_gpus_as_their_jobs(cluster, monkeyp
     # set (not deleted) first: what the CLI writes into os.environ is put back after the test
     monkeypatch.setenv("PORTER_PARITY_EXECUTOR", "warm")
     monkeypatch.setenv("PORTER_RAY_ADDRESS", cluster.address)
-    pool.shutdown()
+    executors.shutdown()
     try:
         assert main(["-C", str(workspace), "run", "--executor", "ray", "--ray-address", cluster.address]) == 0
         assert main(["-C", str(workspace), "run", "--executor", "ray", "--jobs", "5"]) == 0
         assert main(["-C", str(workspace), "calibrate", "--mode", "host", "--no-ledger", "--executor", "ray"]) == 0
     finally:
-        pool.shutdown()
+        executors.shutdown()
     assert seen == {"run": [2, 5], "calibrate": [2]}
     assert os.environ["PORTER_PARITY_EXECUTOR"] == "ray"
 
@@ -220,14 +220,14 @@ def test_run_and_calibrate_take_the_clusters_gpus_as_their_jobs(cluster, monkeyp
 def test_cluster_size_is_the_default_jobs(cluster, monkeypatch):
     import argparse
 
-    from porter.gates.parity import pool
+    from porter.gates.parity import executors
 
-    pool.shutdown()
+    executors.shutdown()
     # set (not deleted) first: what the CLI writes into os.environ is put back after the test
     monkeypatch.setenv("PORTER_PARITY_EXECUTOR", "warm")
     monkeypatch.setenv("PORTER_RAY_ADDRESS", cluster.address)
     args = argparse.Namespace(executor=None, ray_address=cluster.address)
-    assert pool.use_executor(args, "host") == 2  # two raylets, one fake GPU each
+    assert executors.use_executor(args, "host") == 2  # two raylets, one fake GPU each
     assert os.environ["PORTER_PARITY_EXECUTOR"] == "ray"
     from porter.gates import parity
 
@@ -236,8 +236,8 @@ def test_cluster_size_is_the_default_jobs(cluster, monkeypatch):
         assert parity.available() == (True, "2 GPU(s) on the Ray cluster")
     finally:
         parity.available.cache_clear()
-    assert pool.use_executor(argparse.Namespace(executor="local", ray_address=None), "host") is None
-    pool.shutdown()
+    assert executors.use_executor(argparse.Namespace(executor="local", ray_address=None), "host") is None
+    executors.shutdown()
 
 
 # ---------------------------------------------------------------------------
@@ -361,7 +361,7 @@ __attribute__((constructor)) static void mark(void) {
 def test_the_launch_trace_runs_on_the_cluster(cluster, tmp_path, monkeypatch):
     """`porter dev trace --executor ray`: the interposer goes with the plan, the worker host's child
     starts with it preloaded, and the trace file it writes comes back into the kept plan folder."""
-    from porter.gates.parity import pool
+    from porter.gates.parity import executors
     from porter.gates.parity.gate import run_spec
     from porter.gates.parity.spec import Context, load_spec
 
@@ -371,7 +371,7 @@ def test_the_launch_trace_runs_on_the_cluster(cluster, tmp_path, monkeypatch):
     subprocess.run([CC, "-O1", "-shared", "-fPIC", "-o", str(tmp_path / "lib.so"), str(tmp_path / "b.c"), "-lm"],
                    check=True)
     target = load_target(Path(__file__).resolve().parents[1], "minimoe")
-    pool.shutdown()
+    executors.shutdown()
     monkeypatch.setenv("PORTER_PARITY_EXECUTOR", "ray")
     monkeypatch.setenv("PORTER_RAY_ADDRESS", cluster.address)
     monkeypatch.setenv("PORTER_LAUNCH_TRACE", "launch.trace")
@@ -385,7 +385,7 @@ def test_the_launch_trace_runs_on_the_cluster(cluster, tmp_path, monkeypatch):
     assert res.evidence["toolchain"]["executor"] == "ray"
     traces = list((tmp_path / "runs" / "parity").glob("mini_gpu_swiglu_tensor-*/launch.trace"))
     assert [t.read_text() for t in traces] == ["preloaded_in_the_worker_child\n"]
-    pool.shutdown()
+    executors.shutdown()
 
 
 def test_the_build_is_for_every_architecture_of_the_cluster_unless_named(monkeypatch):
@@ -393,20 +393,20 @@ def test_the_build_is_for_every_architecture_of_the_cluster_unless_named(monkeyp
     default) would not load on a GB10 worker (sm_121) of an H100 (sm_90) orchestrator."""
     import argparse
 
-    from porter.gates.parity import pool
+    from porter.gates.parity import executors
 
     ex = _executor([])
     ex.workers = {object(): {"arch": "sm_121"}, object(): {"arch": "sm_90"}, object(): {"arch": None}}
     assert ex.archs(wait_s=0) == ["sm_90", "sm_121"]
     ex.size = 3
-    monkeypatch.setattr(pool, "executor", lambda mode: ex)
+    monkeypatch.setattr(executors, "executor", lambda mode: ex)
     monkeypatch.setenv("PORTER_PARITY_EXECUTOR", "warm")
     monkeypatch.setenv("PORTER_ARCH", "")
     args = argparse.Namespace(executor="ray", ray_address=None)
-    assert pool.use_executor(args, "cuda") == 3
+    assert executors.use_executor(args, "cuda") == 3
     assert os.environ["PORTER_ARCH"] == "sm_90,sm_121"
     monkeypatch.setenv("PORTER_ARCH", "sm_120")  # --arch named: kept
-    pool.use_executor(args, "cuda")
+    executors.use_executor(args, "cuda")
     assert os.environ["PORTER_ARCH"] == "sm_120"
 
 
@@ -448,18 +448,18 @@ def test_what_crosses_the_network_is_the_plan_its_files_and_no_key(tmp_path, mon
 def test_sanitize_reruns_go_to_a_worker_host_and_its_verdict_is_read_here(tmp_path, monkeypatch):
     """--sanitize under --executor ray: compute-sanitizer runs where the GPU is (this machine may have
     none, and a missing tool here would be blamed on the candidate); its exit status is judged here."""
-    from porter.gates.parity import pool, runner
+    from porter.gates.parity import executors, pool, runner
 
     reply = _reply({}, rc=runner.SANITIZER_EXIT) | {"argv": ["/opt/cuda/bin/compute-sanitizer", "--tool", "memcheck"],
                                                     "files": {"child.stdout": b"========= Invalid __global__ read\n"}}
     ex = _executor([reply])
     actor = next(iter(ex.workers))
-    monkeypatch.setattr(pool, "executor", lambda mode: ex)
-    o = pool.sanitizing("cuda").run(_plan(tmp_path, 1), 5.0)
+    monkeypatch.setattr(executors, "executor", lambda mode: ex)
+    o = executors.sanitizing("cuda").run(_plan(tmp_path, 1), 5.0)
     assert actor.jobs and actor.jobs[0]["sanitize"] is True
     assert o.status == "sanitize" and "Invalid __global__ read" in o.detail
-    monkeypatch.setattr(pool, "executor", lambda mode: pool.SpawnExecutor())
-    assert isinstance(pool.sanitizing("cuda"), pool.SanitizingExecutor)
+    monkeypatch.setattr(executors, "executor", lambda mode: pool.SpawnExecutor())
+    assert isinstance(executors.sanitizing("cuda"), pool.SanitizingExecutor)
 
 
 def test_a_worker_whose_host_cannot_open_its_gpu_gets_no_job(tmp_path):

@@ -26,7 +26,7 @@ from porter.errors import PorterError
 from porter.gguf_file import check_model_file
 from porter.gates import parity
 from porter.gates.driver import ParityOptions
-from porter.gates.parity.pool import executor_arguments, use_executor
+from porter.gates.parity.executors import executor_arguments, use_executor
 from porter.gates.parity.spec import MODEL_ENV
 from porter.target import load_target
 

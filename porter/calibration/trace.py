@@ -239,7 +239,7 @@ def trace_units(target, units: list[str], workspace: Path, out=print, parallel: 
 def main(argv: list[str] | None = None) -> int:
     from porter.calibration.baseline import times_a_case
     from porter.gates import parity
-    from porter.gates.parity.pool import executor_arguments, use_executor
+    from porter.gates.parity.executors import executor_arguments, use_executor
     from porter.gates.parity.spec import load_specs
     from porter.target import load_target
 

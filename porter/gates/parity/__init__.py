@@ -33,10 +33,7 @@ of API calls); one is skipped while the other units it calls are placeholders.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import os
-import subprocess
-import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -47,6 +44,7 @@ from porter.gates.parity.gate import prepare_cases, run_spec
 from porter.gates.parity.scenario import blocked_by, placeholders_among
 from porter.gates.parity.spec import SpecError, UnitSpec, load_spec
 from porter.gates.result import GateResult
+from porter.toolchain import cuda_device_here
 
 __all__ = ["available", "run", "start_ahead"]
 
@@ -64,29 +62,7 @@ def available() -> tuple[bool, str]:
         from porter.gates.parity.cluster import available as on_cluster
 
         return on_cluster()
-    return on_this_machine()
-
-
-def on_this_machine() -> tuple[bool, str]:
-    """(True, what) when cupy is importable here and sees a CUDA device; else (False, why).  A Ray
-    worker asks it of its own host before taking a job (cluster.GateWorker.hello)."""
-    if importlib.util.find_spec("cupy") is None:
-        return False, "cupy is not installed (pip install 'porter[gpu]'); parity needs cupy and an NVIDIA GPU"
-    probe = "import cupy; print(cupy.cuda.runtime.getDeviceCount())"
-    try:
-        proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.SubprocessError) as exc:
-        return False, f"cannot probe for a CUDA device: {exc}"
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["unknown error"])[-1]
-        return False, f"no usable CUDA device ({last[:200]})"
-    try:
-        n = int(proc.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return False, "no usable CUDA device (device count unreadable)"
-    if n < 1:
-        return False, "no CUDA device visible"
-    return True, f"{n} CUDA device(s) visible to cupy"
+    return cuda_device_here()
 
 
 def waiting_on(target, spec, candidate) -> str | None:

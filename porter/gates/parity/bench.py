@@ -41,7 +41,7 @@ from porter.calibration.mutants import scripted_answers
 from porter.extract import extract_unit_source
 from porter.gates import parity
 from porter.gates.driver import Candidate, GateContext, ParityOptions, refusal, run_gates
-from porter.gates.parity import pool
+from porter.gates.parity import executors
 from porter.target import load_target
 from porter.workspace import example_target
 from porter.term import command_steps
@@ -171,7 +171,7 @@ def main(argv=None) -> int:
             if unsafe:
                 os.environ[sandbox.UNSAFE_ENV] = "1"
             name = path + (" (no sandbox)" if unsafe else "")
-            pool.shutdown()
+            executors.shutdown()
             attempt(target, a.unit, with_nonce(-2), warm, ws)  # starts the pool outside the measurement
             with command_steps(f"{name}: verdicts", a.reps) as steps:
                 rows = []
@@ -330,7 +330,7 @@ def throughput(target, unit, text, cache, ws, n_workers: int, n_jobs: int = 24) 
     for n in (1, n_workers):
         os.environ["PORTER_PARITY_EXECUTOR"] = "warm"
         os.environ["PORTER_PARITY_WORKERS"] = str(n)
-        pool.shutdown()
+        executors.shutdown()
         run_spec(target, spec, lib, workspace=ws)  # start the workers
         t0 = time.monotonic()
         with ThreadPoolExecutor(n) as ex:

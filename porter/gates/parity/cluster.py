@@ -131,11 +131,9 @@ class GateWorker:
         import ray
 
         if self.where is None:
-            from porter.gates.parity import on_this_machine
-
             gpus = os.environ.get("CUDA_VISIBLE_DEVICES")
             # a host whose cupy cannot open its GPU takes no job: every verdict there would be the host's fault
-            usable, why = on_this_machine() if self.mode == "cuda" else (True, "host stand-in")
+            usable, why = toolchain.cuda_device_here() if self.mode == "cuda" else (True, "host stand-in")
             self.where = dict(toolchain.where_facts("ray", self.mode), node=ray.get_runtime_context().get_node_id(),
                               pid=os.getpid(), gpus=gpus, arch=_gpu_arch(gpus) if self.mode == "cuda" else None,
                               usable=usable, why=why)
@@ -278,7 +276,7 @@ class RayExecutor:
         self._shipped: OrderedDict = OrderedDict()  # (path, size, mtime, inode) -> (sha, name, ObjectRef)
         self._closed = False
         # what the worker host's harness reads of the orchestrator's environment, fixed at the actor's start
-        # (pool.shutdown() makes new workers after a change, as the bench does between its paths)
+        # (executors.shutdown() makes new workers after a change, as the bench does between its paths)
         from porter import sandbox
 
         self._actor_env = {k: os.environ[k] for k in (sandbox.UNSAFE_ENV, "PORTER_PARITY_HOST_PEAK_GBPS")

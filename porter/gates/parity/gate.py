@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from porter.gates.parity import compare, pool, runner
+from porter.gates.parity import compare, executors, pool, runner
 from porter.gates.parity.compare import Failure
 from porter.gates.parity.spec import (Call, Context, Exact, Flag, In, InOut, Map, Out, Same, Shape, SpecError,
                                       UnitSpec, header_params, validate_call)
@@ -698,14 +698,14 @@ def _run_spec(target, spec, library: Path, *, workspace: Path | None = None, see
                       probe=(probe if probe is not None else default_probe()) if mode == "cuda" else None)
         limit = timeout or float(os.environ.get("PORTER_PARITY_TIMEOUT", DEFAULT_TIMEOUT_S))
         # a warm worker serves one plan too, but the perf gate's re-time wants nothing made before its plan
-        ex = pool.fresh_executor(mode) if fresh_process else pool.executor(mode) if kind.warm else pool.SpawnExecutor()
+        ex = executors.fresh_executor(mode) if fresh_process else executors.executor(mode) if kind.warm else pool.SpawnExecutor()
         outcome = ex.run(plan_dir, limit)
         failures, reports = kind.judge(target, spec, prepared, outcome, _load_outputs(plan_dir), plan_dir, harness,
                                        orders=orders)
         failures = _outcome_failures(outcome, {c.id: c.label for c in prepared.cases}) + failures
         if sanitize and kind.sanitizable and mode == "cuda" and outcome.status == "done":
             plan(plan_dir / "sanitize", mode="cuda", probe=None, timing_reps=0)
-            o = pool.sanitizing(mode).run(plan_dir / "sanitize", limit * 10)
+            o = executors.sanitizing(mode).run(plan_dir / "sanitize", limit * 10)
             san = {"status": o.status, "detail": o.detail, "elapsed_s": round(o.elapsed_s, 2)}
             if san["status"] != "done":
                 failures.append(Failure("sanitize", "all cases", None, san["detail"]))

@@ -1,6 +1,6 @@
 """Where parity plans run: the executor interface and its two implementations.
 
-    executor(mode).run(plan_dir, timeout) -> runner.ChildOutcome
+    Executor.run(plan_dir, timeout) -> runner.ChildOutcome
 
 Both run every plan in a sandboxed process (porter.sandbox) that serves that
 one plan only.  SpawnExecutor starts the child when the plan arrives
@@ -19,15 +19,12 @@ for the job and back after it) and, read-only, the files the previous plan
 named outside its folder (a fixture GGUF, weight maps).  A plan that needs
 other files, or lies on another file system, gets a worker started for it.
 
-$PORTER_PARITY_EXECUTOR: "warm" (default), "spawn", or "ray" (cluster.RayExecutor:
-one such warm worker per GPU of a Ray cluster, $PORTER_RAY_ADDRESS).  $PORTER_PARITY_WORKERS:
-how many workers (default: one per visible CUDA device, one in host mode; with Ray, one per GPU
-of the cluster).
+Which of them (or cluster.RayExecutor) runs a mode's plans is executors.py's choice: the Ray
+executor's workers are WarmPools, so this module names no other executor.
 """
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import queue
@@ -71,13 +68,6 @@ class SanitizingExecutor:
 
     def run(self, plan_dir: Path, timeout: float) -> runner.ChildOutcome:
         return runner.run_child(Path(plan_dir), timeout, argv=runner.child_argv(Path(plan_dir), sanitize=True))
-
-
-def sanitizing(mode: str) -> Executor:
-    """Where --sanitize reruns a plan: beside the plans of `mode` (a Ray executor's worker hosts have
-    the GPU; this machine may have none)."""
-    ex = executor(mode)
-    return ex.sanitizing() if hasattr(ex, "sanitizing") else SanitizingExecutor()
 
 
 class Standby:
@@ -340,90 +330,3 @@ class WarmPool:
             self.spares = {i: None for i in self.spares}
         for w in spares:
             w.discard()
-
-
-_executors: dict[str, Executor] = {}
-_exec_lock = threading.Lock()
-
-
-def visible_gpus() -> list[int]:
-    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if vis is not None:
-        return [int(x) for x in vis.split(",") if x.strip().isdigit()]
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=30).stdout.split()
-        return [int(x) for x in out if x.isdigit()] or [0]
-    except (OSError, subprocess.SubprocessError):
-        return [0]
-
-
-def executor(mode: str) -> Executor:
-    """The process-wide executor for `mode` (made on first use, closed at exit)."""
-    kind = os.environ.get("PORTER_PARITY_EXECUTOR", "warm").lower()
-    if kind == "spawn":
-        return SpawnExecutor()
-    with _exec_lock:
-        ex = _executors.get(mode)
-        if ex is None:
-            n = os.environ.get("PORTER_PARITY_WORKERS")
-            if kind == "ray":
-                from porter.gates.parity.cluster import RayExecutor
-
-                ex = RayExecutor(mode, n_workers=int(n) if n else None)
-            elif mode == "cuda":
-                gpus = visible_gpus() or [None]
-                slots = gpus[: int(n)] if n else gpus
-                # CUDA_VISIBLE_DEVICES renumbers: a worker gets the physical index of its GPU
-                ex = WarmPool(mode, len(slots), slots)
-            else:
-                ex = WarmPool(mode, int(n or 1))
-            _executors[mode] = ex
-            atexit.register(ex.close)
-        return ex
-
-
-def fresh_executor(mode: str) -> Executor:
-    """Where a re-time runs (the perf gate's, of a result too fast to believe): a child started for this
-    plan alone, nothing of it made before the plan existed.  Under a Ray cluster the orchestrator may have
-    no GPU: there the plan goes to the cluster, whose workers each serve one plan in their own process."""
-    if os.environ.get("PORTER_PARITY_EXECUTOR", "warm").lower() == "ray":
-        return executor(mode)
-    return SpawnExecutor()
-
-
-def executor_arguments(p) -> None:
-    """--executor and --ray-address, for every command that runs parity plans (run, calibrate,
-    the trace, the parity bench)."""
-    p.add_argument("--executor", choices=("local", "ray"), default=None,
-                   help="where parity plans run: 'local' (this machine's GPUs, the default) or 'ray' "
-                   "(one sandboxed worker per GPU of a Ray cluster; pip install 'porter[ray]')")
-    p.add_argument("--ray-address", metavar="ADDR",
-                   help="the Ray cluster to use (e.g. ray://head:10001 or head:6379; implies --executor ray; "
-                   "default: $RAY_ADDRESS, else a Ray started on this machine)")
-
-
-def use_executor(args, mode: str = "cuda") -> int | None:
-    """Apply --executor/--ray-address for this process (and the children it starts, as
-    --unsafe-no-sandbox does); returns the number of parity workers when they are a cluster's
-    (the default --jobs there), else None."""
-    kind = getattr(args, "executor", None) or ("ray" if getattr(args, "ray_address", None) else None)
-    if kind != "ray":
-        return None
-    os.environ["PORTER_PARITY_EXECUTOR"] = "ray"
-    if getattr(args, "ray_address", None):
-        os.environ["PORTER_RAY_ADDRESS"] = args.ray_address
-    ex = executor(mode)
-    # the library is built here and loaded on the cluster's GPUs: unless --arch named them, build for every
-    # architecture the workers have (porter.arch reads $PORTER_ARCH), not for this machine's GPUs
-    archs = ex.archs() if mode == "cuda" else []
-    if archs and not os.environ.get("PORTER_ARCH"):
-        os.environ["PORTER_ARCH"] = ",".join(archs)
-    return ex.size
-
-
-def shutdown() -> None:
-    with _exec_lock:
-        for ex in _executors.values():
-            ex.close()
-        _executors.clear()
