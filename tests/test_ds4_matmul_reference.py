@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import NO_DS4
 
 from porter.gates.parity.compare import float_metrics, tolerance_violations
 from porter.gates.parity.spec import Context

@@ -14,9 +14,12 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def version_askers(root: Path) -> list[str]:
-    """Python modules under root/porter whose code holds the literal "--version" (a tool's version asked)."""
-    return sorted(str(p.relative_to(root)) for p in (root / "porter").rglob("*.py")
-                  if any(isinstance(n, ast.Constant) and n.value == "--version" for n in ast.walk(ast.parse(p.read_text()))))
+    """Python modules under root/porter whose code holds "--version" in a list or tuple literal: an argv
+    asking a tool its version (porter's own `--version` option is an add_argument string, not an argv)."""
+    def asks(tree) -> bool:
+        return any(isinstance(n, (ast.List, ast.Tuple)) and any(isinstance(e, ast.Constant) and e.value == "--version"
+                                                                for e in n.elts) for n in ast.walk(tree))
+    return sorted(str(p.relative_to(root)) for p in (root / "porter").rglob("*.py") if asks(ast.parse(p.read_text())))
 
 
 def test_only_the_toolchain_module_asks_a_tool_its_version(tmp_path):
