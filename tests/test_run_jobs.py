@@ -102,10 +102,10 @@ def test_first_answers_are_asked_for_while_units_wait_for_their_dependencies(wor
             events.append(("ask", req.unit, req.attempt))
         return real_complete(self, req)
 
-    def commit_step(ws, step):
+    def commit_step(ws, step, *headline):
         with lock:
             events.append(("commit", step.unit, step.attempt))
-        return real_commit(ws, step)
+        return real_commit(ws, step, *headline)
 
     monkeypatch.setattr(DelayedProvider, "complete", complete)
     monkeypatch.setattr(attempt, "commit_step", commit_step)
