@@ -93,17 +93,7 @@ class Standby:
         return bool(self.hello.get("ready"))
 
     def _hello(self, timeout: float) -> dict | None:
-        sel = selectors.DefaultSelector()
-        sel.register(self.proc.stdout, selectors.EVENT_READ)
-        try:
-            if not sel.select(timeout):
-                return None
-        finally:
-            sel.close()
-        try:
-            return json.loads(self.proc.stdout.readline(4096))
-        except ValueError:
-            return None
+        return _reply(self.proc.stdout, time.monotonic() + timeout)
 
     def fits(self, plan_dir: Path) -> bool:
         """This spare can run the plan: it sees every outside file the plan names, and its slot is
@@ -198,8 +188,8 @@ class Standby:
             plan_dir.mkdir()  # empty: no results, so the outcome is a crash without results
 
 
-def _done_line(stream, deadline: float) -> int | None:
-    """The rc of a {"done": rc} first line on STREAM before the deadline; None for anything else (EOF,
+def _reply(stream, deadline: float) -> dict | None:
+    """The worker's first JSON object line on STREAM before the deadline; None for anything else (EOF,
     junk, a line that never ends).  Raw reads: a buffered readline would wait forever on a partial line."""
     fd, buf = stream.fileno(), b""
     while b"\n" not in buf and len(buf) < 4096:
@@ -215,9 +205,15 @@ def _done_line(stream, deadline: float) -> int | None:
             return None
         buf += chunk
     try:
-        rc = json.loads(buf.split(b"\n", 1)[0]).get("done")
-    except (ValueError, AttributeError):
+        msg = json.loads(buf.split(b"\n", 1)[0])
+    except ValueError:
         return None
+    return msg if isinstance(msg, dict) else None
+
+
+def _done_line(stream, deadline: float) -> int | None:
+    """The rc of a {"done": rc} line (the worker's, or anything the candidate wrote there first)."""
+    rc = (_reply(stream, deadline) or {}).get("done")
     return rc if type(rc) is int else None
 
 
