@@ -176,15 +176,20 @@ def _speedup_evidence(ws, step) -> str:
 
 
 @needs_nvcc
-def test_the_committed_code_again_and_a_wrong_answer_are_refused(verified, monkeypatch):
+def test_the_committed_code_again_and_a_wrong_answer_are_refused(verified, monkeypatch, capsys):
     ws, target, parity_gate, rounds, _ = verified
     committed = target.unit_path(ADD).read_text()
     wrong = faster_source(target).replace("out[i] = a[i] + b[i];", "out[i] = a[i];")
     parity_gate.bad.add(sha256_text(wrong))
     rounds.fast.add(sha256_text(wrong))  # "faster because wrong": parity must refuse it before any timing
     head, n = gitops.commit_of(ws), len(Ledger(ws).records())
-    rc, provider = optimize(ws, monkeypatch, [answer(committed), answer(wrong)], "--unit", ADD, "--max-attempts", "2")
+    capsys.readouterr()
+    rc, provider = optimize(ws, monkeypatch, [answer(committed), answer(wrong)], "--unit", ADD, "--max-attempts", "2",
+                            "--json")
     assert rc == 0 and not provider.texts
+    # --json names the gate and the check of that gate that refused each answer
+    (entry,) = json.loads(capsys.readouterr().out)["units"]
+    assert [(r["gate"], r["check"]) for r in entry["refused"]] == [("speedup", "inconclusive"), ("parity", "values")]
     new = Ledger(ws).records()[n:]
     assert not [r for r in new if r["kind"] == "step"]
     fails = [(r["attempt"], r["gate"], r["summary"]) for r in new if r["kind"] == "failure"]

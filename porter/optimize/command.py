@@ -195,7 +195,7 @@ def _optimize_unit(r: Run, row, opts: OptimizeOptions, gates, results: list[dict
             entry.update(outcome="faster", attempt=uh.next_attempt, commit=o.commit, summary=o.summary)
             return None
         r.out.line(f"  {unit} attempt {uh.next_attempt}: {verdicts} -> {o.gate}: {o.summary}", "red")
-        entry["refused"].append({"attempt": uh.next_attempt, "gate": o.gate, "summary": o.summary})
+        entry["refused"].append({"attempt": uh.next_attempt, "gate": o.gate, "check": o.check, "summary": o.summary})
     return None
 
 

@@ -183,6 +183,11 @@ class ReferenceProvider(Provider):
                 except PorterError as exc:
                     raise ProviderError(str(exc)) from None
                 what = f"mutant {m.name}"
+        return self.answer_from(unit, text, what), what
+
+    def answer_from(self, unit: str, text: str, what: str = "upstream") -> str:
+        """The answer text for `unit` sliced from `text`, a version of the reference source (upstream's
+        own, or a mutant of it: `what` names which, and a mutant that leaves the slice unchanged is refused)."""
         sha = hashlib.sha256(text.encode()).hexdigest()[:12]
         banner = (f"{unit}: sliced by porter's reference provider from {self.source.name} ({what}, sha256 {sha}),\n"
                   f"adapted by targets/{self.target.name}/{self.target.spec.reference.rules or '(no rules)'}.")
@@ -206,7 +211,7 @@ class ReferenceProvider(Provider):
         calls = f" It calls {', '.join(s.api_calls)} through the API (linked, not copied)." if s.api_calls else ""
         prose = (f"Reference answer for {unit}: {what} code from {self.source.name}, "
                  f"{len(s.decls)} declarations.{calls}{adapted}\n\n")
-        return prose + "```cuda\n" + s.text + "```\n", what
+        return prose + "```cuda\n" + s.text + "```\n"
 
     def complete(self, req: PromptRequest) -> Completion:
         text, what = self.answer(req.unit, req.attempt)

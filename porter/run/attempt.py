@@ -34,6 +34,7 @@ class AttemptOutcome:
     ok: bool
     state: str | None = None  # built | verified
     gate: str | None = None  # the gate that refused it
+    check: str | None = None  # the check of that gate that refused it (GateResult.check)
     summary: str = ""
     commit: str | None = None
     verdicts: list[str] = field(default_factory=list)
@@ -208,7 +209,7 @@ class Run:
             self.ledger.append("failure", target=target.name, unit=unit, attempt=attempt, gate=refused.gate,
                                summary=refused.summary, diagnostics=dsha)
             kill_point("after-failure")
-            outcome.gate, outcome.summary = refused.gate, refused.summary
+            outcome.gate, outcome.check, outcome.summary = refused.gate, refused.check, refused.summary
             return outcome
 
         # Every gate that ran passed: write the unit file, record the step, commit them together.
