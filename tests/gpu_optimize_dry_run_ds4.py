@@ -198,6 +198,21 @@ def answer_files(ws: Path, unit: str) -> dict[int, str]:
             for a in History.read(ws, TARGET).unit(unit).attempts if a.provider == "scripted"}
 
 
+def perf_limits(ws: Path, unit: str) -> dict[int, dict]:
+    """attempt number -> what its perf gate judged by: the ratio to the known-good, the limit and its basis
+    (the calibrated spread, or "[perf] max_slowdown = ..." while the starting limit was set)."""
+    from porter.evidence import load_evidence
+    from porter.history import History
+
+    out = {}
+    for g in History.read(ws, TARGET).unit(unit).gates:
+        if g.gate == "perf" and g.evidence and not g.skipped:
+            ev = load_evidence(ws, g.evidence)
+            out[g.attempt] = {"ok": g.ok, "ratio": ev.get("ratio"), "limit": ev.get("limit"),
+                              "basis": ev.get("limit_basis")}
+    return out
+
+
 def speedup_proof(ws: Path, row: dict) -> dict | None:
     if not row.get("speedups"):
         return None
@@ -230,7 +245,8 @@ def step_port(ws: Path, source: Path, units: dict[str, int], aa: set[str], res: 
     git(ws, "add", "-A", "targets")
     git(ws, "commit", "-qm", "dry run: the target's calibrated perf limits again, before porter optimize")
     st = status(ws)
-    res["before"] = {u["unit"]: {"state": u["state"], "speed": u["speed"]} for u in st["units"] if u["unit"] in units}
+    res["before"] = {u["unit"]: {"state": u["state"], "speed": u["speed"], "perf": perf_limits(ws, u["unit"]).get(1)}
+                     for u in st["units"] if u["unit"] in units}
     res["geomean_x_known_good_before"] = st["speed"]["geomean_x_known_good"]
 
 
@@ -251,7 +267,8 @@ def step_accept(ws: Path, unit: str, res: dict) -> None:
     row = next(u for u in status(ws)["units"] if u["unit"] == unit)
     res["units"][unit] = {"outcome": entry["outcome"], "answer": files.get(entry.get("attempt")),
                           "summary": entry.get("summary") or [r["summary"] for r in entry["refused"]],
-                          "state_after": row["state"], "proof": speedup_proof(ws, row), "wall_s": entry["wall_s"]}
+                          "state_after": row["state"], "proof": speedup_proof(ws, row),
+                          "perf": perf_limits(ws, unit).get(entry.get("attempt")), "wall_s": entry["wall_s"]}
 
 
 def step_refuse(ws: Path, unit: str, expected: list[dict], res: dict) -> None:
@@ -346,9 +363,15 @@ def checks(res: dict, units: dict) -> dict[str, bool]:
         out[f"{u}: slow start verified"] = b.get("state") == "verified"
         out[f"{u}: upstream accepted with proof"] = r.get("outcome") == "faster" and bool(r.get("proof")) and \
             (r.get("answer") or "").endswith("/upstream.md")
+        out[f"{u}: optimize judged by the calibrated limit"] = bool(r.get("perf")) and \
+            "max_slowdown" not in str(r["perf"].get("basis"))
         out[f"{u}: refusals left it verified with one speedup"] = bool(r.get("still_verified_after_refusals"))
-    for x in res["refusals"]:
-        out[f"{x['unit']}: {x['offered']} refused by {x['must_be_refused_by']}"] = x["ok"]
+    # every answer the manifest says must be refused (one whose unit never got that far counts as not refused)
+    for a in res.get("manifest", []):
+        if a["must"]:
+            got = [x["ok"] for x in res["refusals"] if x["unit"] == a["unit"] and x["file"] == a["file"]
+                   and x["offered"] == a["role"]]
+            out[f"{a['unit']}: {a['role']} refused by {a['must']}"] = got == [True]
     out["geomean x known-good improved"] = bool(res.get("geomean_x_known_good_before") and
                                                 res.get("geomean_x_known_good_after") and
                                                 res["geomean_x_known_good_after"] < res["geomean_x_known_good_before"])

@@ -105,13 +105,23 @@ def test_the_verdict_fails_when_a_refusal_or_a_speedup_did_not_hold():
     unit = "ds4_gpu_add_tensor"
     good = {"before": {unit: {"state": "verified"}},
             "units": {unit: {"outcome": "faster", "proof": {"p_value": 5.4e-6}, "answer": f"dryrun/{unit}/upstream.md",
-                             "still_verified_after_refusals": True}},
-            "refusals": [{"unit": unit, "offered": "A/A", "must_be_refused_by": "inconclusive", "ok": True}],
+                             "still_verified_after_refusals": True,
+                             "perf": {"ok": True, "limit": 2.31, "basis": "known-good spread 65.5% over 30 calls"}}},
+            "manifest": [{"unit": unit, "file": "u.md", "role": "speedup", "must": None},
+                         {"unit": unit, "file": "u.md", "role": "A/A", "must": "inconclusive"},
+                         {"unit": unit, "file": "w.md", "role": "wrong", "must": "parity"}],
+            "refusals": [{"unit": unit, "offered": "A/A", "file": "u.md", "must_be_refused_by": "inconclusive", "ok": True},
+                         {"unit": unit, "offered": "wrong", "file": "w.md", "must_be_refused_by": "parity", "ok": True}],
             "geomean_x_known_good_before": 1.8, "geomean_x_known_good_after": 1.0}
     assert all(dry.checks(good, {unit: 30}).values())
-    aa_won = dict(good, refusals=[dict(good["refusals"][0], ok=False)])
+    aa_won = dict(good, refusals=[dict(good["refusals"][0], ok=False), good["refusals"][1]])
     assert not dry.checks(aa_won, {unit: 30})[f"{unit}: A/A refused by inconclusive"]
+    never_offered = dict(good, refusals=good["refusals"][:1])  # e.g. the run stopped before the wrong answer
+    assert not dry.checks(never_offered, {unit: 30})[f"{unit}: wrong refused by parity"]
     no_gain = dict(good, geomean_x_known_good_after=1.8)
     assert not dry.checks(no_gain, {unit: 30})["geomean x known-good improved"]
     slow_kept = dict(good, units={unit: dict(good["units"][unit], outcome="not faster")})
     assert not dry.checks(slow_kept, {unit: 30})[f"{unit}: upstream accepted with proof"]
+    loose = dict(good, units={unit: dict(good["units"][unit], perf={"ok": True, "limit": 4.0,
+                                                                    "basis": "[perf] max_slowdown = 4"})})
+    assert not dry.checks(loose, {unit: 30})[f"{unit}: optimize judged by the calibrated limit"]
