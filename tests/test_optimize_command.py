@@ -23,7 +23,7 @@ from porter.digest import sha256_text
 from porter.extract import extract_unit_source
 from porter.gates.result import GateResult
 from porter.ledger import Ledger
-from porter.optimize import ab, command
+from porter.optimize import ab, command, profile
 from porter.providers.base import Completion, Provider
 from porter.status import derive
 from porter.target import load_target
@@ -100,6 +100,7 @@ def verified(workspace, build_cache, monkeypatch):
     rounds = Rounds()
     monkeypatch.setattr(ab, "time_round", rounds)
     monkeypatch.setattr(command, "engine_proven", lambda report: True)  # as if e2e passed at HEAD
+    monkeypatch.setattr(profile, "find_ncu", lambda: None)  # no profiler: the prompt says so (GPU hosts have one)
     assert main(["-C", str(workspace), "run", "--target", "minimoe", "--provider", "scripted", "--unit", ADD,
                  "--max-attempts", "1"]) == 0
     target = load_target(workspace, "minimoe")
@@ -134,6 +135,7 @@ def test_a_faster_answer_lands_one_step_and_commit_with_its_evidence(verified, m
     prompt = provider.prompts[0]
     assert "make the committed implementation faster" in prompt.prompt and "const unsigned threads = 256;" in prompt.prompt
     assert "10% of the roofline" in prompt.prompt and prompt.meta["builder"] == "porter.prompt.optimize"
+    assert "profile: unavailable (ncu (Nsight Compute) not found" in prompt.prompt
 
     new = Ledger(ws).records()[len(before):]
     (att,) = [r for r in new if r["kind"] == "attempt"]

@@ -25,6 +25,7 @@ from porter.doctor import preflight
 from porter.errors import PorterError
 from porter.ledger import Ledger, load_key
 from porter.lock import RunLock
+from porter.optimize.profile import profile_committed
 from porter.prompt.optimize import optimize_request
 from porter.providers import ProviderError, get_provider
 from porter.run import parse_duration
@@ -173,8 +174,10 @@ def _optimize_unit(r: Run, row, opts: OptimizeOptions, gates, results: list[dict
     """Attempts at one unit until a speedup lands or its attempts are used; why the run stops, or None."""
     unit, target = row.unit, r.target
     committed = target.unit_path(unit).read_text()
-    request = partial(optimize_request, committed=committed, speed=row.speed)
-    entry = {"unit": unit, "outcome": "not faster", "before": row.speed, "refused": []}
+    profile = profile_committed(target, r.ws, unit, (row.speed or {}).get("case"))
+    r.out.line(f"  {unit}: {profile.line()}", "dim")
+    request = partial(optimize_request, committed=committed, speed=row.speed, profile=profile)
+    entry = {"unit": unit, "outcome": "not faster", "before": row.speed, "refused": [], "profile": profile.as_dict()}
     results.append(entry)
     for _ in range(opts.max_attempts):
         if out_of_time():

@@ -2,8 +2,10 @@
 dispatch, signature, layouts), then what it is now and what must not change.
 
 The committed code and its speed come from the unit's last verified step (the file at HEAD and its
-parity/perf evidence, porter.gates.perf.speed); the refused optimisation attempts since that step
-are listed by their gates' one-line summaries, so the model does not offer the same thing twice.
+parity/perf evidence, porter.gates.perf.speed); its profile (porter.optimize.profile: Nsight
+Compute on the timed case, per kernel) where one could be taken, else one line saying why not; the
+refused optimisation attempts since that step are listed by their gates' one-line summaries, so the
+model does not offer the same thing twice.
 """
 
 from __future__ import annotations
@@ -34,7 +36,14 @@ def speed_facts(speed: dict | None) -> str:
     return "Measured: " + ", ".join(parts) + "."
 
 
-def optimize_section(unit: str, committed: str, speed: dict | None, refused: list) -> str:
+def profile_facts(profile) -> str:
+    """The profile's table, or "profile: unavailable (why)"; never a figure nothing measured."""
+    if profile is None:
+        return "profile: unavailable (no profile was taken)"
+    return profile.render()
+
+
+def optimize_section(unit: str, committed: str, speed: dict | None, refused: list, profile=None) -> str:
     lines = [
         "## Task: make the committed implementation faster",
         "",
@@ -42,6 +51,8 @@ def optimize_section(unit: str, committed: str, speed: dict | None, refused: lis
         "in the same form as a porting answer (one ```cuda block).",
         "",
         speed_facts(speed),
+        "",
+        profile_facts(profile),
         "",
         "The committed code:",
         "",
@@ -57,11 +68,15 @@ def optimize_section(unit: str, committed: str, speed: dict | None, refused: lis
     return "\n".join(lines) + "\n"
 
 
-def optimize_request(target, unit: str, attempt: int, failures: list, *, committed: str, speed: dict | None):
+def optimize_request(target, unit: str, attempt: int, failures: list, *, committed: str, speed: dict | None,
+                     profile=None):
     """build_prompt's request for `unit` with the optimisation section after it; the same arguments as
-    build_prompt plus what the section needs, so porter.run.attempt.Run.attempt takes it as `request`."""
+    build_prompt plus what the section needs, so porter.run.attempt.Run.attempt takes it as `request`.
+    `profile`: a porter.optimize.profile.Profile (None: none was taken)."""
     req = build_prompt(target, unit, attempt, [])
-    req.prompt = req.prompt.rstrip() + "\n\n" + optimize_section(unit, committed, speed, list(failures or []))
+    req.prompt = req.prompt.rstrip() + "\n\n" + optimize_section(unit, committed, speed, list(failures or []),
+                                                                  profile)
     req.meta = dict(req.meta, builder="porter.prompt.optimize", chars=len(req.prompt),
-                    refused_optimizations=len(failures or []))
+                    refused_optimizations=len(failures or []),
+                    profile="unavailable" if profile is None or profile.unavailable else "ncu")
     return req

@@ -674,9 +674,11 @@ def _run_spec(target, spec, library: Path, *, workspace: Path | None = None, see
               candidate_sha256: str | None = None, probe: dict | None = None, keep: bool | None = None,
               calibration: dict | None = None, ctx=None, env: dict | None = None,
               prepared: "Prepared | None" = None, regime: str | None = None,
-              fresh_process: bool = False) -> GateResult:
+              fresh_process: bool = False, profile_with=None) -> GateResult:
     """A scenario is not timed (the perf gate skips it), makes its own ordering probes (hold/peek) and
-    is not run under compute-sanitizer: `sanitize`, `timing_reps` and `probe` are op-spec options."""
+    is not run under compute-sanitizer: `sanitize`, `timing_reps` and `probe` are op-spec options.
+    `profile_with`: an executor that reruns the plan, once it completed, under a profiler
+    (porter.optimize.profile); what it reads of its report stays its own, never a verdict."""
     t_start = time.monotonic()
     kind = getattr(spec, "parity_kind", OP)
     library = Path(library)
@@ -709,6 +711,9 @@ def _run_spec(target, spec, library: Path, *, workspace: Path | None = None, see
             san = {"status": o.status, "detail": o.detail, "elapsed_s": round(o.elapsed_s, 2)}
             if san["status"] != "done":
                 failures.append(Failure("sanitize", "all cases", None, san["detail"]))
+        if profile_with is not None and kind.sanitizable and mode == "cuda" and outcome.status == "done":
+            plan(plan_dir / "profile", mode="cuda", probe=None, timing_reps=0)
+            profile_with.run(plan_dir / "profile", limit * 10)
     finally:
         if not keep:
             shutil.rmtree(plan_dir, ignore_errors=True)

@@ -192,8 +192,9 @@ def child_argv(plan_dir: Path, sanitize: bool = False, python: str | None = None
 
 
 def run_child(plan_dir: Path, timeout: float, *, argv: list[str] | None = None,
-              env: dict | None = None) -> ChildOutcome:
-    """Run the child on PLAN_DIR; never raises for anything the candidate does."""
+              env: dict | None = None, tool_ro: list[str] = ()) -> ChildOutcome:
+    """Run the child on PLAN_DIR; never raises for anything the candidate does.  `tool_ro`: folders a
+    tool wrapping the child (argv's head: a profiler) needs read-only inside the sandbox."""
     plan_dir = Path(plan_dir)
     argv = argv or child_argv(plan_dir)
     out_path, err_path = plan_dir / "child.stdout", plan_dir / "child.stderr"
@@ -201,7 +202,8 @@ def run_child(plan_dir: Path, timeout: float, *, argv: list[str] | None = None,
     if shutil.which(argv[0]) is None:  # inside the sandbox bwrap would say it, as the child's own exit status
         return ChildOutcome("harness", None, 0.0, f"cannot start the parity child: no program {argv[0]}", argv=argv)
     mode, expected = _plan_mode(plan_dir), expected_results(plan_dir)
-    w = sandboxed(argv, plan_dir, mode, env=env)  # SandboxUnavailable: the gate refuses, the candidate is not blamed
+    ro = external_files(plan_dir) + list(tool_ro)
+    w = sandboxed(argv, plan_dir, mode, env=env, ro=ro)  # SandboxUnavailable: the gate refuses, the candidate is not blamed
     t0 = time.monotonic()
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
         try:
