@@ -27,9 +27,9 @@ from porter.digest import sha256_file
 from porter.evidence import gate_facts
 from porter.errors import PorterError
 from porter.gates.e2e import calibration as cal_mod
-from porter.gates.e2e import tree
+from porter.gates.e2e import tree, unchanged
 from porter.gates.e2e.compare import ReferenceFailure, compare, worst
-from porter.gates.e2e.rule import decide
+from porter.gates.e2e.rule import Verdict, decide
 from porter.gates.e2e.target_driver import load_driver
 from porter.gates.result import GateResult
 
@@ -42,12 +42,25 @@ class E2EOptions:
     scratch: Path | None = None  # build/run folder (default: a fresh temp folder)
     model: Path | None = None  # the model the engine runs (default: the target's fixture / synthetic GGUF)
     store: bool = True  # write the evidence into ledger/evidence/
+    # e2e evidence records (state.e2e_records_from_ledger) holding the committed backend's: where set, a
+    # backend the rule accepts must also be no worse than the committed one (porter.gates.e2e.unchanged)
+    committed: list[dict] | None = None
+    replacing: dict[str, bytes] | None = None  # unit files the library has but the disk not yet (tree.py)
 
 
 def run(candidate, ctx) -> GateResult:
     """The driver's shape: the candidate is the whole backend (unit e2e:prefill), ctx.library the library
-    the build gate linked from the workspace's unit files; the caller records the evidence."""
-    return run_e2e(ctx.target, ctx.workspace, ctx.library or Path("/nonexistent"), options=E2EOptions(store=False))
+    the build gate linked from the workspace's unit files; the caller records the evidence.  A candidate
+    of one unit (`porter optimize`) is the backend with that unit's new file: its evidence names the tree
+    it will make, and it is judged against the committed backend's e2e record too."""
+    opts = E2EOptions(store=False)
+    if candidate.unit != UNIT:
+        from porter.gates.e2e.state import e2e_records_from_ledger
+
+        rel = Path(ctx.target.unit_path(candidate.unit)).resolve().relative_to(Path(ctx.workspace).resolve())
+        opts.replacing = {rel.as_posix(): candidate.source.encode()}
+        opts.committed = e2e_records_from_ledger(ctx.workspace, ctx.target.name, ctx.history.mine)
+    return run_e2e(ctx.target, ctx.workspace, ctx.library or Path("/nonexistent"), options=opts)
 
 
 def setup_mismatch(calibrated: dict, now: dict) -> str | None:
@@ -77,7 +90,7 @@ def run_e2e(target, workspace_root: Path, library_path: Path, *, options: E2EOpt
         return GateResult(GATE, False, f"e2e skipped: {exc}", skipped=True)
 
     dirs = tree.backend_dirs(target)
-    tree_hash = tree.tree_hash_worktree(ws, dirs)
+    tree_hash = tree.tree_hash_worktree(ws, dirs, opts.replacing)
     head = tree.head_commit(ws)
     head_tree = tree.tree_hash_at(ws, dirs, head) if head else None
     lib_sha = sha256_file(lib)
@@ -101,12 +114,17 @@ def run_e2e(target, workspace_root: Path, library_path: Path, *, options: E2EOpt
     mismatch = setup_mismatch(cal_setup, setup)
     if mismatch:
         return GateResult(GATE, False, f"e2e skipped: {mismatch} ({cal_path.name}); recalibrate", skipped=True)
-    cmp = worst([compare(ref, c) for c in cands])
+    comparisons = [compare(ref, c) for c in cands]
+    cmp = worst(comparisons)
     verdict = decide(cmp, rule)
+    runs = [unchanged.run_figures(c) for c in comparisons]
+    against = None
+    if verdict.ok and opts.committed is not None and not rule.tokens_exact:
+        verdict, against = _against_committed(verdict, runs, opts.committed, head_tree, setup, cal_sha)
     walls = {"reference_s": ref.wall_s, "candidate_s": cands[0].wall_s, "runs": len(cands),
              "total_s": round(time.monotonic() - t0, 3)}
     ev = _evidence(target, verdict.ok, lib, lib_sha, tree_hash, head, head_tree, cal_path, cal_sha, setup, cmp,
-                   verdict, walls, None)
+                   verdict, walls, None, run_figures=runs, against_committed=against)
     metrics = {"ok": verdict.ok, "worst_ratio": verdict.worst_ratio if np.isfinite(verdict.worst_ratio) else None,
                "stage": verdict.stage, "token": verdict.token, **walls}
     if opts.store:
@@ -117,8 +135,24 @@ def run_e2e(target, workspace_root: Path, library_path: Path, *, options: E2EOpt
     return GateResult(GATE, verdict.ok, verdict.reason[:400], diag, metrics, ev)
 
 
+def _against_committed(verdict, runs, records, head_tree, setup, cal_sha):
+    """(the verdict, what the evidence says of the comparison) once the committed backend's e2e record at
+    HEAD is the baseline; a baseline that cannot be had is said in the summary, never assumed."""
+    base, why = unchanged.committed_baseline(records, head_tree, setup, cal_sha)
+    if base is None:
+        verdict.reason += f"; against the committed backend: not judged ({why})"
+        return verdict, {"judged": False, "why": why}
+    ok, line, where = unchanged.no_worse(runs, base)
+    facts = {"judged": True, "ok": ok, "line": line, "committed_commit": base.commit, "committed_runs": base.runs,
+             "committed_worst": base.worst, "committed_spread": base.spread}
+    if not ok:
+        return Verdict(False, line, where, None, verdict.worst_ratio), facts
+    verdict.reason += f"; {line}"
+    return verdict, facts
+
+
 def _evidence(target, ok, lib, lib_sha, tree_hash, head, head_tree, cal_path, cal_sha, setup, cmp, verdict, walls,
-              error) -> dict:
+              error, **more) -> dict:
     return gate_facts(
         target, UNIT, GATE, lib_sha, toolchain.host_facts(), ok=bool(ok), library={"path": str(lib), "sha256": lib_sha},
         tree_hash=tree_hash, commit=head, tree_matches_head=tree_hash == head_tree,
@@ -126,7 +160,7 @@ def _evidence(target, ok, lib, lib_sha, tree_hash, head, head_tree, cal_path, ca
         calibration={"file": str(cal_path.relative_to(target.workspace)) if target.workspace in cal_path.parents
                      else str(cal_path), "sha256": cal_sha},
         verdict=verdict.to_json() if verdict else None, comparison=cmp.to_json() if cmp else None,
-        wall_s=walls, error=error, sandbox=sandbox.label())
+        wall_s=walls, error=error, sandbox=sandbox.label(), **more)
 
 
 def _diagnostics(cmp, rule) -> str:

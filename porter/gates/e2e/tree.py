@@ -48,14 +48,19 @@ def tree_hash_at(workspace: Path, dirs: list[str], commit: str = "HEAD") -> str 
     return _digest(entries)
 
 
-def tree_hash_worktree(workspace: Path, dirs: list[str]) -> str:
-    """The backend hash of the files on disk now (tracked, and untracked ones git does not ignore)."""
+def tree_hash_worktree(workspace: Path, dirs: list[str], replacing: dict[str, bytes] | None = None) -> str:
+    """The backend hash of the files on disk now (tracked, and untracked ones git does not ignore).
+    `replacing`: {workspace-relative path: bytes} that stand in for those files (a candidate unit the
+    e2e gate judges before it is written: the hash is the one the tree will have once it lands)."""
+    replacing = dict(replacing or {})
     listed = gitops.read(workspace, "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", *dirs).decode()
-    paths = sorted({p for p in listed.split("\0") if p and (Path(workspace) / p).is_file()})
-    if not paths:
-        return _digest([])
-    blobs = gitops.read(workspace, "hash-object", "--stdin-paths", input="\n".join(paths).encode() + b"\n").decode().split()
-    return _digest(list(zip(paths, blobs)))
+    paths = sorted({p for p in listed.split("\0") if p and p not in replacing and (Path(workspace) / p).is_file()})
+    blobs = gitops.read(workspace, "hash-object", "--stdin-paths",
+                        input="\n".join(paths).encode() + b"\n").decode().split() if paths else []
+    entries = list(zip(paths, blobs))
+    entries += [(p, gitops.read(workspace, "hash-object", "--stdin", input=data).decode().strip())
+                for p, data in replacing.items()]
+    return _digest(entries)
 
 
 head_commit = gitops.head  # the e2e drivers' name for it

@@ -484,8 +484,10 @@ def prefill_pair(target, scratch: Path, library: Path, model: Path | None):
         ref = red.run_reference(red.build(ref_v), ref_v)
     except PorterError as exc:
         raise ReferenceFailure(f"reference backend: {exc}") from exc
-    cand = red.run(red.build(cand_v), cand_v)
-    return ref, [cand], red.setup()
+    built = red.build(cand_v)
+    # [e2e] runs prefills: CUDA runs are not bit-reproducible here, and their spread is what
+    # `porter optimize` allows a new unit against the committed backend (porter.gates.e2e.unchanged)
+    return ref, [red.run(built, cand_v) for _ in range(target.spec.e2e.runs)], red.setup()
 
 
 def _prepare_command(target, args, scratch: Path) -> int:
