@@ -144,7 +144,8 @@ def _against_committed(verdict, runs, records, head_tree, setup, cal_sha):
         return verdict, {"judged": False, "why": why}
     ok, line, where = unchanged.no_worse(runs, base)
     facts = {"judged": True, "ok": ok, "line": line, "committed_commit": base.commit, "committed_runs": base.runs,
-             "committed_worst": base.worst, "committed_spread": base.spread}
+             "committed_worst": {k: unchanged.json_number(v) for k, v in base.worst.items()},
+             "committed_spread": base.spread}
     if not ok:
         return Verdict(False, line, where, None, verdict.worst_ratio), facts
     verdict.reason += f"; {line}"

@@ -34,11 +34,12 @@ def run_figures(cmp: Comparison) -> dict:
     """One prefill's figures: the worst NMSE over tokens per stage, each probe's, the logits'."""
     stages = np.max(np.nan_to_num(np.asarray(cmp.stage_nmse, dtype=np.float64), nan=np.inf, posinf=np.inf), axis=1) \
         if np.size(cmp.stage_nmse) else np.zeros(len(cmp.stage_names))
-    return {"stages": dict(zip(cmp.stage_names, (_num(v) for v in stages))),
-            "probes": {k: _num(v) for k, v in cmp.probe_nmse.items()}, "logits": _num(cmp.logits_nmse)}
+    return {"stages": dict(zip(cmp.stage_names, (json_number(v) for v in stages))),
+            "probes": {k: json_number(v) for k, v in cmp.probe_nmse.items()}, "logits": json_number(cmp.logits_nmse)}
 
 
-def _num(v) -> float | str:
+def json_number(v) -> float | str:
+    """A figure as evidence stores it: 'inf' for a non-finite one (as compare.Comparison.to_json)."""
     v = float(v)
     return v if np.isfinite(v) else "inf"
 
