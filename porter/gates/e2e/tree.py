@@ -54,7 +54,8 @@ def tree_hash_worktree(workspace: Path, dirs: list[str], replacing: dict[str, by
     e2e gate judges before it is written: the hash is the one the tree will have once it lands)."""
     replacing = dict(replacing or {})
     listed = gitops.read(workspace, "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", *dirs).decode()
-    paths = sorted({p for p in listed.split("\0") if p and p not in replacing and (Path(workspace) / p).is_file()})
+    paths = sorted({p for p in listed.split("\0")
+                    if p and p not in replacing and (Path(workspace) / p).is_file()})
     blobs = gitops.read(workspace, "hash-object", "--stdin-paths",
                         input="\n".join(paths).encode() + b"\n").decode().split() if paths else []
     entries = list(zip(paths, blobs))

@@ -32,8 +32,8 @@ IGNORED_SETUP = ("device", "mode")  # facts about a run, not about what it compa
 
 def run_figures(cmp: Comparison) -> dict:
     """One prefill's figures: the worst NMSE over tokens per stage, each probe's, the logits'."""
-    stages = np.max(np.nan_to_num(np.asarray(cmp.stage_nmse, dtype=np.float64), nan=np.inf, posinf=np.inf), axis=1) \
-        if np.size(cmp.stage_nmse) else np.zeros(len(cmp.stage_names))
+    nmse = np.nan_to_num(np.asarray(cmp.stage_nmse, dtype=np.float64), nan=np.inf, posinf=np.inf)
+    stages = np.max(nmse, axis=1) if nmse.size else np.zeros(len(cmp.stage_names))
     return {"stages": dict(zip(cmp.stage_names, (json_number(v) for v in stages))),
             "probes": {k: json_number(v) for k, v in cmp.probe_nmse.items()}, "logits": json_number(cmp.logits_nmse)}
 
@@ -99,8 +99,9 @@ def committed_baseline(records: list[dict], head_tree: str | None, setup: dict,
 
 
 def no_worse(candidate_runs: list[dict], base: Baseline) -> tuple[bool, str, str | None]:
-    """(ok, one line, the first quantity over or None): the candidate backend's worst over its runs against the committed backend's worst
-    plus its run-to-run spread, quantity by quantity in forward order; the first one over refuses."""
+    """(ok, one line, the first quantity over or None): the candidate backend's worst over its runs
+    against the committed backend's worst plus its run-to-run spread, quantity by quantity in forward
+    order; the first one over refuses."""
     cand = Baseline.of(candidate_runs).worst
     at = f"{base.runs} run(s) at {(base.commit or '?')[:12]}"
     if base.runs < 2:
