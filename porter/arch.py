@@ -11,9 +11,11 @@ still builds, for the GPU the target is usually run on).
     choose(default, named=None, found=None) -> ArchChoice   the pick, and how it was made
     detected() -> tuple[str, ...]                            the GPUs here ("sm_90", ...), once per process
     nvcc_flags(archs) -> list[str]                           what nvcc is given for them
+    required(declared, named=None) -> tuple[str, ...]        the GPU kinds a verdict must hold on
 
-Per-architecture requirements (a unit that needs sm_90's TMA) build on
-`choose` and `number`.
+Required architectures ([cuda] required_archs, `--require-arch`, $PORTER_REQUIRE_ARCH) are a
+different thing from the build's: a unit is verified only where parity and perf ran on a GPU of
+every required kind; the build is made for all of them as well (Target.arch).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from functools import lru_cache
 from porter.errors import PorterError
 
 ENV = "PORTER_ARCH"
+REQUIRE_ENV = "PORTER_REQUIRE_ARCH"
 _NAME = re.compile(r"(sm_|compute_)?(\d{2,3})([af]?)")
 _DOTTED = re.compile(r"(\d{1,2})\.(\d)")
 
@@ -48,6 +51,25 @@ def normalize(text: str) -> str:
 def number(arch: str) -> int:
     """sm_90 -> 90, sm_120 -> 120 (sm_90a -> 90): for comparing architectures."""
     return int(_NAME.fullmatch(normalize(arch)).group(2))
+
+
+def required(declared=(), named: str | None = None) -> tuple[str, ...]:
+    """The architectures a verdict must hold on: the target's `declared` and those a run names
+    (`named`, comma separated; $PORTER_REQUIRE_ARCH when None), each a real GPU kind, lowest first.
+    A virtual one (compute_90) is refused in one line: a verdict is measured on a GPU, and no GPU is
+    a compute_90."""
+    if named is None:
+        named = os.environ.get(REQUIRE_ENV) or ""
+    out = []
+    for text in [*declared, *str(named).split(",")]:
+        if not str(text).strip():
+            continue
+        a = normalize(text)
+        if not a.startswith("sm_"):
+            raise PorterError(f"required GPU architecture {text!r} is virtual (PTX only): require a GPU kind "
+                              "like sm_90 or sm_121")
+        out.append(a)
+    return tuple(sorted(dict.fromkeys(out), key=lambda a: (number(a), a)))
 
 
 def _from_cupy() -> list[str] | None:

@@ -103,6 +103,10 @@ def _common(json_flag: bool) -> argparse.ArgumentParser:
     p.add_argument("--arch", metavar="SM[,SM]",
                    help="GPU architecture(s) to build for, e.g. sm_120 (default: this machine's GPUs, else the "
                         "target's default_arch; also $PORTER_ARCH)")
+    p.add_argument("--require-arch", metavar="SM", action="append",
+                   help="a GPU kind every verdict must hold on, beside [cuda] required_archs (repeatable, e.g. "
+                        "--require-arch sm_90 --require-arch sm_121; also $PORTER_REQUIRE_ARCH): built for, "
+                        "judged on a GPU of that kind, else the unit is not verified")
     p.add_argument("--unsafe-no-sandbox", action="store_true",
                    help="run candidate code without the sandbox (where bwrap or user namespaces are missing); "
                         "recorded in the evidence, and such units show as 'verified (unsandboxed)'")
@@ -327,6 +331,10 @@ def _dispatch(args) -> int:
         from porter.arch import ENV, normalize
 
         os.environ[ENV] = ",".join(normalize(a) for a in args.arch.split(",") if a.strip())
+    if getattr(args, "require_arch", None):  # validated here: a bad name stops the command in one line
+        from porter.arch import REQUIRE_ENV, required
+
+        os.environ[REQUIRE_ENV] = ",".join(required(args.require_arch, named=""))
     try:
         args.workspace = find_workspace(args.workspace_dir)
     except PorterError:

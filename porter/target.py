@@ -86,6 +86,9 @@ class CudaSpec(_Strict):
     # the GPU architecture a machine without a GPU builds for; one with GPUs builds for them, and the
     # user may name others (porter.arch)
     default_arch: str
+    # the GPU kinds every verdict must hold on ("sm_90", "sm_121"): a unit is verified only once parity
+    # (and perf) passed on a GPU of each; the build is made for each as well (porter.arch.required)
+    required_archs: list[str] = Field(default_factory=list)
     link_flags: list[str] = Field(default_factory=list)
     # headers of the toolkit beyond the CUDA runtime's that the conventions header includes (cuBLAS, cub):
     # a toolkit without one cannot build any unit, and `porter doctor` / the run's preflight say so first
@@ -99,6 +102,14 @@ class CudaSpec(_Strict):
     def _arch_name(cls, v: str) -> str:
         try:
             return gpu_arch.normalize(v)
+        except PorterError as exc:
+            raise ValueError(str(exc)) from None
+
+    @field_validator("required_archs")
+    @classmethod
+    def _required_names(cls, v: list[str]) -> list[str]:
+        try:
+            return list(gpu_arch.required(v, named=""))
         except PorterError as exc:
             raise ValueError(str(exc)) from None
 
@@ -251,9 +262,21 @@ class Target:
         return self.cuda_dir / self.spec.cuda.conventions_header
 
     @cached_property
+    def required_archs(self) -> tuple[str, ...]:
+        """The GPU kinds a verdict must hold on: [cuda] required_archs and --require-arch ($PORTER_REQUIRE_ARCH);
+        () when none is required (a verdict then holds for the GPU it ran on, as its evidence says)."""
+        return gpu_arch.required(self.spec.cuda.required_archs)
+
+    @cached_property
     def arch(self) -> gpu_arch.ArchChoice:
-        """The GPU architectures this process builds for (named, detected, else default_arch)."""
-        return gpu_arch.choose(self.spec.cuda.default_arch)
+        """The GPU architectures this process builds for (named, detected, else default_arch), and every
+        required one besides.  One fat library holds them all (a -gencode each), not one build per
+        architecture: the build gate, its cache key and its evidence stay one; the same file is what
+        every worker of a cluster loads, whatever its GPU; and nvcc fails the whole build when any one
+        architecture fails, so the build gate refuses a unit that does not build for a required kind."""
+        chosen = gpu_arch.choose(self.spec.cuda.default_arch)
+        more = tuple(a for a in self.required_archs if a not in chosen.archs)
+        return gpu_arch.ArchChoice(chosen.archs + more, chosen.how) if more else chosen
 
     @property
     def nvcc_flags(self) -> list[str]:

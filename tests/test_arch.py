@@ -19,6 +19,7 @@ from porter.target import load_target
 @pytest.fixture(autouse=True)
 def _no_named_arch(monkeypatch):
     monkeypatch.delenv(arch.ENV, raising=False)
+    monkeypatch.delenv(arch.REQUIRE_ENV, raising=False)
 
 
 def test_names_are_read_in_every_usual_spelling():
@@ -109,3 +110,66 @@ def test_arch_on_the_command_line_is_what_every_build_of_the_command_uses(worksp
     bad = porter_cli(workspace, "doctor", "--arch", "hopper")
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
         "porter: error: GPU architecture 'hopper' not understood: name it like sm_90, sm_120 or 12.0"]
+
+
+# ---- required architectures (issue 32): verdicts on several GPU kinds ----
+
+def test_required_archs_are_validated_and_ordered(monkeypatch):
+    monkeypatch.delenv(arch.REQUIRE_ENV, raising=False)
+    assert arch.required(["sm_121", "9.0"]) == ("sm_90", "sm_121")
+    assert arch.required([], named="sm_121,sm_90,sm_121") == ("sm_90", "sm_121")
+    monkeypatch.setenv(arch.REQUIRE_ENV, "sm_120")
+    assert arch.required(["sm_90"]) == ("sm_90", "sm_120")
+    with pytest.raises(PorterError, match=r"^GPU architecture 'sm121' not understood") as bad:
+        arch.required(["sm121"])
+    assert "\n" not in str(bad.value)
+    with pytest.raises(PorterError, match="virtual .*require a GPU kind"):
+        arch.required(["compute_90"])
+
+
+def test_a_target_requiring_archs_builds_for_each_of_them(workspace, monkeypatch):
+    monkeypatch.delenv(arch.REQUIRE_ENV, raising=False)
+    monkeypatch.setattr(arch, "detected", lambda: ("sm_90",))
+    _copy_target(workspace, lambda t: t.replace('default_arch = ', 'required_archs = ["sm_121", "sm_90"]\ndefault_arch = '))
+    target = load_target(workspace, "minimoe")
+    assert target.required_archs == ("sm_90", "sm_121")
+    assert target.arch.archs == ("sm_90", "sm_121")
+    assert "code=sm_121" in " ".join(build.compile_flags(target))
+    monkeypatch.setenv(arch.REQUIRE_ENV, "sm_120")  # --require-arch adds to the target's
+    assert load_target(workspace, "minimoe").arch.archs == ("sm_90", "sm_120", "sm_121")
+
+
+def test_a_target_requiring_a_bad_arch_name_is_refused_in_one_line(workspace):
+    _copy_target(workspace, lambda t: t.replace('default_arch = ', 'required_archs = ["hopper"]\ndefault_arch = '))
+    with pytest.raises(PorterError, match="required_archs: .*'hopper' not understood") as bad:
+        load_target(workspace, "minimoe")
+    assert "\n" not in str(bad.value)
+
+
+def test_require_arch_on_the_command_line_refuses_a_bad_name_in_one_line(workspace, porter_cli):
+    bad = porter_cli(workspace, "status", "--require-arch", "sm_90", "--require-arch", "hopper")
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        "porter: error: GPU architecture 'hopper' not understood: name it like sm_90, sm_120 or 12.0"]
+
+
+@needs_nvcc
+def test_the_build_gate_fails_when_one_required_arch_does_not_build(workspace, build_cache, monkeypatch):
+    """One fat library for every required architecture: a unit that compiles for sm_90 but not for sm_121
+    is refused by the build gate when sm_121 is required, and passes where only sm_90 is."""
+    from porter.gates.driver import Candidate, GateContext, run_gates
+
+    unit = "mini_gpu_tensor_bytes"
+    src = ('#include "mini_cuda.cuh"\n#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200\n'
+           '#error "this kernel was written for sm_90 only"\n#endif\n'
+           '__global__ static void k(int *p) { *p = 1; }\n'
+           'extern "C" uint64_t mini_gpu_tensor_bytes(const mini_gpu_tensor *t) { return t ? t->bytes : 0; }\n')
+    monkeypatch.setattr(arch, "detected", lambda: ())
+    monkeypatch.setenv(arch.REQUIRE_ENV, "sm_90")
+    ok = run_gates(Candidate.of(unit, src), GateContext(load_target(workspace, "minimoe"), workspace,
+                                                        build_cache), gates=("build",))[-1]
+    assert ok.ok, ok.summary
+    monkeypatch.setenv(arch.REQUIRE_ENV, "sm_90,sm_121")
+    res = run_gates(Candidate.of(unit, src), GateContext(load_target(workspace, "minimoe"), workspace,
+                                                         build_cache), gates=("build",))[-1]
+    assert not res.ok and res.check == "compile" and "sm_90 only" in (res.summary + res.diagnostics)
+    assert res.evidence["arch"] == ["sm_90", "sm_121"]

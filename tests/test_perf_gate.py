@@ -25,18 +25,19 @@ REGIME = {"name": "device", "model_hook": "mini_cuda_model_ptr"}
 
 
 def _parity(median_ms: float, case: str = CASE, spec_sha: str = SPEC_SHA, regime: dict | None = REGIME,
-            gpu: str = "NVIDIA H100") -> GateResult:
+            gpu: str = "NVIDIA H100", arch: str | None = None) -> GateResult:
     return GateResult("parity", True, "parity ok", evidence={
         "candidate_sha256": "cd" * 32, "spec": {"sha256": spec_sha}, "regime": regime, "device": {"name": gpu},
-        "timing": {"case": case, "median_ms": median_ms, "gbps": 1.0}, "toolchain": {"gpu": "test"}})
+        "timing": {"case": case, "median_ms": median_ms, "gbps": 1.0},
+        "toolchain": {"gpu": "test", **({"arch": arch} if arch else {})}})
 
 
 def _calibrate(ws, median_ms: float, spec_sha: str = SPEC_SHA, ok: bool = True, times: list | None = None,
-               regime: dict | None = REGIME) -> None:
+               regime: dict | None = REGIME, arch: str | None = None, gpu: str = "NVIDIA H100") -> None:
     timing = {"case": CASE, "median_ms": median_ms} | ({"times_ms": times} if times else {})
     ev = store_evidence(ws, {"target": "minimoe", "unit": UNIT, "gate": "parity", "ok": ok, "candidate_sha256": None,
-                             "toolchain": {}, "device": {"name": "NVIDIA H100"}, "regime": regime,
-                             "timing": timing})
+                             "toolchain": {"arch": arch} if arch else {}, "device": {"name": gpu},
+                             "regime": regime, "timing": timing})
     Ledger(ws).append("calibration", target="minimoe", unit=UNIT, ok=ok, spec_sha256=spec_sha,
                       known_good="scripted good answers", evidence=ev, summary="")
 
@@ -269,3 +270,27 @@ def test_the_target_declares_the_roofline_floor_per_unit(workspace):
     toml.write_text(toml.read_text() + f'\n[perf]\nfloor_fraction = 0.1\n[perf.floors]\n{UNIT} = 0.5\n')
     r = _perf(workspace, p)
     assert not r.ok and r.check == "floor" and r.evidence["floor_fraction"] == 0.5, r.summary
+
+
+def test_the_baseline_is_per_architecture(workspace):
+    """Issue 32: a known-good time taken on sm_90 is never the baseline of an sm_121 run, even where the two
+    GPUs' names say nothing (the same name, or none); the latest calibration on the run's own architecture is."""
+    _calibrate(workspace, 12.37, times=[12.3, 12.4, 12.37], arch="sm_90", gpu="NVIDIA GPU")
+    on_121 = _perf(workspace, _parity(13.0, gpu="NVIDIA GPU", arch="sm_121"))
+    assert on_121.evidence.get("decided_by") != "known-good", on_121.summary
+    assert "no known-good timing on sm_121" in on_121.summary, on_121.summary
+    assert _perf(workspace, _parity(13.0, gpu="NVIDIA GPU", arch="sm_90")).evidence["decided_by"] == "known-good"
+    # a later calibration on sm_121 is its baseline; the sm_90 run keeps its own, older one
+    _calibrate(workspace, 40.0, times=[40.0, 40.1, 40.2], arch="sm_121", gpu="NVIDIA GPU")
+    mine = _perf(workspace, _parity(41.0, gpu="NVIDIA GPU", arch="sm_121"))
+    assert mine.evidence["decided_by"] == "known-good" and mine.evidence["baseline"]["median_ms"] == 40.0
+    old = _perf(workspace, _parity(13.0, gpu="NVIDIA GPU", arch="sm_90"))
+    assert old.evidence["baseline"]["median_ms"] == 12.37 and old.evidence["baseline"]["arch"] == "sm_90"
+
+
+def test_comparable_refuses_a_baseline_of_another_architecture():
+    base = {"case": CASE, "regime": "device", "arch": "sm_90", "median_ms": 1.0}
+    assert perf.comparable(base, {"case": CASE}, "device", None, "sm_121") == "baseline timed on sm_90, candidate on sm_121"
+    assert perf.comparable(base, {"case": CASE}, "device", None, "sm_90") == ""
+    kg = perf.known_good_baseline(_parity(1.0, arch="sm_90"))[0]
+    assert kg["arch"] == "sm_90"

@@ -68,8 +68,9 @@ def calibrated_limit(timing: dict | None) -> dict:
             "basis": f"known-good spread {spread:.1%} over {len(times)} calls"}
 
 
-def baseline(history, unit: str, spec_sha256: str | None) -> tuple[dict | None, str]:
-    """The latest ok calibration's known-good timing for this exact spec, or (None, why not)."""
+def baseline(history, unit: str, spec_sha256: str | None, arch: str | None = None) -> tuple[dict | None, str]:
+    """The latest ok calibration's known-good timing for this exact spec, or (None, why not); with `arch`,
+    the latest taken on that architecture (one taken on another is never its baseline: comparable)."""
     recs = history.calibrations(unit)
     if not recs:
         return None, "no calibration of this unit's spec (run `porter calibrate`)"
@@ -78,14 +79,18 @@ def baseline(history, unit: str, spec_sha256: str | None) -> tuple[dict | None, 
     current = [r for r in recs if (r.ok or r.known_good_ok) and r.spec_sha256 == spec_sha256 and r.evidence]
     if not current:
         return None, "the spec changed or failed since its last calibration"
-    rec = current[-1]
-    ev = load_evidence(history.workspace, rec.evidence) or {}
+    for rec in reversed(current):
+        ev = load_evidence(history.workspace, rec.evidence) or {}
+        if not arch or arch_of(ev) in (None, arch):
+            break
+    else:
+        return None, f"no known-good timing on {arch} (calibrated on {arch_of(ev)}; calibrate on a GPU of that kind)"
     timing = ev.get("timing")
     if not timing or not timing.get("median_ms"):
         return None, "the calibration evidence has no timing"
     limit = ev.get("perf_limit") or calibrated_limit(timing)
     return dict(timing, calibration_record=rec.hash, known_good=rec.known_good, perf_limit=limit,
-                regime=regime_of(ev), gpu=(ev.get("device") or {}).get("name")), ""
+                regime=regime_of(ev), gpu=(ev.get("device") or {}).get("name"), arch=arch_of(ev)), ""
 
 
 def regime_of(evidence: dict) -> str | None:
@@ -94,12 +99,21 @@ def regime_of(evidence: dict) -> str | None:
     return r.get("name") if isinstance(r, dict) else r
 
 
-def comparable(base: dict, mine: dict, regime: str | None, gpu: str | None) -> str:
-    """Why the known-good's time cannot judge the candidate's ("" when it can)."""
+def arch_of(evidence: dict) -> str | None:
+    """The GPU architecture a parity evidence record's child ran on ("sm_90"), None for the host stand-in."""
+    return (evidence.get("toolchain") or {}).get("arch") or None
+
+
+def comparable(base: dict, mine: dict, regime: str | None, gpu: str | None, arch: str | None = None) -> str:
+    """Why the known-good's time cannot judge the candidate's ("" when it can).  The baseline is per
+    architecture: a known-good time from sm_90 says nothing of a kernel's speed on sm_121 (another memory
+    system, other tensor paths), whatever the two GPUs are called."""
     if base.get("case") != mine.get("case"):
         return f"baseline timed {base.get('case')!r}, candidate {mine.get('case')!r}"
     if base.get("regime") != regime:
         return f"baseline timed in regime {base.get('regime') or 'unrecorded'!s}, candidate in {regime}"
+    if base.get("arch") and arch and base["arch"] != arch:
+        return f"baseline timed on {base['arch']}, candidate on {arch}"
     if base.get("gpu") and gpu and base["gpu"] != gpu:
         return f"baseline timed on {base['gpu']}, candidate on {gpu}"
     return ""
@@ -150,7 +164,7 @@ PERF_CHECKS = ("slowdown", "floor", "retime")  # what a perf refusal names (perf
 def run(candidate, ctx) -> GateResult:
     target, unit, parity = ctx.target, candidate.unit, ctx.results["parity"]
     spec_sha = (parity.evidence.get("spec") or {}).get("sha256")
-    base, why = baseline(ctx.history, unit, spec_sha)
+    base, why = baseline(ctx.history, unit, spec_sha, arch_of(parity.evidence))
     return decide(target, unit, parity, base, why, lambda: retime(candidate, ctx))
 
 
@@ -162,7 +176,7 @@ def known_good_baseline(known_good: GateResult) -> tuple[dict | None, str]:
     if not known_good.ok or not timing or not timing.get("median_ms"):
         return None, "the known-good recorded no passing timing"
     return dict(timing, perf_limit=calibrated_limit(timing), regime=regime_of(ev),
-                gpu=(ev.get("device") or {}).get("name")), ""
+                gpu=(ev.get("device") or {}).get("name"), arch=arch_of(ev)), ""
 
 
 def decide(target, unit: str, parity: GateResult, base: dict | None, why: str, retime_fn) -> GateResult:
@@ -180,7 +194,8 @@ def decide(target, unit: str, parity: GateResult, base: dict | None, why: str, r
         return GateResult("perf", False, "perf skipped: the parity run recorded no timing", skipped=True,
                           evidence=facts)
     if base is not None:
-        why = comparable(base, mine, regime, (parity.evidence.get("device") or {}).get("name"))
+        why = comparable(base, mine, regime, (parity.evidence.get("device") or {}).get("name"),
+                         arch_of(parity.evidence))
         base = None if why else base
     res = against_floor(mine, facts, why, floor_fraction(target, unit, mine)) if base is None else \
         against_known_good(mine, base, facts, cap, regime)
