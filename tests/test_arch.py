@@ -173,3 +173,35 @@ def test_the_build_gate_fails_when_one_required_arch_does_not_build(workspace, b
                                                          build_cache), gates=("build",))[-1]
     assert not res.ok and res.check == "compile" and "sm_90 only" in (res.summary + res.diagnostics)
     assert res.evidence["arch"] == ["sm_90", "sm_121"]
+
+
+def _parity_on(arch_seen, ok=True):
+    from porter.gates.result import GateResult
+
+    return GateResult("parity", ok, "parity ok" if ok else "parity failed [values]: case 3: nmse 0.4",
+                      check=None if ok else "values",
+                      evidence={"gate": "parity", "ok": ok, "toolchain": {"arch": arch_seen}})
+
+
+def test_parity_across_required_archs_refuses_on_the_one_that_fails():
+    from porter.gates import archs
+
+    res = archs.across(("sm_90", "sm_121"), ("sm_90", "sm_121"), lambda a: _parity_on(a, ok=a != "sm_121"))
+    assert not res.ok and not res.skipped and res.check == "values"
+    assert res.summary.startswith("[sm_121] parity failed") and "failing on sm_121; passed on sm_90" in res.summary
+    assert archs.verdicts(res.evidence) == {"sm_90": True, "sm_121": False}
+
+
+def test_parity_across_required_archs_never_takes_one_kind_for_another():
+    """A worker placed as sm_121 whose child saw an sm_90 GPU gives no verdict on sm_121; a kind no
+    reachable GPU has is not measured; with none measured the gate is skipped, never passed."""
+    from porter.gates import archs
+
+    res = archs.across(("sm_90", "sm_121"), ("sm_90", "sm_121"), lambda a: _parity_on("sm_90"))
+    assert archs.verdicts(res.evidence) == {"sm_90": True}
+    assert "sm_121 not measured: parity skipped: placed on sm_121 but the run saw sm_90" in res.summary
+    only_90 = archs.across(("sm_90", "sm_121"), ("sm_90",), _parity_on)
+    assert only_90.ok and archs.verdicts(only_90.evidence) == {"sm_90": True}
+    assert "sm_121 not measured: no GPU of sm_121 reachable (GPUs here: sm_90)" in only_90.summary
+    none = archs.across(("sm_121",), (), _parity_on)
+    assert none.skipped and not none.ok and archs.verdicts(none.evidence) == {}

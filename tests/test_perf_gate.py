@@ -294,3 +294,22 @@ def test_comparable_refuses_a_baseline_of_another_architecture():
     assert perf.comparable(base, {"case": CASE}, "device", None, "sm_90") == ""
     kg = perf.known_good_baseline(_parity(1.0, arch="sm_90"))[0]
     assert kg["arch"] == "sm_90"
+
+
+def test_parity_on_several_architectures_is_timed_against_each_ones_own_baseline(workspace):
+    """Required sm_90 and sm_121: perf judges each kind's timing against that kind's known-good, and a
+    kernel fast on sm_90 but serial-slow on sm_121 is refused, naming sm_121."""
+    from porter.gates import archs
+
+    _calibrate(workspace, 1.0, times=[1.0, 1.01, 1.0], arch="sm_90", gpu="NVIDIA H100")
+    _calibrate(workspace, 2.0, times=[2.0, 2.01, 2.0], arch="sm_121", gpu="NVIDIA GB10")
+    runs = {"sm_90": _parity(1.05, arch="sm_90"), "sm_121": _parity(30.0, gpu="NVIDIA GB10", arch="sm_121")}
+    parity = archs.across(("sm_90", "sm_121"), ("sm_90", "sm_121"), runs.__getitem__)
+    res = _perf(workspace, parity)
+    assert not res.ok and res.check == "slowdown" and res.summary.startswith("[sm_121] perf failed"), res.summary
+    per = res.evidence["archs"]
+    assert per["sm_90"]["ok"] and per["sm_90"]["evidence"]["baseline"]["median_ms"] == 1.0
+    assert per["sm_121"]["evidence"]["baseline"]["median_ms"] == 2.0
+    runs["sm_121"] = _parity(2.1, gpu="NVIDIA GB10", arch="sm_121")
+    ok = _perf(workspace, archs.across(("sm_90", "sm_121"), ("sm_90", "sm_121"), runs.__getitem__))
+    assert ok.ok and archs.verdicts(ok.evidence) == {"sm_90": True, "sm_121": True}, ok.summary

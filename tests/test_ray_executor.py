@@ -47,8 +47,11 @@ FAULTS = {"bad/matmul_q8_0_serial.md": "FIRST_BLOCK"}
 def cluster():
     from ray.cluster_utils import Cluster
 
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 1, "include_dashboard": False})
-    c.add_node(num_cpus=1, num_gpus=1)  # a second raylet: a second "host" with its own GPU
+    # each node advertises its (fake) GPU's architecture as porter reads it of a node whose GPU nvidia-smi
+    # cannot name (cluster.ARCH_RESOURCE): two kinds, so jobs that require one must go to its node
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 1, "include_dashboard": False,
+                                                      "resources": {"arch:sm_90": 1}})
+    c.add_node(num_cpus=1, num_gpus=1, resources={"arch:sm_121": 1})  # a second raylet: a second "host"
     yield c
     from porter.gates.parity import executors
 
@@ -263,18 +266,19 @@ class _FakeActor:
         return self.reply
 
 
-def _executor(replies: list):
-    """A RayExecutor over stand-in actors: each get() answers the next reply (an exception is raised)."""
-    from porter.gates.parity.cluster import RayExecutor
+def _executor(replies: list, archs: list | None = None):
+    """A RayExecutor over stand-in actors: each get() answers the next reply (an exception is raised);
+    `archs`: each actor's GPU architecture, as its hello says."""
+    from porter.gates.parity.cluster import FreeWorkers, RayExecutor
 
     ex = RayExecutor.__new__(RayExecutor)
     ex.mode, ex._lock, ex._closed = "host", threading.Lock(), False
-    ex.free, ex.workers, ex.pending, ex.in_flight, ex.lost, ex.retried = __import__("queue").Queue(), {}, set(), {}, [], []
+    ex.free, ex.workers, ex.pending, ex.in_flight, ex.lost, ex.retried = FreeWorkers(), {}, set(), {}, [], []
     ex.unusable = []
     ex._shipped = __import__("collections").OrderedDict()
-    for r in replies:
+    for i, r in enumerate(replies):
         a = _FakeActor(r)
-        ex.workers[a] = {"host": "h", "pid": 1}
+        ex.workers[a] = {"host": "h", "pid": 1, "arch": archs[i] if archs else None}
         ex.free.put(a)
 
     class FakeRay:
@@ -476,3 +480,63 @@ def test_a_worker_whose_host_cannot_open_its_gpu_gets_no_job(tmp_path):
     good = object()
     ex._accept(good, {"host": "h100-1", "usable": True})
     assert ex.workers == {good: {"host": "h100-1", "usable": True}}
+
+
+# ---- required architectures (issue 32): a job that needs a GPU kind runs on a worker of that kind ----
+
+def test_a_job_needing_an_architecture_goes_to_a_worker_of_it(tmp_path):
+    """Placement by architecture: of two idle workers the job requiring sm_121 takes the sm_121 one (the
+    sm_90 one stays idle for others); with no worker of a kind alive and none coming, the job is a harness
+    fault naming the kind, never a verdict from a GPU of another kind."""
+    from porter.gates.parity.cluster import WorkersLost
+
+    full = json.dumps({"complete": True, "cases": [{"id": "c0", "passes": [{"pass": 0}, {"pass": 1}]}]})
+    ex = _executor([_reply({"results.json": full}), _reply({"results.json": full})], archs=["sm_90", "sm_121"])
+    h100, gb10 = list(ex.workers)
+    assert ex.run(_plan(tmp_path, 1, "a"), 5.0, arch="sm_121").status == "done"
+    assert gb10.jobs and not h100.jobs
+    assert ex.on_arch("sm_90").run(_plan(tmp_path, 1, "b"), 5.0).status == "done"
+    assert len(h100.jobs) == 1 and len(gb10.jobs) == 1
+    with pytest.raises(WorkersLost, match="no usable Ray worker of sm_120"):
+        ex.run(_plan(tmp_path, 1, "c"), 5.0, arch="sm_120")
+    assert ex.run(_plan(tmp_path, 1, "d"), 5.0).status == "done"  # no kind required: any idle worker
+
+
+def test_required_architectures_run_on_their_own_nodes_of_the_cluster(cluster, tmp_path, monkeypatch):
+    """Two raylets advertising two (fake) architectures: the gate runs once on each required kind, each run
+    on the node of that kind, and a required kind no node has is recorded as not measured."""
+    from porter.gates import archs
+    from porter.gates.parity import executors
+    from porter.gates.parity.gate import run_spec
+    from porter.gates.parity.spec import Context, load_spec
+
+    (tmp_path / "b.c").write_text(FAKE_BACKEND)
+    subprocess.run([CC, "-O1", "-shared", "-fPIC", "-o", str(tmp_path / "lib.so"), str(tmp_path / "b.c"), "-lm"],
+                   check=True)
+    target = load_target(Path(__file__).resolve().parents[1], "minimoe")
+    spec = load_spec(target, "mini_gpu_swiglu_tensor")
+    executors.shutdown()
+    monkeypatch.setenv("PORTER_PARITY_EXECUTOR", "ray")
+    monkeypatch.setenv("PORTER_RAY_ADDRESS", cluster.address)
+    ex = executors.executor("host")
+    assert executors.served_archs("host") == ("sm_90", "sm_121")
+    node_of = {k[len("arch:"):]: n["NodeID"] for n in ray.nodes() if n["Alive"] for k in n["Resources"]
+               if k.startswith("arch:")}
+    placed = {}
+    real_run = ex.run
+
+    def run(plan_dir, timeout, sanitize=False, arch=None):
+        o = real_run(plan_dir, timeout, sanitize=sanitize, arch=arch)
+        placed[arch] = o.where.get("node")
+        return o
+
+    monkeypatch.setattr(ex, "run", run)
+    res = archs.across(("sm_90", "sm_120", "sm_121"), executors.served_archs("host"),
+                       lambda a: run_spec(target, spec, tmp_path / "lib.so", workspace=tmp_path, mode="host",
+                                          timing_reps=0, ctx=Context(None), arch=a))
+    executors.shutdown()
+    assert placed == {"sm_90": node_of["sm_90"], "sm_121": node_of["sm_121"]}
+    assert res.ok and "sm_120 not measured" in res.summary, res.summary
+    assert archs.verdicts(res.evidence) == {"sm_90": True, "sm_121": True}
+    assert res.evidence["archs"]["sm_120"] == {"measured": False,
+                                               "why": "no GPU of sm_120 reachable (GPUs here: sm_90, sm_121)"}

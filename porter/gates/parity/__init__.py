@@ -40,6 +40,8 @@ from pathlib import Path
 
 from porter import sandbox
 from porter.cparse import calls_to
+from porter.gates import archs
+from porter.gates.parity import executors
 from porter.gates.parity.gate import prepare_cases, run_spec
 from porter.gates.parity.scenario import blocked_by, placeholders_among
 from porter.gates.parity.spec import SpecError, UnitSpec, load_spec
@@ -144,7 +146,15 @@ def run(candidate, ctx) -> GateResult:
             prepared = None
         if prepared is not None:
             extra["prepared"] = prepared
-    return run_spec(target, spec, Path(ctx.library), workspace=ctx.workspace, seeds=opts.seeds, sanitize=sanitize,
-                    timeout=opts.timeout, mode=opts.mode, timing_reps=opts.timing_reps, env=opts.env,
-                    regime=opts.regime, fresh_process=opts.fresh_process, candidate_sha256=candidate.sha256,
-                    calibration=ctx.history.calibration_status(candidate.unit, spec.sha256), **extra)
+    calibration = ctx.history.calibration_status(candidate.unit, spec.sha256)
+
+    def on(arch: str | None) -> GateResult:
+        return run_spec(target, spec, Path(ctx.library), workspace=ctx.workspace, seeds=opts.seeds, sanitize=sanitize,
+                        timeout=opts.timeout, mode=opts.mode, timing_reps=opts.timing_reps, env=opts.env,
+                        regime=opts.regime, fresh_process=opts.fresh_process, candidate_sha256=candidate.sha256,
+                        calibration=calibration, arch=arch, **extra)
+
+    required = getattr(target, "required_archs", ())
+    if not required:
+        return on(None)  # a verdict for the GPU it runs on, which its evidence names
+    return archs.across(required, executors.served_archs(opts.mode), on)

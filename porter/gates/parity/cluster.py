@@ -56,6 +56,10 @@ TRIES = 3  # runs of one job on successive workers before it is given up as a ha
 GRACE_S = 180.0 + 120.0
 NO_WORKER_S = 600.0  # no live worker for this long (all lost, none placed again): the job is given up
 SHIPPED_KEEP = 64  # files kept in the object store: the fixture and weights stay, old libraries go
+# a node's GPU architecture as a Ray custom resource ("arch:sm_121": its GPU count, in Ray's own
+# "accelerator_type:H100" style), read by a worker whose GPU nvidia-smi cannot name: a node started
+# with `ray start --resources '{"arch:sm_121": 4}'`, or the CI's fake GPUs
+ARCH_RESOURCE = "arch:"
 
 
 class WorkersLost(PorterError):
@@ -135,7 +139,8 @@ class GateWorker:
             # a host whose cupy cannot open its GPU takes no job: every verdict there would be the host's fault
             usable, why = toolchain.cuda_device_here() if self.mode == "cuda" else (True, "host stand-in")
             self.where = dict(toolchain.where_facts("ray", self.mode), node=ray.get_runtime_context().get_node_id(),
-                              pid=os.getpid(), gpus=gpus, arch=_gpu_arch(gpus) if self.mode == "cuda" else None,
+                              pid=os.getpid(), gpus=gpus,
+                              arch=(_gpu_arch(gpus) if self.mode == "cuda" else None) or _advertised_arch(),
                               usable=usable, why=why)
         return self.where
 
@@ -198,6 +203,54 @@ def _gpu_arch(visible: str | None) -> str | None:
         return None
     major, _, minor = out.partition(".")
     return f"sm_{major}{minor}" if major.isdigit() and minor.isdigit() else None
+
+
+def _advertised_arch() -> str | None:
+    """The one architecture this worker's node advertises (ARCH_RESOURCE), or None (none, or several:
+    then which GPU is this worker's cannot be told from the node)."""
+    import ray
+
+    node = ray.get_runtime_context().get_node_id()
+    for n in ray.nodes():
+        if n.get("NodeID") == node:
+            kinds = [k[len(ARCH_RESOURCE):] for k in (n.get("Resources") or {}) if k.startswith(ARCH_RESOURCE)]
+            return kinds[0] if len(kinds) == 1 else None
+    return None
+
+
+class FreeWorkers:
+    """The idle workers.  A job takes the first idle one of the architecture it needs (any one when it
+    needs none); one of another kind stays idle for the jobs that need it."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._idle: list = []
+
+    def put(self, actor) -> None:
+        with self._cond:
+            self._idle.append(actor)
+            self._cond.notify_all()
+
+    def empty(self) -> bool:
+        with self._cond:
+            return not self._idle
+
+    def get(self, fits=None, timeout: float | None = None):
+        """An idle worker for which fits(worker) holds; queue.Empty after `timeout` seconds without one."""
+        def first():
+            return next((a for a in self._idle if fits is None or fits(a)), None)
+
+        with self._cond:
+            if timeout:
+                self._cond.wait_for(lambda: first() is not None, timeout)
+            found = first()
+            if found is None:
+                raise queue.Empty
+            self._idle.remove(found)
+            return found
+
+    def get_nowait(self, fits=None):
+        return self.get(fits, 0)
 
 
 def _rewrite_plan(path: Path, orig_dir: str, local_dir: str, moved: dict[str, str]) -> None:
@@ -265,7 +318,7 @@ class RayExecutor:
                               f"({ray.cluster_resources()})", exit_code=2)
         opts = {"num_gpus": 1, "num_cpus": 0} if resource == "GPU" else {"num_cpus": 1}
         self._actor_class = ray.remote(max_restarts=0, **opts)(GateWorker)
-        self.free: queue.Queue = queue.Queue()
+        self.free = FreeWorkers()
         self._lock = threading.Lock()
         self.workers: dict = {}  # actor -> its hello (host, node, pid), once it answered
         self.pending: set = set()  # actors asked for, not placed yet (a replacement waits for a free GPU)
@@ -374,10 +427,14 @@ class RayExecutor:
                 "timeout": timeout, "env": env}
 
     # -- the executor interface ----------------------------------------------
-    def sanitizing(self) -> "_Sanitizing":
-        return _Sanitizing(self)
+    def sanitizing(self, arch: str | None = None) -> "_Sanitizing":
+        return _Sanitizing(self, arch)
 
-    def run(self, plan_dir: Path, timeout: float, sanitize: bool = False) -> runner.ChildOutcome:
+    def on_arch(self, arch: str) -> "_OnArch":
+        return _OnArch(self, arch)
+
+    def run(self, plan_dir: Path, timeout: float, sanitize: bool = False,
+            arch: str | None = None) -> runner.ChildOutcome:
         from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
         plan_dir = Path(plan_dir)
@@ -385,7 +442,7 @@ class RayExecutor:
         expected = runner.expected_results(plan_dir)  # from the plan as the orchestrator wrote it
         job = dict(self._job(plan_dir, timeout), sanitize=sanitize)
         for attempt in range(TRIES):
-            actor = self._take(job["name"])
+            actor = self._take(job["name"], arch)
             where = self.workers.get(actor, {})
             with self._lock:
                 self.in_flight[job["name"]] = where
@@ -409,23 +466,30 @@ class RayExecutor:
             return self._outcome(plan_dir, res, timeout, expected)
         raise WorkersLost(f"parity job {job['name']}: {TRIES} workers lost in a row ({self.lost[-1]})")
 
-    def _take(self, name: str):
-        """A free worker; waits while others run (--jobs above the cluster's GPUs), but not forever
-        once none is alive."""
+    def _fits(self, arch: str | None):
+        """Whether a worker can take a job needing `arch` (None: any worker)."""
+        return None if arch is None else (lambda actor: self.workers.get(actor, {}).get("arch") == arch)
+
+    def _take(self, name: str, arch: str | None = None):
+        """A free worker (of `arch`, where the job needs one); waits while others run (--jobs above the
+        cluster's GPUs), but not forever once none is alive."""
         idle_since = time.monotonic()
         wait = 0.0  # look once without waiting: no worker alive and none coming fails at once
+        fits = self._fits(arch)
         while True:
             try:
-                return self.free.get(timeout=wait) if wait else self.free.get_nowait()
+                return self.free.get(fits, timeout=wait) if wait else self.free.get_nowait(fits)
             except queue.Empty:
                 wait = 10.0
                 with self._lock:
-                    alive, coming = bool(self.workers), bool(self.pending)
+                    alive = any(fits is None or fits(a) for a in self.workers)
+                    coming = bool(self.pending)
                 if alive:
                     idle_since = time.monotonic()
                 elif not coming or time.monotonic() - idle_since > NO_WORKER_S:
                     why = (self.unusable or self.lost or ["none was placed"])[-1]
-                    raise WorkersLost(f"parity job {name}: no usable Ray worker ({why})") from None
+                    kind = f" of {arch}" if arch else ""
+                    raise WorkersLost(f"parity job {name}: no usable Ray worker{kind} ({why})") from None
 
     def _outcome(self, plan_dir: Path, res: dict, timeout: float, expected: dict) -> runner.ChildOutcome:
         """The worker's raw files in the plan folder, and the outcome classified HERE from them."""
@@ -460,10 +524,23 @@ class RayExecutor:
 
 
 class _Sanitizing:
-    """RayExecutor's --sanitize reruns: on a worker host, under its compute-sanitizer."""
+    """RayExecutor's --sanitize reruns: on a worker host (of `arch`, where required), under its
+    compute-sanitizer."""
 
-    def __init__(self, ex: RayExecutor):
+    def __init__(self, ex: RayExecutor, arch: str | None = None):
         self.ex = ex
+        self.arch = arch
 
     def run(self, plan_dir: Path, timeout: float) -> runner.ChildOutcome:
-        return self.ex.run(plan_dir, timeout, sanitize=True)
+        return self.ex.run(plan_dir, timeout, sanitize=True, arch=self.arch)
+
+
+class _OnArch:
+    """RayExecutor's plans for one required architecture: each on a worker whose GPU is that kind."""
+
+    def __init__(self, ex: RayExecutor, arch: str):
+        self.ex = ex
+        self.arch = arch
+
+    def run(self, plan_dir: Path, timeout: float) -> runner.ChildOutcome:
+        return self.ex.run(plan_dir, timeout, arch=self.arch)

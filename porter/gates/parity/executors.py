@@ -18,6 +18,7 @@ import os
 import subprocess
 import threading
 
+from porter import arch as gpu_arch
 from porter.gates.parity.cluster import RayExecutor
 from porter.gates.parity.pool import Executor, SanitizingExecutor, SpawnExecutor, WarmPool
 
@@ -106,8 +107,23 @@ def shutdown() -> None:
         _executors.clear()
 
 
-def sanitizing(mode: str) -> Executor:
+def sanitizing(mode: str, arch: str | None = None) -> Executor:
     """Where --sanitize reruns a plan: beside the plans of `mode` (a Ray executor's worker hosts have
-    the GPU; this machine may have none)."""
+    the GPU; this machine may have none), on a GPU of `arch` where one is required."""
     ex = executor(mode)
-    return ex.sanitizing() if hasattr(ex, "sanitizing") else SanitizingExecutor()
+    return ex.sanitizing(arch) if hasattr(ex, "sanitizing") else SanitizingExecutor()
+
+
+def served_archs(mode: str) -> tuple[str, ...]:
+    """The GPU kinds parity plans of `mode` can run on: a Ray cluster's workers' (each worker names its
+    own), else this machine's GPUs: the local pool serves no other kind, and the host stand-in none."""
+    if os.environ.get("PORTER_PARITY_EXECUTOR", "warm").lower() == "ray":
+        return tuple(executor(mode).archs())
+    return gpu_arch.detected() if mode == "cuda" else ()
+
+
+def on_arch(ex: Executor, arch: str) -> Executor:
+    """`ex` with its plans placed on a worker whose GPU is `arch`: a Ray executor picks such a worker;
+    a local one runs on this machine's GPU, which served_archs() said is that kind (the child's own
+    report of its GPU is checked against `arch` by gates.archs.across)."""
+    return ex.on_arch(arch) if isinstance(ex, RayExecutor) else ex

@@ -674,7 +674,7 @@ def _run_spec(target, spec, library: Path, *, workspace: Path | None = None, see
               candidate_sha256: str | None = None, probe: dict | None = None, keep: bool | None = None,
               calibration: dict | None = None, ctx=None, env: dict | None = None,
               prepared: "Prepared | None" = None, regime: str | None = None,
-              fresh_process: bool = False, profile_with=None) -> GateResult:
+              fresh_process: bool = False, profile_with=None, arch: str | None = None) -> GateResult:
     """A scenario is not timed (the perf gate skips it), makes its own ordering probes (hold/peek) and
     is not run under compute-sanitizer: `sanitize`, `timing_reps` and `probe` are op-spec options.
     `profile_with`: an executor that reruns the plan, once it completed, under a profiler
@@ -701,13 +701,15 @@ def _run_spec(target, spec, library: Path, *, workspace: Path | None = None, see
         limit = timeout or float(os.environ.get("PORTER_PARITY_TIMEOUT", DEFAULT_TIMEOUT_S))
         # a warm worker serves one plan too, but the perf gate's re-time wants nothing made before its plan
         ex = executors.fresh_executor(mode) if fresh_process else executors.executor(mode) if kind.warm else pool.SpawnExecutor()
+        if arch:  # a required architecture's run (gates.archs.across): on a GPU of that kind
+            ex = executors.on_arch(ex, arch)
         outcome = ex.run(plan_dir, limit)
         failures, reports = kind.judge(target, spec, prepared, outcome, _load_outputs(plan_dir), plan_dir, harness,
                                        orders=orders)
         failures = _outcome_failures(outcome, {c.id: c.label for c in prepared.cases}) + failures
         if sanitize and kind.sanitizable and mode == "cuda" and outcome.status == "done":
             plan(plan_dir / "sanitize", mode="cuda", probe=None, timing_reps=0)
-            o = executors.sanitizing(mode).run(plan_dir / "sanitize", limit * 10)
+            o = executors.sanitizing(mode, arch).run(plan_dir / "sanitize", limit * 10)
             san = {"status": o.status, "detail": o.detail, "elapsed_s": round(o.elapsed_s, 2)}
             if san["status"] != "done":
                 failures.append(Failure("sanitize", "all cases", None, san["detail"]))
