@@ -35,9 +35,15 @@ Per unit the state is the first that holds of:
              the same, but its parity evidence says the candidate ran outside
              the sandbox ("sandbox": "none", --unsafe-no-sandbox): it could
              have written anything, this status included
-  built      the same with a passing build gate
+  built      the same with a passing build gate; also a verified step whose parity has
+             no passing verdict on one of the required architectures ([cuda]
+             required_archs, --require-arch): shown "built (sm_121 not measured)"
   exhausted  its attempts ran out (an "exhausted" record after the last attempt)
-  failing    attempts were made, none produced a step
+  failing    attempts were made, none produced a step; shown "failing (sm_121)" where
+             the refusal was on that architecture
+
+Per unit, `archs` says for each architecture its evidence measured, and each required one,
+"verified", "failing" or "not measured" (porter.gates.archs.verdicts reads the evidence).
   unported   no attempt is recorded (whatever the file holds)
 
 Exit: 3 when anything is tampered or rolled back, else 4 when a unit is stale, else 0.
@@ -55,7 +61,7 @@ from pathlib import Path
 from porter import gitops, signing, witness
 from porter.errors import PorterError
 from porter.evidence import check_evidence, evidence_problem
-from porter.gates import static
+from porter.gates import archs as gate_archs, static
 from porter.gates.driver import Candidate, GateContext
 from porter.gates.e2e.state import prefill_line, prefill_status
 from porter.gates.perf import speed, speed_cell, speed_line, speed_summary
@@ -172,6 +178,9 @@ class UnitStatus:
     speed: dict | None = None
     # speedups `porter optimize` landed, oldest first: attempt, x (old/new median), p_value, before_ms, after_ms
     speedups: list[dict] = field(default_factory=list)
+    # per GPU architecture: "verified", "failing" or "not measured" (every required one is listed)
+    archs: dict = field(default_factory=dict)
+    label: str = ""  # the state as shown: "failing (sm_121)", "built (sm_121 not measured)"
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -550,13 +559,15 @@ def unit_file(target: Target, unit: str, use_static: bool) -> UnitFile:
     return UnitFile(sha256_bytes(data), placeholder, problem)
 
 
-def unit_state(uh: UnitHistory, f: UnitFile, tampered: list[str], evidence, committed: set[str]) -> tuple[str, str]:
-    """(state, reason) of one unit; the first of the module docstring's states that holds."""
+def unit_state(uh: UnitHistory, f: UnitFile, tampered: list[str], evidence, committed: set[str],
+               required: tuple[str, ...] = ()) -> tuple[str, str]:
+    """(state, reason) of one unit; the first of the module docstring's states that holds.  `required`:
+    the architectures a verification must hold on (Target.required_archs)."""
     if tampered:
         return "tampered", _first(tampered)
     step = uh.last_step
     if step is not None:
-        state, reason = _from_step(uh, step, f, evidence, committed)
+        state, reason = _from_step(uh, step, f, evidence, committed, required)
         refuted = uh.refutation
         if state == "built" and refuted is not None:
             # committed before parity could run; parity (or perf) has since refused this very file
@@ -581,7 +592,8 @@ def unit_state(uh: UnitHistory, f: UnitFile, tampered: list[str], evidence, comm
     return "failing", f"{n} attempt{'s' if n != 1 else ''}; last {why}"
 
 
-def _from_step(uh: UnitHistory, step: Step, f: UnitFile, evidence, committed: set[str]) -> tuple[str, str]:
+def _from_step(uh: UnitHistory, step: Step, f: UnitFile, evidence, committed: set[str],
+               required: tuple[str, ...] = ()) -> tuple[str, str]:
     state, cand, when = step.state, step.candidate_sha256, f"attempt {step.attempt}"
     if state not in STATE_GATE:
         return "tampered", f"step record at ledger line {step.line} has unknown state {state!r}"
@@ -610,7 +622,12 @@ def _from_step(uh: UnitHistory, step: Step, f: UnitFile, evidence, committed: se
     if step.hash not in committed:
         reason += "; not committed yet (run in progress or interrupted)"
     if state == "verified":
-        reason += _ran_on(evidence(proof)[0].get("toolchain"))
+        reason += _ran_on(evidence(proof)[0])
+        missing = unmeasured(evidence(proof)[0], required)
+        if missing:
+            # a verdict holds for the GPU kinds it ran on: one required kind without it is no verification
+            return "built", (reason + f"; {', '.join(missing)} not measured (required; no passing parity on a "
+                             "GPU of that kind): not verified")
     if state == "verified" and evidence(proof)[0].get("sandbox") == "none":
         return UNSANDBOXED, reason + "; the candidate ran outside the sandbox (--unsafe-no-sandbox)"
     if state == "verified" and not any((ev := evidence(sha)[0]) and ev.get("gate") == "perf" and ev.get("ok") is True
@@ -620,10 +637,21 @@ def _from_step(uh: UnitHistory, step: Step, f: UnitFile, evidence, committed: se
     return state, reason
 
 
-def _ran_on(toolchain) -> str:
+def unmeasured(parity_evidence: dict | None, required: tuple[str, ...]) -> list[str]:
+    """The required architectures a parity evidence record holds no passing verdict for."""
+    got = gate_archs.verdicts(parity_evidence)
+    return [a for a in required if got.get(a) is not True]
+
+
+def _ran_on(ev: dict | None) -> str:
     """"; parity ran on sm_121 (NVIDIA GB10, host spark-2)": the GPU kind a verification holds for, from
-    its parity evidence (the host and GPU the worker's harness named, the architecture the child saw)."""
-    tc = toolchain if isinstance(toolchain, dict) else {}
+    its parity evidence (the host and GPU the worker's harness named, the architecture the child saw);
+    "; parity passed on sm_90, sm_121" for a run on several required kinds."""
+    ev = ev if isinstance(ev, dict) else {}
+    if isinstance(ev.get("archs"), dict):
+        passed = [a for a, ok in gate_archs.verdicts(ev).items() if ok]
+        return f"; parity passed on {', '.join(passed)}" if passed else ""
+    tc = ev.get("toolchain") if isinstance(ev.get("toolchain"), dict) else {}
     arch, gpu, host = tc.get("arch"), tc.get("gpu"), tc.get("host")
     if not arch:
         return ""
@@ -676,9 +704,12 @@ def derive(
     for unit in target.units:
         uh = history.unit(unit)
         f = unit_file(target, unit, use_static)
-        state, reason = unit_state(uh, f, integ.issues.get(unit, []), evidence, set(integ.commit_of_step))
+        state, reason = unit_state(uh, f, integ.issues.get(unit, []), evidence, set(integ.commit_of_step),
+                                   target.required_archs)
         st = UnitStatus(unit=unit, state=state, reason=" ".join(reason.split()), attempts=len(uh.attempts),
                         candidate_sha256=f.sha256)
+        st.archs = arch_states(uh, state, f, evidence, target.required_archs)
+        st.label = unit_label(state, st.archs, judged=uh.last_step is not None and uh.last_step.state == "verified")
         if ranking is not None and unit in ranking:
             st.tier = ranking[unit][0]
         if uh.last_step is not None:
@@ -719,6 +750,48 @@ def derive(
     return StatusReport(target=target.name, units=results, counts=_count(results), critical_path=critical,
                         ledger=ledger_info, notes=notes, problems=integ.problems,
                         prefill={"state": p_state, "commit": p_commit, "reason": p_reason})
+
+
+def _judging_evidence(uh: UnitHistory, state: str, f: UnitFile, evidence) -> list[dict]:
+    """The evidence a unit's state rests on, as far as GPU kinds go: the latest step's parity (and perf)
+    for the current file where it is verified or built; the refusing gate's where it is failing."""
+    if state in VERIFIED_STATES or state == "built":
+        step = uh.last_step
+        return [ev for sha in (step.evidence if step else []) if (ev := evidence(sha)[0])
+                and ev.get("gate") in ("parity", "perf") and ev.get("candidate_sha256") == f.sha256]
+    if state in ("failing", "exhausted") and uh.failures:
+        last = uh.refutation or uh.failures[-1]
+        return [ev for g in uh.gates_of(last.attempt) if g.gate == last.gate and not g.ok and g.evidence
+                and (ev := evidence(g.evidence)[0])]
+    return []
+
+
+def arch_states(uh: UnitHistory, state: str, f: UnitFile, evidence, required: tuple[str, ...]) -> dict[str, str]:
+    """{arch: "verified" | "failing" | "not measured"}: each GPU kind the evidence under the state measured
+    (a kind passes only where every gate that measured it passed), and each required kind."""
+    out: dict[str, str] = {}
+    if state != "tampered":
+        for ev in _judging_evidence(uh, state, f, evidence):
+            for a, ok in gate_archs.verdicts(ev).items():
+                out[a] = "failing" if not ok or out.get(a) == "failing" else "verified"
+    if state == "built":  # a build alone measures no kind; a verified step's parity did
+        out = {a: s for a, s in out.items() if s == "verified"}
+    for a in required:
+        out.setdefault(a, "not measured")
+    return dict(sorted(out.items(), key=lambda kv: gate_archs.by_number(kv[0])))
+
+
+def unit_label(state: str, archs: dict[str, str], judged: bool = False) -> str:
+    """The state as a person reads it: "failing (sm_121)" for a refusal on that kind, "built (sm_121 not
+    measured)" for a verification (`judged`: its step says verified) missing a required kind; else
+    state_label(state)."""
+    failing = [a for a, s in archs.items() if s == "failing"]
+    missing = [a for a, s in archs.items() if s == "not measured"]
+    if state in ("failing", "exhausted") and failing:
+        return f"{state} ({', '.join(failing)})"
+    if state == "built" and missing and judged:
+        return f"built ({', '.join(missing)} not measured)"
+    return state_label(state)
 
 
 def speedups_landed(uh, evidence) -> list[dict]:
@@ -806,7 +879,7 @@ def status_table(report: StatusReport):
     for u in report.units:
         # Text, not markup: reasons quote ledger and compiler text
         fast = [Text(speed_cell(u.speed), style="red" if (u.speed or {}).get("below_half") else None)] if timed else []
-        table.add_row(u.unit, *([u.tier or ""] if ranked else []), Text(state_label(u.state), style=STATE_STYLE[u.state]),
+        table.add_row(u.unit, *([u.tier or ""] if ranked else []), Text(u.label or state_label(u.state), style=STATE_STYLE[u.state]),
                       str(u.attempts), *fast, u.commit[:10] if u.commit else "", tail=u.reason)
     return table
 

@@ -203,3 +203,17 @@ def test_prefill_slot_shapes():
     assert prefill_slot({"state": "verified", "commit": "0123456789abcdef"}) == \
         {"state": "verified", "text": "verified at 0123456789ab"}
     assert prefill_slot({"state": "unverified", "reason": "no e2e record"})["text"] == "unverified (no e2e record)"
+
+
+def test_a_unit_refused_on_one_required_architecture_says_which_in_the_report(ws, tmp_path, monkeypatch):
+    """Issue 32: the report shows status's label, so a refusal on sm_121 reads 'failing (sm_121)' on the
+    overview and on the unit's page, and a verification missing sm_121 is 'built (sm_121 not measured)'."""
+    monkeypatch.setenv("PORTER_REQUIRE_ARCH", "sm_90,sm_121")
+    per_arch = {"sm_90": {"measured": True, "ok": True, "summary": "", "evidence": {}},
+                "sm_121": {"measured": True, "ok": False, "summary": "", "evidence": {}}}
+    ws.fail("mini_gpu_tensor_bytes", 1, gate="parity", summary="[sm_121] parity failed", facts={"archs": per_arch})
+    site = build(ws.root, TARGET, tmp_path / "archs").parent
+    assert "failing (sm_121)" in text_of((site / "index.html").read_text())
+    assert "failing (sm_121)" in text_of(page(site, "mini_gpu_tensor_bytes"))
+    # verified in host mode, on no GPU kind at all: neither required kind was measured
+    assert "built (sm_90, sm_121 not measured)" in text_of(page(site, REFUSED))

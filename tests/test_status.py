@@ -318,3 +318,59 @@ def test_speed_per_unit_and_for_the_target(ws, capsys):
     assert "0.5 ms 3x 20% device" in text
     assert "speed (device regime): 2 unit(s) timed, geomean 1.90x the known-good over 2 unit(s); " \
            "1 below half their roofline share" in text
+
+
+# ---- required architectures (issue 32) ----
+
+def _on(*verdicts: tuple[str, bool | None]) -> dict:
+    """Parity evidence facts of a run across required architectures (porter.gates.archs.across): each
+    (arch, True | False | None: not measured)."""
+    return {"archs": {a: ({"measured": True, "ok": ok, "summary": "", "evidence": {"toolchain": {"arch": a}}}
+                          if ok is not None else {"measured": False, "why": f"no GPU of {a} reachable"})
+                      for a, ok in verdicts}}
+
+
+def _require(ws, archs: str) -> None:
+    toml = ws.root / "targets" / TARGET / "target.toml"
+    toml.write_text(toml.read_text().replace("default_arch = ", f"required_archs = {archs}\ndefault_arch = "))
+
+
+def test_a_unit_verified_on_sm_90_only_is_not_verified_while_sm_121_is_required(ws, capsys):
+    """Nothing is reported that was not measured: parity passed on sm_90 and no GPU of sm_121 was reachable,
+    so the unit is built, shown 'built (sm_121 not measured)' in the table and in --json."""
+    ws.port("mini_gpu_synchronize", toolchain={"nvcc": "13.0", "arch": "sm_90", "gpu": "NVIDIA H100"})
+    ws.port("mini_gpu_tensor_bytes", toolchain={"nvcc": "13.0", "arch": "sm_90"},
+            parity_facts=_on(("sm_90", True), ("sm_121", None)))
+    ws.port("mini_gpu_add_tensor", toolchain={"nvcc": "13.0", "arch": "sm_90"},
+            parity_facts=_on(("sm_90", True), ("sm_121", True)))
+    r = derive(ws.root, TARGET)
+    assert state(r, "mini_gpu_synchronize")[0] == "verified"  # nothing required: the kind it ran on, named
+    assert r.unit("mini_gpu_synchronize").archs == {"sm_90": "verified"}
+    _require(ws, '["sm_90", "sm_121"]')
+    r = derive(ws.root, TARGET)
+    for unit in ("mini_gpu_synchronize", "mini_gpu_tensor_bytes"):
+        u = r.unit(unit)
+        assert u.state == "built" and u.label == "built (sm_121 not measured)", (unit, u.state, u.label)
+        assert u.archs == {"sm_90": "verified", "sm_121": "not measured"}
+        assert "sm_121 not measured (required" in u.reason and "not verified" in u.reason
+    both = r.unit("mini_gpu_add_tensor")
+    assert both.state == "verified" and both.archs == {"sm_90": "verified", "sm_121": "verified"}
+    assert "parity passed on sm_90, sm_121" in both.reason
+    code, out = run_status(ws, capsys=capsys)
+    j = {u["unit"]: u for u in json.loads(out)["units"]}
+    assert j["mini_gpu_tensor_bytes"]["label"] == "built (sm_121 not measured)"
+    assert j["mini_gpu_tensor_bytes"]["archs"]["sm_121"] == "not measured"
+    code, out = run_status(ws, json_out=False, capsys=capsys, wide=True)
+    assert "built (sm_121 not measured)" in out
+
+
+def test_a_unit_refused_on_sm_121_shows_failing_sm_121(ws, monkeypatch, capsys):
+    monkeypatch.setenv("PORTER_REQUIRE_ARCH", "sm_90,sm_121")  # --require-arch, as the CLI passes it on
+    ws.fail("mini_gpu_swiglu_tensor", 1, gate="parity", summary="[sm_121] parity failed [values]: case 3",
+            facts=_on(("sm_90", True), ("sm_121", False)))
+    r = derive(ws.root, TARGET)
+    u = r.unit("mini_gpu_swiglu_tensor")
+    assert u.state == "failing" and u.label == "failing (sm_121)" and u.archs == {"sm_90": "verified",
+                                                                                   "sm_121": "failing"}
+    code, out = run_status(ws, json_out=False, capsys=capsys, wide=True)
+    assert "failing (sm_121)" in out

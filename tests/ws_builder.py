@@ -149,11 +149,11 @@ class Workspace:
         return rec, ev
 
     def fail(self, unit: str, attempt: int, gate: str = "build", summary: str = "nvcc: error: expected ';'",
-             source: str = "// broken\n", diagnostics: str | None = None) -> None:
+             source: str = "// broken\n", diagnostics: str | None = None, facts: dict | None = None) -> None:
         self.attempt(unit, attempt, source)
         cand = sha256_bytes(source.encode())
         if gate != "extract":
-            self.gate(unit, attempt, gate, False, cand, summary)
+            self.gate(unit, attempt, gate, False, cand, summary, **(facts or {}))
         diag_sha = None
         if diagnostics is not None:
             diag_sha = sha256_bytes(diagnostics.encode())
@@ -169,7 +169,7 @@ class Workspace:
     def port(self, unit: str, attempt: int = 1, state: str = "verified", source: str | None = None,
              commit: bool = True, perf: bool = True, sandbox: str = "bubblewrap 0.8.0",
              toolchain: dict | None = None, timing: dict | None = None,
-             perf_facts: dict | None = None) -> tuple[dict, str | None]:
+             perf_facts: dict | None = None, parity_facts: dict | None = None) -> tuple[dict, str | None]:
         """One successful attempt: unit file, gate records, evidence, step record and its commit.
         `timing`: parity's timed case (with a regime); `perf_facts`: the perf evidence's facts."""
         source = source if source is not None else SOURCES[unit]
@@ -184,6 +184,7 @@ class Workspace:
                          **({"toolchain": toolchain} if toolchain else {})}
                 if timing is not None:
                     facts.update(timing=timing, regime={"name": timing.get("regime", "device")})
+                facts.update(parity_facts or {})
             if gate == "perf":
                 facts = perf_facts or {"ratio": 1.2}
             _, ev = self.gate(unit, attempt, gate, True, cand, **facts)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+from porter import arch as gpu_arch
+from porter.errors import PorterError
 from porter.gates.result import GateResult
 
 
@@ -67,6 +69,14 @@ def across(required: tuple[str, ...], served: tuple[str, ...], run_one: Callable
                       skipped=not passed and not refused, check=first.check)
 
 
+def by_number(arch: str) -> tuple:
+    """Sort key: sm_90 before sm_121 (evidence files keep keys in text order)."""
+    try:
+        return (gpu_arch.number(arch), arch)
+    except PorterError:
+        return (1 << 30, arch)
+
+
 def measured(evidence: dict | None) -> dict[str, dict]:
     """{arch: that kind's own evidence} for every kind a combined record holds a passing run of."""
     per_arch = (evidence or {}).get("archs")
@@ -80,6 +90,7 @@ def verdicts(evidence: dict | None) -> dict[str, bool]:
     ev = evidence if isinstance(evidence, dict) else {}
     per_arch = ev.get("archs")
     if isinstance(per_arch, dict):
-        return {a: v.get("ok") is True for a, v in per_arch.items() if isinstance(v, dict) and v.get("measured")}
+        got = {a: v.get("ok") is True for a, v in per_arch.items() if isinstance(v, dict) and v.get("measured")}
+        return dict(sorted(got.items(), key=lambda kv: by_number(kv[0])))
     arch = (ev.get("toolchain") or {}).get("arch")
     return {arch: ev.get("ok") is True} if arch else {}

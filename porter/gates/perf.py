@@ -82,6 +82,8 @@ def baseline(history, unit: str, spec_sha256: str | None, arch: str | None = Non
         return None, "the spec changed or failed since its last calibration"
     for rec in reversed(current):
         ev = load_evidence(history.workspace, rec.evidence) or {}
+        if arch:  # a calibration across required architectures keeps each one's run (gates.archs.across)
+            ev = archs.measured(ev).get(arch, ev)
         if not arch or arch_of(ev) in (None, arch):
             break
     else:

@@ -37,6 +37,8 @@ class UnitPage:
     audit: dict
     evidence: list[dict]  # the latest step's evidence, loaded and hash-checked
     calibration: dict | None
+    label: str = ""  # status's label: "failing (sm_121)", "built (sm_121 not measured)"
+    archs: dict = field(default_factory=dict)  # status's per-architecture verdicts
 
     @property
     def page(self) -> str:
@@ -182,6 +184,7 @@ def collect(workspace: Path, target_name: str | None = None, source=None) -> Sit
             kernels=list(r.kernels) if r else [], path=list(r.path) if r else [], phases=list(r.phases) if r else [],
             audit=data,
             evidence=_evidence(workspace, st.evidence), calibration=calibration.get(st.unit),
+            label=st.label, archs=st.archs,
         ))
 
     refused: dict[str, int] = {}
