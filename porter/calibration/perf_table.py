@@ -84,7 +84,8 @@ def judge_mutant(target, m, libs, opts: CalibrateOptions, first, seeds) -> dict:
     if m.perf and r.ok:
         r = perf_on_mutant(target, m.unit, r, first, lambda: parity_on_library(
             target, m.unit, lib, opts, timeout=m.timeout, fresh_process=True))
-    return dict(row, got=r.word, ok=m.rejected_by(r.word), summary=r.summary[:300])
+    return dict(row, got=r.word, ok=m.rejected_by(r.word), ms=(r.metrics or {}).get("median_ms"),
+                summary=r.summary[:300])
 
 
 def _f(v, fmt="{:.4g}") -> str:
@@ -121,6 +122,45 @@ def render(target, rows: list[dict], mutants: list[dict], regimes: list[str], se
     return "\n".join(lines) + "\n"
 
 
+def floors_block(target, rows: list[dict]) -> str:
+    """The [perf.floors] a target may declare from this table: per op, half the roofline share the
+    known-good reached in the production regime.  An op whose share rounds to 0 at 4 decimals is pure
+    latency at its timed size: it gets no line (porter's default share and the launch allowance decide)."""
+    lines = [f"[perf.floors]  # half of {target.name}'s known-good roofline share per op (porter dev perf-table)"]
+    for r in sorted(rows, key=lambda r: r["unit"]):
+        if r.get("perf") == "pass" and (r.get("suggested_floor") or 0) >= 0.0001:
+            lines.append(f"{r['unit']} = {r['suggested_floor']:.4g}")
+    return "\n".join(lines) + "\n"
+
+
+def from_json(target, paths: list[str], out: Path) -> int:
+    """One table from the JSON of several --chunk runs (each chunk may run on its own GPU of one kind)."""
+    rows, mrows, device, seconds = [], [], set(), 0.0
+    for p in paths:
+        try:
+            d = json.loads(Path(p).read_text())
+            rows += d["rows"]
+            mrows += d["mutants"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"perf-table: {p}: not a perf-table JSON ({exc})", file=sys.stderr)
+            return 2
+        device.add(d.get("device") or "unknown GPU")
+        seconds = max(seconds, float(d.get("seconds") or 0))
+    if len(device) > 1:
+        print(f"perf-table: the parts ran on different GPUs ({sorted(device)}): one table compares one kind",
+              file=sys.stderr)
+        return 2
+    rows.sort(key=lambda r: r["unit"])
+    text = render(target, rows, mrows, list(target.spec.perf.regimes), seconds, device.pop())
+    text += "\n```toml\n" + floors_block(target, rows) + "```\n"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    out.with_suffix(".json").write_text(json.dumps({"rows": rows, "mutants": mrows}, indent=1, default=str))
+    print(text)
+    bad = [r for r in rows if r.get("perf") != "pass"] + [m for m in mrows if not m["ok"]]
+    return 1 if bad else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="porter dev perf-table", description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", help="the target (default: the workspace's only target)")
@@ -132,12 +172,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timing-reps", type=int, default=10)
     ap.add_argument("--timeout", type=float, default=180.0, metavar="S", help="per parity child")
     ap.add_argument("--out", default="runs/perf-table.md", metavar="FILE")
+    ap.add_argument("--merge", nargs="+", metavar="JSON", help="no GPU: one table (and its [perf.floors] "
+                    "block) from the JSON of earlier --chunk runs")
     args = ap.parse_args(argv)
 
     from porter.gates import parity
     from porter.target import load_target
     from porter.workspace import default_target
 
+    if args.merge:
+        ws = Path.cwd()
+        return from_json(load_target(ws, args.target or default_target(ws), args.source), args.merge, Path(args.out))
     ok, why = parity.available()
     if not ok:
         print(f"perf-table needs a GPU: {why}", file=sys.stderr)
@@ -171,11 +216,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  mutant {m.name}: want {m.must_fail_check}, got {mrows[-1]['got']}", flush=True)
     device = next((((f.evidence or {}).get("device") or {}).get("name") for f, _ in firsts.values()
                    if (f.evidence or {}).get("device")), "unknown GPU")
-    text = render(target, rows, mrows, regimes, time.monotonic() - t0, device)
+    seconds = time.monotonic() - t0
+    text = render(target, rows, mrows, regimes, seconds, device) + "\n```toml\n" + floors_block(target, rows) + "```\n"
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
-    out.with_suffix(".json").write_text(json.dumps({"rows": rows, "mutants": mrows}, indent=1, default=str))
+    out.with_suffix(".json").write_text(json.dumps({"rows": rows, "mutants": mrows, "device": device,
+                                                    "seconds": round(seconds, 1)}, indent=1, default=str))
     print("\n" + text)
     bad = [r for r in rows if r.get("perf") != "pass"] + [m for m in mrows if not m["ok"]]
     return 1 if bad else 0
