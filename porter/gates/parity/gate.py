@@ -34,6 +34,13 @@ from porter.evidence import gate_facts
 from porter.gates.result import GateResult
 
 DEFAULT_TIMEOUT_S = 90.0
+# The watchdog also allows for the plan's model maps: each pass loads its map (the regime's hook: a copy
+# into device memory for ds4), and the check compares it on the host and reads the device copy back; each
+# timed repetition loads its set's map again.  A routed-MoE spec moves tens of GB that way (its real Q4_K
+# case maps 3.6 GB): on a full ds4 run sharing its host with other GPU jobs, a flat 90 s killed the
+# reference slice's child mid-check on all three attempts while upstream's, which returns no device
+# copy to read back, passed.  1 GB/s is a floor for pageable copies and compares on a busy host.
+MAP_BYTES_PER_S = 1e9
 # The stream probe holds the unit's stream while the call returns and the outputs are peeked at on
 # another stream.  The hold must outlast the call's host side, the delay and the peek (a few ms for
 # these buffers); a call that outlasts it is inconclusive and the case's next pass is probed with a
@@ -43,6 +50,19 @@ PROBE = {"enabled": True, "hold_ms": 6, "delay_ms": 2, "retry_hold_ms": 24}
 # PORTER_STREAM_PROBE=every-pass: the probe before this change (every pass, 15 ms holds), for the
 # bench's before/after and for a unit whose ordering fault is suspected on one pass only
 PROBE_EVERY_PASS = {"enabled": True, "hold_ms": 15, "delay_ms": 5, "every_pass": True}
+
+
+def watchdog_s(base: float, cases, timing_reps: int) -> float:
+    """How long a plan's child may run: `base` for its calls, plus its model maps' traffic."""
+    def map_bytes(call) -> int:
+        return sum(a.size for a in call.args.values() if isinstance(a, Map))
+
+    moved = 0
+    for c in cases:
+        moved += 4 * sum(map_bytes(call) for call in c.calls)  # load, two host compares, the read-back
+        if c.shape.timed and c.shape.expect == "ok" and timing_reps > 0:
+            moved += 2 * timing_reps * max((map_bytes(call) for call in c.timing_sets), default=0)
+    return base + moved / MAP_BYTES_PER_S
 
 
 def default_probe() -> dict:
@@ -698,7 +718,8 @@ def _run_spec(target, spec, library: Path, *, workspace: Path | None = None, see
                                  harness=harness, env=env)
         orders = plan(plan_dir, mode=mode, timing_reps=timing_reps,
                       probe=(probe if probe is not None else default_probe()) if mode == "cuda" else None)
-        limit = timeout or float(os.environ.get("PORTER_PARITY_TIMEOUT", DEFAULT_TIMEOUT_S))
+        limit = watchdog_s(timeout or float(os.environ.get("PORTER_PARITY_TIMEOUT", DEFAULT_TIMEOUT_S)),
+                           prepared.cases, timing_reps)
         # a warm worker serves one plan too, but the perf gate's re-time wants nothing made before its plan
         ex = executors.fresh_executor(mode) if fresh_process else executors.executor(mode) if kind.warm else pool.SpawnExecutor()
         if arch:  # a required architecture's run (gates.archs.across): on a GPU of that kind
