@@ -32,11 +32,14 @@ def calibrate(extra: list[str], report: Path, args, passed: list[str]) -> tuple[
         cmd += ["--unit", u]
     t0 = time.monotonic()
     path = os.pathsep.join(x for x in (str(REPO), os.environ.get("PYTHONPATH")) if x)  # carried wheels stay
-    r = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, PYTHONPATH=path), capture_output=True, text=True)
+    log = report.with_suffix(".log")
+    # written as it goes: a run killed at the machine's time limit still shows how far it got
+    with log.open("w") as fh:
+        rc = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, PYTHONPATH=path, PYTHONUNBUFFERED="1"),
+                            stdout=fh, stderr=subprocess.STDOUT).returncode
     wall = time.monotonic() - t0
-    (report.with_suffix(".log")).write_text(r.stdout + r.stderr)
     if not report.is_file():
-        sys.exit(f"calibrate {' '.join(extra)} wrote no report (rc {r.returncode}):\n{(r.stdout + r.stderr)[-3000:]}")
+        sys.exit(f"calibrate {' '.join(extra)} wrote no report (rc {rc}):\n{log.read_text()[-3000:]}")
     return json.loads(report.read_text()), wall
 
 
