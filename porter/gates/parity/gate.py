@@ -39,8 +39,9 @@ DEFAULT_TIMEOUT_S = 90.0
 # timed repetition loads its set's map again.  A routed-MoE spec moves tens of GB that way (its real Q4_K
 # case maps 3.6 GB): on a full ds4 run sharing its host with other GPU jobs, a flat 90 s killed the
 # reference slice's child mid-check on all three attempts while upstream's, which returns no device
-# copy to read back, passed.  That plan moves about 74 GB by the count below and had not finished in
-# 90 s: under 0.82 GB/s on average, with other jobs on the host.  0.5 GB/s leaves room below that.
+# copy to read back, passed.  By the count below that plan moves about 138 GB (five 1.8 GB IQ2_XXS
+# cases, one timed, and the 3.6 GB Q4_K one), and it was killed in the Q4_K case's check, its last big
+# one: about 1.2 GB/s on average, with other jobs on the host.  0.5 GB/s leaves twice that room.
 MAP_BYTES_PER_S = 0.5e9
 # The stream probe holds the unit's stream while the call returns and the outputs are peeked at on
 # another stream.  The hold must outlast the call's host side, the delay and the peek (a few ms for
