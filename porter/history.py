@@ -107,6 +107,10 @@ class Calibration(Record):
     known_good_ok: bool | None = None
     mutants: int = 0
     mutants_rejected: int = 0
+    # {name: digest} of the mutants it ran, and their scope ("all", or "rules" for a whole-library
+    # known-good): a record without them predates the field
+    mutant_digests: dict | None = None
+    mutant_scope: str | None = None
     summary: str = ""
     evidence: str | None = None
 
@@ -235,15 +239,29 @@ class History:
     def calibrations(self, unit: str) -> list[Calibration]:
         return [r for r in self._per_unit.get(unit, []) if isinstance(r, Calibration)]
 
-    def calibration_status(self, unit: str, spec_sha256: str) -> dict:
-        """Is this exact spec (by sha256) calibrated?  The parity gate quotes this in its evidence."""
+    def calibration_status(self, unit: str, spec_sha256: str, mutants: dict | None = None) -> dict:
+        """Is this exact spec (by sha256) calibrated?  The parity gate quotes this in its evidence.
+        `mutants`: the unit's mutants as they are now ({scope: {name: digest}}, mutants.current_digests):
+        a calibration counts only where it ran exactly those of its scope (a mutant added or changed since,
+        or a `--mutant` subset, was never shown rejected)."""
         mine = self.calibrations(unit)
         current = [r for r in mine if r.spec_sha256 == spec_sha256]
         good = [r for r in current if r.ok]
-        if good:
-            r = good[-1]
+        matching = [r for r in good if mutants is None or not isinstance(r.mutant_digests, dict)
+                    or r.mutant_digests == mutants.get(r.mutant_scope or "all")]
+        if matching:
+            r = matching[-1]
             return {"calibrated": True, "record": r.hash, "time": r.time, "known_good": r.known_good,
                     "mutants_rejected": r.mutants_rejected, "mutants": r.mutants}
+        if good:
+            r = good[-1]
+            now = mutants.get(r.mutant_scope or "all", {})
+            ran = r.mutant_digests
+            new = sorted(n for n in now if n not in ran or ran[n] != now[n])
+            return {"calibrated": False, "reason": (
+                f"its mutants changed since it was last calibrated ({len(ran)} run; not run as they are now: "
+                f"{', '.join(new) or 'none'}; gone: {', '.join(sorted(set(ran) - set(now))) or 'none'}): "
+                "run `porter calibrate`")[:300]}
         if current:
             return {"calibrated": False, "reason": f"last calibration failed: {current[-1].summary}"[:300]}
         if mine:

@@ -80,3 +80,69 @@ def test_a_timing_hack_too_fast_to_believe_is_retimed_in_a_fresh_process(tmp_pat
     rows, _, calls = _perf_mutant_rows(tmp_path, monkeypatch, mutant_ms=0.01, retimed_ms=3.0)
     assert rows[-1].got == "retime" and ("mutant.so", True) in calls
     assert Mutant(UNIT, "x", "retime", "", "rules").perf and not Mutant(UNIT, "x", "timing", "", "rules").perf
+
+
+# --- a calibration holds for the mutants it ran: one added or changed since, or a subset run, is none ---
+
+def _record_calibration(ws: Path, ran) -> str:
+    """A passing calibration of UNIT's current spec that ran the mutants `ran`, as calibrate records it."""
+    from porter.calibration.mutants import digest_of
+    from porter.gates.parity.spec import load_spec
+
+    target = load_target(ws, "minimoe")
+    spec = load_spec(target, UNIT)
+    rec = {"ok": True, "summary": "ok", "known_good_ok": True, "mutants": len(ran), "mutants_rejected": len(ran),
+           "mutant_digests": {m.name: digest_of(m) for m in ran}, "mutant_scope": "all", "evidence": None,
+           "spec": spec}
+    (ws / "lib.so").write_bytes(b"stand-in")
+    calibrator.record(target, ws, {UNIT: rec}, "stand-in", ws / "lib.so", ledger=Ledger.open(ws))
+    return spec.sha256
+
+
+def _status(ws: Path, sha: str) -> dict:
+    from porter.calibration.mutants import current_digests
+
+    target = load_target(ws, "minimoe")
+    return History.read(ws, "minimoe").calibration_status(UNIT, sha, current_digests(target, UNIT))
+
+
+def test_calibrate_records_the_mutants_it_ran(tmp_path, monkeypatch):
+    from porter.calibration.mutants import digest_of
+
+    rows, rec, _ = _perf_mutant_rows(tmp_path, monkeypatch, mutant_ms=3.0)
+    (m_name, digest), = rec["mutant_digests"].items()
+    assert m_name == "serial" and len(digest) == 64 and rec["mutant_scope"] == "all"
+    from porter.calibration.mutants import Mutant
+    assert digest == digest_of(Mutant(UNIT, "serial", "slowdown", "one thread does everything", "rules", file="x.cu"))
+
+
+def test_a_mutant_added_after_calibration_leaves_the_spec_uncalibrated(workspace):
+    from porter.calibration.mutants import load_mutants
+
+    target = load_target(workspace, "minimoe")
+    mine = [m for m in load_mutants(target) if m.unit == UNIT]
+    assert len(mine) >= 3
+    sha = _record_calibration(workspace, mine)
+    assert _status(workspace, sha)["calibrated"] is True
+    manifest = workspace / "targets" / "minimoe" / "adversarial" / "manifest.toml"
+    (manifest.parent / "swiglu_new.cu").write_text((manifest.parent / "swiglu_untouched.cu").read_text())
+    manifest.write_text(manifest.read_text() + '\n[[mutant]]\nunit = "%s"\nfile = "swiglu_new.cu"\n'
+                        'must_fail_check = "sentinel"\nwhy = "added after the calibration"\n' % UNIT)
+    st = _status(workspace, sha)
+    assert st["calibrated"] is False and "swiglu_new" in st["reason"], st
+
+
+def test_a_changed_mutant_or_a_subset_run_is_no_calibration(workspace):
+    from porter.calibration.mutants import load_mutants
+
+    target = load_target(workspace, "minimoe")
+    mine = [m for m in load_mutants(target) if m.unit == UNIT]
+    sha = _record_calibration(workspace, mine[:1])  # `porter calibrate --mutant NAME`: one of them
+    st = _status(workspace, sha)
+    assert st["calibrated"] is False and mine[1].name in st["reason"], st
+    sha = _record_calibration(workspace, mine)  # all of them: calibrated again
+    assert _status(workspace, sha)["calibrated"] is True
+    bad = workspace / "targets" / "minimoe" / "adversarial" / "swiglu_untouched.cu"
+    bad.write_text(bad.read_text() + "\n/* edited: no longer the code the calibration ran */\n")
+    st = _status(workspace, sha)
+    assert st["calibrated"] is False and "swiglu_untouched" in st["reason"], st

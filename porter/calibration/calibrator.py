@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from porter.calibration.libraries import BuildError, UpstreamLibraries
-from porter.calibration.mutants import Mutant, load_mutants
+from porter.calibration.mutants import Mutant, digest_of, load_mutants
 from porter.calibration.variants import VariantPlan
 from porter.digest import sha256_file
 from porter.errors import PorterError
@@ -239,6 +239,8 @@ def _unit_runs(target, libs, opts, good, plan, mutants, specs, unit, out) -> tup
     rec = {"ok": res.ok and variants_ok == len(variants) and bool(mine) and rejected == len(mine) and not blind,
            "summary": summary, "known_good_ok": res.ok and variants_ok == len(variants),
            "variants": len(variants), "variants_ok": variants_ok, "mutants": len(mine), "mutants_rejected": rejected,
+           "mutant_digests": {m.name: digest_of(m) for m in mine},
+           "mutant_scope": "rules" if isinstance(libs, UpstreamLibraries) else "all",
            # a skipped run (a spec or harness error) measured nothing: no evidence to keep
            "evidence": None if res.skipped else res.evidence, "spec": specs[unit]}
     return rows, rec
@@ -264,6 +266,7 @@ def record(target, workspace: Path, records: dict, describe: str, good_lib: Path
                       spec_file=str(spec.path.name) if spec and spec.path else None,
                       known_good=describe, known_good_sha256=lib_sha, known_good_ok=r.get("known_good_ok"),
                       mutants=r.get("mutants", 0), mutants_rejected=r.get("mutants_rejected", 0),
+                      mutant_digests=r.get("mutant_digests"), mutant_scope=r.get("mutant_scope"),
                       summary=r.get("summary", ""), evidence=ev_sha)
 
 

@@ -16,6 +16,8 @@ and scripted answers whose expect is "perf".
 
 from __future__ import annotations
 
+import hashlib
+import json
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -178,3 +180,31 @@ def load_mutants(target) -> list[Mutant]:
     corpus = adversarial(target)
     named = {m.name for m in corpus if m.origin == "scripted"}
     return corpus + scripted_bad(target, named) + rule_mutants(target)
+
+
+def digest_of(m: Mutant) -> str:
+    """What a calibration ran of this mutant: its code (the whole file, or its rules and the file they apply
+    to) and the check it must fail by."""
+    what = [m.unit, m.name, m.must_fail_check, m.source, m.file, [[r.search, r.replace] for r in m.rules]]
+    return hashlib.sha256(json.dumps(what).encode()).hexdigest()
+
+
+# A known-good built from a whole library (upstream's backend) cannot take a whole-file mutant of one
+# unit (calibrator.select_mutants): such a calibration's scope is the rule mutants alone.
+SCOPES = ("all", "rules")
+
+
+def in_scope(mutants: list[Mutant], scope: str) -> list[Mutant]:
+    return [m for m in mutants if m.source is None] if scope == "rules" else list(mutants)
+
+
+def current_digests(target, unit: str, every: list[Mutant] | None = None) -> dict[str, dict[str, str]]:
+    """{scope: {mutant name: digest}} of the unit's mutants as the target's files are now: what a calibration
+    must have run, in its scope, for the spec to read calibrated (`every`: the target's mutants, loaded once
+    by a caller asking for many units).  Mutant files that do not load give
+    {} in every scope, which no calibration that ran a mutant matches (calibrate says what is wrong)."""
+    try:
+        mine = [m for m in (load_mutants(target) if every is None else every) if m.unit == unit]
+    except (PorterError, OSError, ValueError):
+        return {scope: {} for scope in SCOPES}
+    return {scope: {m.name: digest_of(m) for m in in_scope(mine, scope)} for scope in SCOPES}

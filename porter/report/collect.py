@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from porter.audit import audit
+from porter.calibration import mutants
+from porter.errors import PorterError
 from porter.evidence import check_evidence
 from porter.gates import registry
 from porter.history import Attempt, Failure, History, Step
@@ -119,13 +121,18 @@ def _calibration(target: Target, history: History) -> tuple[dict[str, dict], lis
                 notes.append(f"{path.name}: no identity ({exc})")
     units = set(target.units)
     by_name = {p.stem: sha for sha, p in files.items() if p.stem in units}
+    try:
+        every = mutants.load_mutants(target)
+    except (PorterError, OSError, ValueError) as exc:
+        every = []  # every calibration that ran a mutant then reads changed, and the note says why
+        notes.append(f"mutants: {exc}")
     out = {}
     for unit in sorted(set(by_name) | {r.unit for r in history.mine if r.kind == "calibration" and isinstance(r.unit, str)}):
         hashed = [r.spec_sha256 for r in history.calibrations(unit) if r.spec_sha256 in files]
         sha = hashed[-1] if hashed else by_name.get(unit)
         if sha is None:
             continue  # calibrated once, its spec file gone
-        st = history.calibration_status(unit, sha)
+        st = history.calibration_status(unit, sha, mutants.current_digests(target, unit, every))
         out[unit] = dict(st, unit=unit, spec=files[sha].name, spec_sha256=sha)
     return out, notes
 

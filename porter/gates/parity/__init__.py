@@ -146,7 +146,10 @@ def run(candidate, ctx) -> GateResult:
             prepared = None
         if prepared is not None:
             extra["prepared"] = prepared
-    calibration = ctx.history.calibration_status(candidate.unit, spec.sha256)
+    from porter.calibration import mutants  # calibration builds on the gates: imported when a verdict needs it
+
+    calibration = ctx.history.calibration_status(candidate.unit, spec.sha256,
+                                                 mutants.current_digests(target, candidate.unit))
 
     def on(arch: str | None) -> GateResult:
         return run_spec(target, spec, Path(ctx.library), workspace=ctx.workspace, seeds=opts.seeds, sanitize=sanitize,
