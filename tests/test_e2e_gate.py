@@ -301,6 +301,18 @@ def test_prefill_state_rules():
     assert prefill_state([{"gate": "e2e", "ok": True, "commit": "c1"}], "T1")[0] == "unverified"
 
 
+def test_an_e2e_run_before_its_commit_never_names_the_commit_it_ran_on_top_of():
+    # porter optimize judges the tree its step will make; the record's commit is the step's parent, where
+    # that tree was never measured: status must not say "verified at <parent>"
+    from porter.gates.e2e.state import prefill_line
+
+    ahead = dict(_rec(True, "T2", "c1"), tree_matches_head=False)
+    state = prefill_state([ahead], "T2")
+    assert state[:2] == ("verified", None) and "before it was committed" in state[2] and "c1" in state[2]
+    assert "verified at" not in prefill_line(state) and prefill_line(state).startswith("prefill: verified (")
+    assert prefill_line(prefill_state([_rec(True, "T1", "c1")], "T1")) == "prefill: verified at c1"
+
+
 def test_e2e_due_waits_for_every_prefill_unit():
     units = ["a", "b"]
     assert not e2e_due({"a": "verified", "b": "built"}, units, [], "T")[0]

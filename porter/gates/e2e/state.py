@@ -30,6 +30,11 @@ def prefill_state(e2e_records: list[dict], head_tree_hash: str | None) -> tuple[
         return UNVERIFIED, None, "no HEAD commit: no backend tree to verify"
     for rec in reversed(passing):
         if rec["tree_hash"] == head_tree_hash:
+            if rec.get("tree_matches_head") is False:
+                # porter optimize runs e2e on the tree its step will make, before that commit exists: the
+                # record's commit is the one the step landed on, not one where this tree was measured
+                return VERIFIED, None, (f"e2e passed on this backend tree, run before it was committed (on top "
+                                        f"of {_short(rec.get('commit'))})")
             return VERIFIED, rec.get("commit"), f"e2e passed on this backend tree ({_short(rec.get('commit'))})"
     if passing:
         newest = passing[-1]
@@ -45,7 +50,7 @@ def prefill_line(state: tuple[str, str | None, str]) -> str:
     """The status line: 'prefill: verified at <commit>', 'prefill: stale (...)', 'prefill: unverified (...)'."""
     s, commit, reason = state
     if s == VERIFIED:
-        return f"prefill: verified at {_short(commit)}"
+        return f"prefill: verified at {_short(commit)}" if commit else f"prefill: verified ({reason})"
     return f"prefill: {s} ({reason})"
 
 
