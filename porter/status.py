@@ -783,13 +783,13 @@ def arch_states(uh: UnitHistory, state: str, f: UnitFile, evidence, required: tu
 
 def unit_label(state: str, archs: dict[str, str], judged: bool = False) -> str:
     """The state as a person reads it: "failing (sm_121)" for a refusal on that kind, "built (sm_121 not
-    measured)" for a verification (`judged`: its step says verified) missing a required kind; else
-    state_label(state)."""
+    measured)" where a required kind has no verdict (a step whose parity ran on the other kinds only, or,
+    `judged`, one recorded verified before a kind was required); else state_label(state)."""
     failing = [a for a, s in archs.items() if s == "failing"]
     missing = [a for a, s in archs.items() if s == "not measured"]
     if state in ("failing", "exhausted") and failing:
         return f"{state} ({', '.join(failing)})"
-    if state == "built" and missing and judged:
+    if state == "built" and missing:
         return f"built ({', '.join(missing)} not measured)"
     return state_label(state)
 

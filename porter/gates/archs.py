@@ -52,8 +52,11 @@ def across(required: tuple[str, ...], served: tuple[str, ...], run_one: Callable
     skipped = [a for a, r in runs.items() if r.skipped]
     first = runs[(refused or passed or skipped)[0]]
     # a kind whose run could not judge (a harness fault, a GPU of another kind) is as unmeasured as one
-    # no GPU serves: the measured kinds decide, and status says what was not measured
-    ok = not refused and bool(passed)
+    # no GPU serves.  A refusal on any kind decides; else the result passes only where every required
+    # kind passed: one unmeasured leaves it skipped, so the run commits the unit `built`, never
+    # `verified` (its own summary included), and a later run with that GPU judges it again
+    missing = bool(unmeasured or skipped)
+    ok = not refused and bool(passed) and not missing
     per_arch = {a: {"measured": not r.skipped, "ok": r.ok and not r.skipped, "summary": r.summary,
                     "evidence": r.evidence} for a, r in runs.items()}
     per_arch.update({a: {"measured": False, "why": nowhere} for a in unmeasured})
@@ -65,8 +68,10 @@ def across(required: tuple[str, ...], served: tuple[str, ...], run_one: Callable
         summary += f"; {', '.join(unmeasured)} not measured: {nowhere}"
     for a in skipped if (passed or refused) else ():
         summary += f"; {a} not measured: {runs[a].summary}"
+    if not refused and missing:
+        summary = f"{gate} skipped: not measured on every required architecture; {summary}"
     return GateResult(gate, ok, summary[:600], first.diagnostics, first.metrics, evidence,
-                      skipped=not passed and not refused, check=first.check)
+                      skipped=not refused and missing or not passed and not refused, check=first.check)
 
 
 def by_number(arch: str) -> tuple:
