@@ -37,3 +37,8 @@ def test_a_multi_gb_map_plan_gets_time_for_its_traffic():
 def test_untimed_runs_do_not_pay_for_repetitions():
     iq2 = 1_600_000_000
     assert watchdog_s(60.0, [_case(iq2, timed=True)], 0) == 60.0 + 8 * iq2 / MAP_BYTES_PER_S
+
+
+def test_a_runtime_scenarios_runs_keep_the_base_limit():
+    # a scenario's prepared runs have steps, not calls (the CI suite caught the first version reading .calls)
+    assert watchdog_s(DEFAULT_TIMEOUT_S, [SimpleNamespace(steps=[])], 10) == DEFAULT_TIMEOUT_S

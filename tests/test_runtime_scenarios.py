@@ -699,7 +699,7 @@ def test_calibration_driver_records_scenarios_in_the_ledger(ds4, ds4_dir, tmp_pa
     class StandIns:
         describe = "host stand-in"
         has = staticmethod(lambda unit: True)
-        prepare = staticmethod(lambda ms: None)
+        prepare = staticmethod(lambda ms, progress=None: None)
         known_good = staticmethod(lambda: _build(ds4_dir, DS4_C, "ds4"))
         mutant = staticmethod(lambda m: _build(ds4_dir, DS4_C, "ds4", (m.file,)))
 

@@ -61,6 +61,8 @@ def watchdog_s(base: float, cases, timing_reps: int) -> float:
 
     moved = 0
     for c in cases:
+        if not hasattr(c, "calls"):  # a runtime scenario's run: its steps call the backend, no unit map
+            continue
         moved += 4 * sum(map_bytes(call) for call in c.calls)  # load, two host compares, the read-back
         if c.shape.timed and c.shape.expect == "ok" and timing_reps > 0:
             moved += 2 * timing_reps * max((map_bytes(call) for call in c.timing_sets), default=0)
