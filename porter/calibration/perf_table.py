@@ -151,11 +151,13 @@ def from_json(target, paths: list[str], out: Path) -> int:
               file=sys.stderr)
         return 2
     rows.sort(key=lambda r: r["unit"])
-    text = render(target, rows, mrows, list(target.spec.perf.regimes), seconds, device.pop())
+    gpu = device.pop()
+    text = render(target, rows, mrows, list(target.spec.perf.regimes), seconds, gpu)
     text += "\n```toml\n" + floors_block(target, rows) + "```\n"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
-    out.with_suffix(".json").write_text(json.dumps({"rows": rows, "mutants": mrows}, indent=1, default=str))
+    out.with_suffix(".json").write_text(json.dumps({"rows": rows, "mutants": mrows, "device": gpu,
+                                                    "seconds": seconds}, indent=1, default=str))
     print(text)
     bad = [r for r in rows if r.get("perf") != "pass"] + [m for m in mrows if not m["ok"]]
     return 1 if bad else 0
