@@ -12,28 +12,23 @@ a failure record: a verified unit stays verified (its file has not changed).
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
 
 from porter import gitops
 from porter.doctor import preflight
 from porter.errors import PorterError
-from porter.ledger import Ledger, load_key
-from porter.lock import RunLock
+from porter.ledger import load_key
 from porter.optimize.profile import profile_committed
 from porter.prompt.optimize import optimize_request
 from porter.providers import ProviderError, get_provider
-from porter.run import parse_duration
+from porter.run import locked, open_run, parse_duration
 from porter.run.attempt import Run
-from porter.run.progress import Reporter
-from porter.run.reconcile import reconcile
 from porter.signing import signer_for
-from porter.status import VERIFIED_STATES, derive, tamper_check
+from porter.status import VERIFIED_STATES, derive
 from porter.target import load_target
 
 # the unit gates again, then old against new, then the engine with the new unit
@@ -112,30 +107,16 @@ def optimize(opts: OptimizeOptions) -> int:
     key = load_key(ws)
     provider = get_provider(opts.provider.get("provider"), target, opts.provider)
     signer = signer_for(ws)
-    lock = RunLock(ws)
-    with lock as held:
-        if not held:
-            print(f"porter: another porter run is active (pid {lock.holder() or '?'}); nothing to do")
-            return 0
-        if (found := tamper_check(ws, target, key)) is not None:
-            raise PorterError(f"workspace {found[0]}, not starting: {found[1]}; see `porter status`", exit_code=3)
-        return _optimize_locked(opts, target, key, provider, signer, budget_s)
+    return locked(ws, target, key, lambda: _optimize_locked(opts, target, key, provider, signer, budget_s))
 
 
 def _optimize_locked(opts: OptimizeOptions, target, key, provider, signer, budget_s: float | None) -> int:
     ws = opts.workspace
     started = time.monotonic()
-    run_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + f"-{os.getpid()}-optimize"
-    run_dir = ws / "runs" / run_id
-    run_dir.mkdir(parents=True, exist_ok=True)
-    out = Reporter(run_dir / "run.log", quiet=opts.json)
+    r = open_run(ws, target, key, provider, signer, suffix="-optimize", quiet=opts.json)
+    out, run_id = r.out, r.run_id
     results: list[dict] = []
     try:
-        ledger = Ledger(ws, key, signer)
-        ledger.repair_torn_tail()
-        for line in reconcile(ws, target, ledger, out):
-            out.line(f"reconcile: {line}", "yellow")
-        r = Run(ws, target, provider, ledger, out, run_id, run_dir)
         if not r.parity_ok:
             raise PorterError(f"porter optimize needs the parity gate on a GPU: {r.parity_reason}", exit_code=2)
         report = derive(ws, target=target)

@@ -46,6 +46,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable
 
 from porter import gitops
 from porter.calibration.baseline import take_baselines
@@ -131,6 +132,12 @@ def run(opts: RunOptions) -> int:
         provider = DelayedProvider(provider, opts.provider["answer_delay_s"])
     signer = signer_for(ws)  # a signed workspace and no key, or another key: one line, exit 3
 
+    return locked(ws, target, key, lambda: _run_locked(opts, target, key, provider, signer, budget_s))
+
+
+def locked(ws: Path, target, key, body: Callable[[], int]) -> int:
+    """`body` under the workspace's run lock (porter run and porter optimize): 0 at once when another run
+    holds it (cron never piles up), and never over a tampered or rolled-back workspace."""
     lock = RunLock(ws)
     with lock as held:
         if not held:
@@ -141,23 +148,35 @@ def run(opts: RunOptions) -> int:
         if (found := tamper_check(ws, target, key)) is not None:
             raise PorterError(f"workspace {found[0]}, not starting: {found[1]}; see `porter status`, and `porter "
                               f"repair --reason TEXT` to accept the loss and go on", exit_code=3)
-        return _run_locked(opts, target, key, provider, signer, budget_s)
+        return body()
 
 
-def _run_locked(opts: RunOptions, target, key, provider, signer, budget_s: float | None) -> int:
-    ws = opts.workspace
-    started = time.monotonic()
-    run_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + f"-{os.getpid()}"
+def open_run(ws: Path, target, key, provider, signer, *, suffix: str = "", quiet: bool = False) -> Run:
+    """A run's id, folder and log, and its ledger made whole (a torn tail moved aside, what a crash left
+    reconciled with git): where porter run and porter optimize start, under `locked`.  The caller closes
+    r.out."""
+    run_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + f"-{os.getpid()}{suffix}"
     run_dir = ws / "runs" / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
-    out = Reporter(run_dir / "run.log", quiet=opts.quiet)
+    out = Reporter(run_dir / "run.log", quiet=quiet)
     try:
         ledger = Ledger(ws, key, signer)
         if ledger.repair_torn_tail():
             out.line("ledger: a torn last line (interrupted write) was moved aside and recorded", "yellow")
         for line in reconcile(ws, target, ledger, out):
             out.line(f"reconcile: {line}", "yellow")
-        r = Run(ws, target, provider, ledger, out, run_id, run_dir)
+        return Run(ws, target, provider, ledger, out, run_id, run_dir)
+    except BaseException:
+        out.close()
+        raise
+
+
+def _run_locked(opts: RunOptions, target, key, provider, signer, budget_s: float | None) -> int:
+    ws = opts.workspace
+    started = time.monotonic()
+    r = open_run(ws, target, key, provider, signer, quiet=opts.quiet)
+    out, run_id, run_dir = r.out, r.run_id, r.run_dir
+    try:
         if hasattr(getattr(provider, "budget", None), "seed"):
             provider.budget.seed([u for u in r.history().records if isinstance(u, Usage)])
         order = opts.units or ordered_units(target, out)
