@@ -164,6 +164,24 @@ def test_the_executor_runs_ncu_in_the_parity_sandbox_and_reads_its_report_back(t
     assert k.launches == 2
 
 
+def test_the_toolkits_launcher_script_is_passed_over_for_the_install_it_would_pick(tmp_path, monkeypatch):
+    # CUDA's bin/ncu is a shell script that searches /opt/nvidia at run time, which the sandbox does not
+    # show: run inside it, it exits 1 with "Nsight Compute is not installed" (seen on an H200 host)
+    bin_dir, install = tmp_path / "cuda" / "bin", tmp_path / "opt" / "nsight-compute"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "ncu").write_text("#!/bin/sh\nexec /opt/nvidia/nsight-compute/*/ncu \"$@\"\n")
+    (bin_dir / "ncu").chmod(0o755)
+    for version in ("2025.1.0", "2025.3.1"):
+        (install / version).mkdir(parents=True)
+        (install / version / "ncu").write_bytes(b"\x7fELF")
+        (install / version / "ncu").chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    monkeypatch.setattr(prof, "NCU_GLOBS", (str(install / "*" / "ncu"),))
+    assert prof.find_ncu() == install / "2025.3.1" / "ncu"
+    (bin_dir / "ncu").write_bytes(b"\x7fELF")  # a real binary on PATH is the one the user chose
+    assert prof.find_ncu() == bin_dir / "ncu"
+
+
 # -- GPU ---------------------------------------------------------------------------------------------
 
 def _gpu_reason() -> str | None:

@@ -205,15 +205,26 @@ def why_no_rows(text: str, outcome=None) -> str:
 # -- running it ------------------------------------------------------------------------------------
 
 def find_ncu() -> Path | None:
-    """ncu on PATH, else the newest under /opt/nvidia/nsight-compute/ (or a CUDA toolkit's copy)."""
+    """The Nsight Compute binary to run in the sandbox: ncu on PATH when it is the program itself, else
+    the newest install under /opt/nvidia/nsight-compute/ (or a CUDA toolkit's copy).  The CUDA
+    toolkit's bin/ncu is a shell launcher that looks for an install at run time in folders the sandbox
+    does not show, so the install it would pick is named here and its folder is what the sandbox shows."""
     found = shutil.which("ncu")
-    if found:
+    if found and not _is_launcher_script(Path(found)):
         return Path(found)
     for pattern in NCU_GLOBS:
         hits = sorted(glob.glob(pattern), key=_version_key)
         if hits:
             return Path(hits[-1])
-    return None
+    return Path(found) if found else None
+
+
+def _is_launcher_script(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(2) == b"#!"
+    except OSError:
+        return False
 
 
 def _version_key(path: str) -> list[int]:
