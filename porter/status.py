@@ -63,7 +63,7 @@ from porter.errors import PorterError
 from porter.evidence import check_evidence, evidence_problem
 from porter.gates import archs as gate_archs, static
 from porter.gates.driver import Candidate, GateContext
-from porter.gates.e2e.state import prefill_line, prefill_status
+from porter.gates.e2e.state import E2E_UNIT, prefill_line, prefill_status
 from porter.gates.perf import speed, speed_cell, speed_line, speed_summary
 from porter.history import Attempt, GateRecord, History, Step, UnitHistory
 from porter.digest import sha256_bytes
@@ -442,6 +442,13 @@ def check_integrity(target: Target, history: History, ledger_integrity, data: by
             ev, problem = evidence(sha)
             if problem:
                 flag(step.unit, problem)
+            elif ev.get("gate") == "e2e" and ev.get("unit") == E2E_UNIT and ev.get("target") == target.name:
+                # an optimize step carries the e2e run of the backend built with its candidate
+                ran = ev.get("with_candidate") or {}
+                if ran.get("unit") != step.unit or ran.get("candidate_sha256") != step.candidate_sha256:
+                    flag(step.unit, f"e2e evidence {sha[:12]} ran the backend with "
+                                    f"{ran.get('unit') or 'no unit'}'s candidate {_short(ran.get('candidate_sha256'))}, "
+                                    f"not this step's {_short(step.candidate_sha256)} (swapped)")
             elif ev.get("unit") != step.unit or ev.get("target") != target.name:
                 flag(step.unit, f"evidence {sha[:12]} is for {ev.get('target')}/{ev.get('unit')}, not this unit (swapped)")
             elif ev.get("candidate_sha256") != step.candidate_sha256:

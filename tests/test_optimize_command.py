@@ -21,6 +21,7 @@ from porter import gitops
 from porter.cli import main
 from porter.digest import sha256_text
 from porter.extract import extract_unit_source
+from porter.gates.e2e import gate as e2e_gate
 from porter.gates.result import GateResult
 from porter.ledger import Ledger
 from porter.optimize import ab, command, profile
@@ -56,12 +57,20 @@ class StandInPerf:
 
 
 class StandInE2E:
+    """Passes, with evidence shaped as the real gate's: about the whole backend (unit e2e:prefill, the
+    library's sha256), naming the unit candidate it was built with (`other`: a wrong one, as if another
+    run's evidence had been put in this step)."""
+
     def __init__(self):
-        self.calls = 0
+        self.calls, self.other = 0, None
 
     def run(self, candidate, ctx):
         self.calls += 1
-        return GateResult("e2e", True, "e2e ok (stand-in)")
+        facts = e2e_gate.candidate_facts(candidate, ctx)
+        if self.other:
+            facts["candidate_sha256"] = self.other
+        return GateResult("e2e", True, "e2e ok (stand-in)", evidence={
+            "unit": e2e_gate.UNIT, "candidate_sha256": "0" * 64, "stand_in": True, "with_candidate": facts})
 
 
 class FakeProvider(Provider):
@@ -159,6 +168,11 @@ def test_a_faster_answer_lands_one_step_and_commit_with_its_evidence(verified, m
 
     st = {u.unit: u for u in derive(ws, target=target).units}[ADD]
     assert st.state == "verified" and [round(s["x"]) for s in st.speedups] == [2] and st.speedups[0]["attempt"] == 2
+    # the step carries the e2e run of the backend built with it (backend-wide evidence): not "swapped"
+    e2e_ev = [json.loads((ws / "ledger" / "evidence" / f"{sha}.json").read_text()) for sha in step["evidence"]]
+    (e2e_ev,) = [e for e in e2e_ev if e["gate"] == "e2e"]
+    assert e2e_ev["unit"] == "e2e:prefill" and e2e_ev["with_candidate"]["candidate_sha256"] == sha256_text(fast)
+    assert not derive(ws, target=target).tampered
     capsys.readouterr()
     assert main(["-C", str(ws), "status", "--json"]) in (0, 1)
     row = next(u for u in json.loads(capsys.readouterr().out)["units"] if u["unit"] == ADD)
@@ -168,6 +182,25 @@ def test_a_faster_answer_lands_one_step_and_commit_with_its_evidence(verified, m
     assert main(["-C", str(ws), "report", "--out", str(ws / "runs" / "site")]) == 0
     index = (ws / "runs" / "site" / "index.html").read_text()
     assert re.search(r"<th>speedups</th><td>speedups landed: mini_gpu_add_tensor 2\.\d+x", index)
+    # the next optimize starts from the landed step (before e2e evidence named its candidate, it refused
+    # to: "evidence ... is for minimoe/e2e:prefill, not this unit (swapped)", seen on an H200)
+    rc, _ = optimize(ws, monkeypatch, [answer(fast)], "--unit", ADD, "--max-attempts", "1", "--target-fraction", "1")
+    assert rc == 0
+
+
+@needs_nvcc
+def test_e2e_evidence_of_another_candidate_in_a_speedup_step_is_tampering(verified, monkeypatch):
+    # a step may carry backend-wide e2e evidence only for the backend built with its own candidate
+    ws, target, _, rounds, e2e = verified
+    fast = faster_source(target)
+    rounds.fast.add(sha256_text(fast))
+    e2e.other = sha256_text("some other candidate")
+    rc, _ = optimize(ws, monkeypatch, [answer(fast)], "--unit", ADD, "--max-attempts", "1")
+    assert rc == 0
+    st = {u.unit: u for u in derive(ws, target=target).units}[ADD]
+    assert st.state == "tampered" and "(swapped)" in st.reason and "e2e evidence" in st.reason
+    rc, _ = optimize(ws, monkeypatch, [answer(fast)], "--unit", ADD, "--max-attempts", "1")
+    assert rc == 3  # optimize does not start on a tampered workspace
 
 
 def _speedup_evidence(ws, step) -> str:

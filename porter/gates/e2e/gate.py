@@ -30,11 +30,12 @@ from porter.gates.e2e import calibration as cal_mod
 from porter.gates.e2e import tree, unchanged
 from porter.gates.e2e.compare import ReferenceFailure, compare, worst
 from porter.gates.e2e.rule import Verdict, decide
+from porter.gates.e2e.state import E2E_UNIT
 from porter.gates.e2e.target_driver import load_driver
 from porter.gates.result import GateResult
 
 GATE = "e2e"
-UNIT = "e2e:prefill"  # e2e evidence is about the backend as a whole, not one unit
+UNIT = E2E_UNIT
 
 
 @dataclass
@@ -46,6 +47,10 @@ class E2EOptions:
     # backend the rule accepts must also be no worse than the committed one (porter.gates.e2e.unchanged)
     committed: list[dict] | None = None
     replacing: dict[str, bytes] | None = None  # unit files the library has but the disk not yet (tree.py)
+    # the one unit candidate this backend was built with (`porter optimize`): named in the evidence, so
+    # the candidate's step may carry this backend-wide evidence and an integrity check can tell it is the
+    # backend with that candidate, not evidence moved from elsewhere
+    candidate: dict | None = None
 
 
 def run(candidate, ctx) -> GateResult:
@@ -57,10 +62,17 @@ def run(candidate, ctx) -> GateResult:
     if candidate.unit != UNIT:
         from porter.gates.e2e.state import e2e_records_from_ledger
 
-        rel = Path(ctx.target.unit_path(candidate.unit)).resolve().relative_to(Path(ctx.workspace).resolve())
-        opts.replacing = {rel.as_posix(): candidate.source.encode()}
+        opts.candidate = candidate_facts(candidate, ctx)
+        opts.replacing = {opts.candidate["path"]: candidate.source.encode()}
         opts.committed = e2e_records_from_ledger(ctx.workspace, ctx.target.name, ctx.history.mine)
     return run_e2e(ctx.target, ctx.workspace, ctx.library or Path("/nonexistent"), options=opts)
+
+
+def candidate_facts(candidate, ctx) -> dict:
+    """What e2e evidence says of the one unit candidate its backend was built with (`with_candidate`):
+    status accepts the evidence in that candidate's step only when unit and sha256 are the step's."""
+    rel = Path(ctx.target.unit_path(candidate.unit)).resolve().relative_to(Path(ctx.workspace).resolve())
+    return {"unit": candidate.unit, "path": rel.as_posix(), "candidate_sha256": candidate.sha256}
 
 
 def setup_mismatch(calibrated: dict, now: dict) -> str | None:
@@ -104,7 +116,7 @@ def run_e2e(target, workspace_root: Path, library_path: Path, *, options: E2EOpt
     except PorterError as exc:
         # A candidate that cannot build or run its prefill fails: a crash is a verdict.
         ev = _evidence(target, False, lib, lib_sha, tree_hash, head, head_tree, cal_path, cal_sha, {}, None, None,
-                       {}, str(exc))
+                       {}, str(exc), with_candidate=opts.candidate)
         metrics = {"ok": False}
         if opts.store:
             from porter.evidence import store_evidence
@@ -124,7 +136,7 @@ def run_e2e(target, workspace_root: Path, library_path: Path, *, options: E2EOpt
     walls = {"reference_s": ref.wall_s, "candidate_s": cands[0].wall_s, "runs": len(cands),
              "total_s": round(time.monotonic() - t0, 3)}
     ev = _evidence(target, verdict.ok, lib, lib_sha, tree_hash, head, head_tree, cal_path, cal_sha, setup, cmp,
-                   verdict, walls, None, run_figures=runs, against_committed=against)
+                   verdict, walls, None, run_figures=runs, against_committed=against, with_candidate=opts.candidate)
     metrics = {"ok": verdict.ok, "worst_ratio": verdict.worst_ratio if np.isfinite(verdict.worst_ratio) else None,
                "stage": verdict.stage, "token": verdict.token, **walls}
     if opts.store:

@@ -15,6 +15,7 @@ from porter.gates.e2e import tree
 from porter.gates.result import GateResult
 
 VERIFIED, STALE, UNVERIFIED = "verified", "stale", "unverified"
+E2E_UNIT = "e2e:prefill"  # e2e evidence is about the backend as a whole, not one unit
 
 
 def prefill_state(e2e_records: list[dict], head_tree_hash: str | None) -> tuple[str, str | None, str]:
