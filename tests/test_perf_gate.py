@@ -267,7 +267,9 @@ def test_the_target_declares_the_roofline_floor_per_unit(workspace):
     p.evidence["timing"].update(roofline_ms=0.01, bytes=10**6)
     assert _perf(workspace, p).ok
     toml = workspace / "targets" / "minimoe" / "target.toml"
-    toml.write_text(toml.read_text() + f'\n[perf]\nfloor_fraction = 0.1\n[perf.floors]\n{UNIT} = 0.5\n')
+    text = toml.read_text()
+    assert "\n[perf]" not in text and text.count("[perf.floors]") == 1  # the routed units' floors
+    toml.write_text(text.replace("[perf.floors]\n", f"[perf]\nfloor_fraction = 0.1\n[perf.floors]\n{UNIT} = 0.5\n"))
     r = _perf(workspace, p)
     assert not r.ok and r.check == "floor" and r.evidence["floor_fraction"] == 0.5, r.summary
 
