@@ -6,9 +6,10 @@ Every answer is a scripted answer made here from the reference provider's slice 
 ds4_cuda.cu (so nothing depends on an LLM), written into the workspace's targets/ds4/scripted/ with a
 manifest, in the order each unit asks for them:
 
-1. slow: upstream's slice with one extra launch before the real work, on the unit's stream (ds4's
-   units launch on the legacy default stream): a one-thread kernel that sleeps for a fixed time
-   (porter_dry_run_delay: __nanosleep until %globaltimer passed DELAY_US).  Right values, slower by
+1. slow: upstream's slice with one extra launch before the real work, on the legacy default stream,
+   and a wait for it (so work upstream puts on another stream cannot overlap it): a one-thread kernel
+   that sleeps for a fixed time (porter_dry_run_delay: __nanosleep until %globaltimer passed
+   DELAY_US).  Right values, slower by
    about the op's own time on an H200 (docs/perf.md's table), so about 2x there and 1.7x on an H100.
    Perf judges ds4 against upstream's time within max(1.25x, 1 + 2 x spread): a slowdown the speedup
    gate can prove (well above its A/A margin) does not fit inside that reliably, since upstream's own
@@ -94,12 +95,18 @@ def api_definition(text: str, unit: str) -> tuple[int, int]:
     return m.start(), m.end()
 
 
+def slow_launch(delay_us: int) -> str:
+    """The slow start's first statements: the sleep, and a wait for it before any of upstream's work.
+    Without the wait the F16 matmul's work overlapped the sleep on an H200 (22 of 60 us added, 1.26x
+    slower), too little for the speedup gate to prove; the other five ops took the whole delay."""
+    return (f"    porter_dry_run_delay<<<1, 1, 0, 0>>>({delay_us * 1000}ull);  /* porter dry run: slow start */\n"
+            "    cudaStreamSynchronize(0);  /* the work starts after the sleep, whichever stream it runs on */\n")
+
+
 def slow_answer(upstream: str, unit: str, delay_us: int) -> str:
-    """Upstream's answer with the delay kernel before its API function and one launch at its start."""
+    """Upstream's answer with the delay kernel before its API function and slow_launch at its start."""
     start, body = api_definition(upstream, unit)
-    launch = (f"    porter_dry_run_delay<<<1, 1, 0, 0>>>({delay_us * 1000}ull);  "
-              "/* porter dry run: slow start, same stream */\n")
-    return upstream[:start] + DELAY_KERNEL + upstream[start:body] + launch + upstream[body:]
+    return upstream[:start] + DELAY_KERNEL + upstream[start:body] + slow_launch(delay_us) + upstream[body:]
 
 
 def wrong_answer(upstream: str, unit: str, first_param: str) -> str:

@@ -42,8 +42,7 @@ def test_the_slow_and_wrong_answers_are_upstream_but_for_the_slowdown_or_the_ski
     for unit, delay_us in dry.DEFAULT_UNITS.items():
         mine = {e["role"]: answer_text(target, e) for e in manifest if e["unit"] == unit}
         upstream, slow, wrong = mine["speedup"], mine["slow start"], mine["wrong"]
-        launch = (f"    porter_dry_run_delay<<<1, 1, 0, 0>>>({delay_us * 1000}ull);  "
-                  "/* porter dry run: slow start, same stream */\n")
+        launch = dry.slow_launch(delay_us)
         assert slow.count(launch) == 1 and slow.count(dry.DELAY_KERNEL) == 1
         assert slow.replace(launch, "").replace(dry.DELAY_KERNEL, "") == upstream
         # the launch is the body's first statement: the delay runs before any of upstream's work
