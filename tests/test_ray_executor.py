@@ -178,11 +178,16 @@ def test_ray_port_has_the_local_pools_verdicts_and_a_killed_worker_costs_one_rer
     seen: list = []
     from porter.gates.parity import executors
 
+    from porter.gates.parity import cluster as ray_cluster
+
+    # every plan counts as heavy: the head node's worker runs in place, the second raylet's is sent the files
+    monkeypatch.setattr(ray_cluster, "IN_PLACE_MIN_BYTES", 0)
     watcher = _kill_first_job_worker(executors, seen)
     rc, pool = _port(ray_ws, monkeypatch, tmp_path, "ray", cluster.address, slow_s=1.5)
     watcher.join(timeout=1)
     ex = executors._executors["host"]
     assert rc == 0
+    assert ex.in_place, "no job ran in place on the orchestrator's node"
     assert seen, "no parity job was seen in flight on the cluster"
     assert len(ex.lost) == 1 and ex.retried == [seen[0][0]], (ex.lost, ex.retried)
     assert _story(ray_ws) == local  # same verdicts, same records, nothing lost or doubled
@@ -263,7 +268,7 @@ class _FakeActor:
 
     def remote(self, job):
         self.jobs.append(job)
-        return self.reply
+        return self.reply(job) if callable(self.reply) else self.reply
 
 
 def _executor(replies: list, archs: list | None = None):
@@ -274,7 +279,7 @@ def _executor(replies: list, archs: list | None = None):
     ex = RayExecutor.__new__(RayExecutor)
     ex.mode, ex._lock, ex._closed = "host", threading.Lock(), False
     ex.free, ex.workers, ex.pending, ex.in_flight, ex.lost, ex.retried = FreeWorkers(), {}, set(), {}, [], []
-    ex.unusable = []
+    ex.unusable, ex.in_place, ex.node = [], [], "node-here"
     ex._shipped = __import__("collections").OrderedDict()
     for i, r in enumerate(replies):
         a = _FakeActor(r)
@@ -447,6 +452,79 @@ def test_what_crosses_the_network_is_the_plan_its_files_and_no_key(tmp_path, mon
     assert set(job["env"]) <= set(runner.PASSED_ENV) and job["env"]["PORTER_PARITY_HOST_PEAK_GBPS"] == "12"
     blob = repr(job).encode() + b"".join(bytes(x) for x in put)
     assert b"SIGNING-KEY" not in blob and b"SECRET-TOKEN" not in blob and str(home).encode() not in blob
+
+
+_FULL_ONE_CASE = json.dumps({"complete": True, "cases": [{"id": "c0", "passes": [{"pass": 0}, {"pass": 1}]}]})
+
+
+def _in_place_reply(job) -> dict:
+    """What a worker of the orchestrator's host does with an in-place job: the child's files where the plan is."""
+    assert job["in_place"] and "files" not in job and "shared" not in job, "an in-place job sends no files"
+    (Path(job["orig_dir"]) / "results.json").write_text(_FULL_ONE_CASE)
+    return {"rc": 0, "elapsed_s": 0.1, "timed_out": False, "argv": ["python"], "sandbox": "bubblewrap",
+            "in_place": True, "where": {"host": "h", "executor": "ray"}}
+
+
+def _on_this_host(ex):
+    for hello in ex.workers.values():
+        hello["node"] = ex.node
+    return ex
+
+
+def test_a_heavy_plan_runs_in_place_on_a_worker_of_this_host_and_nothing_is_sent(tmp_path, monkeypatch):
+    # ds4's decode-logits plans (over 500 MB of inputs) went through the object store on every run, and Ray
+    # on one machine's two GPUs was slower than the local pool (docs/ray.md)
+    from porter.digest import sha256_file
+    from porter.gates.parity import cluster
+
+    monkeypatch.setattr(cluster, "IN_PLACE_MIN_BYTES", 1)
+    plan = _plan(tmp_path, 1)
+    ex = _on_this_host(_executor([_in_place_reply]))
+    ex.ray.put = staticmethod(lambda data: pytest.fail("an in-place job put something in the object store"))
+    o = ex.run(plan, 5.0)
+    (actor,) = ex.workers
+    assert o.status == "done" and ex.in_place == ["plan"]
+    assert actor.jobs[0]["plan_sha256"] == sha256_file(plan / "plan.json")
+
+
+def test_a_worker_that_cannot_see_the_plan_is_sent_it(tmp_path, monkeypatch):
+    from porter.gates.parity import cluster
+
+    monkeypatch.setattr(cluster, "IN_PLACE_MIN_BYTES", 1)
+    replies = iter([{"need_files": True}, _reply({"results.json": _FULL_ONE_CASE})])
+    ex = _on_this_host(_executor([lambda job: next(replies)]))
+    assert ex.run(_plan(tmp_path, 1), 5.0).status == "done"
+    (actor,) = ex.workers
+    assert actor.jobs[0]["in_place"] and sorted(actor.jobs[1]["files"]) == ["plan.json"] and ex.in_place == []
+
+
+def test_light_plans_other_hosts_and_sanitize_reruns_are_sent(tmp_path, monkeypatch):
+    from porter.gates.parity import cluster
+
+    shipped = lambda: _reply({"results.json": _FULL_ONE_CASE})  # noqa: E731
+    ex = _on_this_host(_executor([shipped()]))  # a plan under IN_PLACE_MIN_BYTES
+    assert ex.run(_plan(tmp_path, 1, "light"), 5.0).status == "done" and "files" in next(iter(ex.workers)).jobs[0]
+    monkeypatch.setattr(cluster, "IN_PLACE_MIN_BYTES", 1)
+    ex = _executor([shipped()])  # a worker of another host
+    assert ex.run(_plan(tmp_path, 1, "elsewhere"), 5.0).status == "done" and "files" in next(iter(ex.workers)).jobs[0]
+    ex = _on_this_host(_executor([shipped()]))
+    ex.run(_plan(tmp_path, 1, "sanitized"), 5.0, sanitize=True)
+    assert next(iter(ex.workers)).jobs[0]["sanitize"] is True and "files" in next(iter(ex.workers)).jobs[0]
+    assert ex.in_place == []
+
+
+def test_the_worker_runs_in_place_only_the_plan_the_orchestrator_hashed(tmp_path):
+    from porter.gates.parity.cluster import GateWorker
+
+    plan = _plan(tmp_path, 1)
+    job = {"name": "plan", "in_place": True, "orig_dir": str(plan), "plan_sha256": "0" * 64, "timeout": 5.0}
+    assert GateWorker._run_in_place(None, job) == {"need_files": True}  # another plan, or another machine's
+    (plan / "plan.json").rename(plan / "real.json")
+    (plan / "plan.json").symlink_to(plan / "real.json")
+    from porter.digest import sha256_file
+
+    job["plan_sha256"] = sha256_file(plan / "real.json")
+    assert GateWorker._run_in_place(None, job) == {"need_files": True}  # never through a link
 
 
 def test_sanitize_reruns_go_to_a_worker_host_and_its_verdict_is_read_here(tmp_path, monkeypatch):

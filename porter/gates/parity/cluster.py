@@ -22,7 +22,9 @@ references it kept, classifies the exit itself, and alone writes the ledger, git
 
 On the worker host each job runs exactly as locally: pool.WarmPool with one slot (the actor's
 GPU, which Ray names in CUDA_VISIBLE_DEVICES), so the candidate runs in the same sandbox, in a
-worker pre-started while the previous job ran.  A worker or node lost mid-job (the actor died,
+worker pre-started while the previous job ran.  A heavy plan (IN_PLACE_MIN_BYTES) given to a worker
+on the orchestrator's own host is neither sent nor returned: that worker runs a fresh child in the
+plan's own folder, once it has checked the folder's plan.json is the one the orchestrator hashed.  A worker or node lost mid-job (the actor died,
 its node died, or it did not answer within the run's limit and a grace) is replaced and the job
 run again on another worker; the job's result is used once, so nothing is recorded twice.
 """
@@ -60,6 +62,9 @@ SHIPPED_KEEP = 64  # files kept in the object store: the fixture and weights sta
 # "accelerator_type:H100" style), read by a worker whose GPU nvidia-smi cannot name: a node started
 # with `ray start --resources '{"arch:sm_121": 4}'`, or the CI's fake GPUs
 ARCH_RESOURCE = "arch:"
+# a plan folder this large runs in place on a worker of the orchestrator's own host (a fresh child there)
+# instead of being sent: about what a warm worker saves (a CUDA context, ~1 s) in object-store traffic
+IN_PLACE_MIN_BYTES = 64 << 20
 
 
 class WorkersLost(PorterError):
@@ -159,6 +164,8 @@ class GateWorker:
         return str(dest)
 
     def run(self, job: dict) -> dict:
+        if job.get("in_place"):
+            return self._run_in_place(job)
         plan_dir = Path(tempfile.mkdtemp(prefix=job["name"] + "-", dir=self.base / "jobs"))
         try:
             for rel, data in job["files"].items():
@@ -182,6 +189,20 @@ class GateWorker:
                     "where": self.hello(), "local_detail": o.detail}
         finally:
             shutil.rmtree(plan_dir, ignore_errors=True)
+
+    def _run_in_place(self, job: dict) -> dict:
+        """A job of the orchestrator's own host: its plan folder as it is, and nothing sent either way.
+        Only where the folder's plan.json is the one the orchestrator hashed (the same filesystem, the
+        same plan); otherwise it asks for the files."""
+        plan_dir = Path(job["orig_dir"])
+        plan = plan_dir / "plan.json"
+        if not plan.is_file() or plan.is_symlink() or sha256_file(plan) != job.get("plan_sha256"):
+            return {"need_files": True}
+        # a fresh child, where the plan is: the warm worker stages a plan by moving its folder into its
+        # slot, and a worker lost mid-job would leave the orchestrator's folder moved away
+        o = runner.run_child(plan_dir, job["timeout"])
+        return {"rc": o.returncode, "elapsed_s": o.elapsed_s, "timed_out": o.status == "timeout", "argv": o.argv,
+                "sandbox": o.sandbox, "in_place": True, "where": self.hello(), "local_detail": o.detail}
 
     def close(self) -> None:
         self.pool.close()
@@ -297,6 +318,10 @@ def _returned(plan_dir: Path, trace: str | None = None) -> dict[str, bytes]:
     return out
 
 
+def _folder_bytes(plan_dir: Path) -> int:
+    return sum(p.stat().st_size for p in plan_dir.rglob("*") if p.is_file() and not p.is_symlink())
+
+
 def _lost_errors() -> tuple:
     from ray import exceptions as e
 
@@ -328,6 +353,11 @@ class RayExecutor:
         self.unusable: list[str] = []  # workers whose host could not open its GPU (never given a job)
         self._shipped: OrderedDict = OrderedDict()  # (path, size, mtime, inode) -> (sha, name, ObjectRef)
         self._closed = False
+        self.in_place: list[str] = []  # jobs a worker of this host ran in their own plan folder
+        try:  # this process's Ray node: its workers share this host's files
+            self.node = ray.get_runtime_context().get_node_id()
+        except Exception:  # noqa: BLE001 - a client connection (ray://) has no node here
+            self.node = None
         # what the worker host's harness reads of the orchestrator's environment, fixed at the actor's start
         # (executors.shutdown() makes new workers after a change, as the bench does between its paths)
         from porter import sandbox
@@ -440,31 +470,48 @@ class RayExecutor:
         plan_dir = Path(plan_dir)
         runner.clear_outputs(plan_dir)
         expected = runner.expected_results(plan_dir)  # from the plan as the orchestrator wrote it
-        job = dict(self._job(plan_dir, timeout), sanitize=sanitize)
+        name, shipped = plan_dir.name, None
+        # a worker on this host runs a heavy plan where it is: a weight-heavy plan's inputs (over 500 MB
+        # for ds4's decode logits) otherwise went through the object store on every run, and Ray on one
+        # machine's GPUs was slower than the local pool (docs/ray.md).  Not for --sanitize or the launch
+        # trace, whose tools and preloaded library are set up per job.
+        local = dict(name=name, in_place=True, orig_dir=str(plan_dir), plan_sha256=sha256_file(plan_dir / "plan.json"),
+                     timeout=timeout) if (self.node and not sanitize and not runner.child_env().get("LD_PRELOAD")
+                                          and (plan_dir / "plan.json").is_file()
+                                          and _folder_bytes(plan_dir) >= IN_PLACE_MIN_BYTES) else None
         for attempt in range(TRIES):
-            actor = self._take(job["name"], arch)
+            actor = self._take(name, arch)
             where = self.workers.get(actor, {})
             with self._lock:
-                self.in_flight[job["name"]] = where
+                self.in_flight[name] = where
             try:
-                res = self.ray.get(actor.run.remote(job), timeout=timeout + GRACE_S)
+                res = None
+                if local is not None and where.get("node") == self.node:
+                    if attempt:
+                        runner.clear_outputs(plan_dir)  # a lost worker's partial files are not this run's
+                    res = self.ray.get(actor.run.remote(local), timeout=timeout + GRACE_S)
+                if res is None or res.get("need_files"):
+                    shipped = shipped or dict(self._job(plan_dir, timeout), sanitize=sanitize)
+                    res = self.ray.get(actor.run.remote(shipped), timeout=timeout + GRACE_S)
             except RayTaskError:
                 self.free.put(actor)  # a harness bug on the worker host, not a lost worker
                 raise
             except (RayActorError, GetTimeoutError, *_lost_errors()) as exc:
-                line = (f"{job['name']}: worker {where.get('host')} pid {where.get('pid')} lost "
+                line = (f"{name}: worker {where.get('host')} pid {where.get('pid')} lost "
                         f"({type(exc).__name__}); run again" + (" elsewhere" if attempt + 1 < TRIES else ""))
                 self.lost.append(line)
                 self._drop(actor)
                 continue
             finally:
                 with self._lock:
-                    self.in_flight.pop(job["name"], None)
+                    self.in_flight.pop(name, None)
             self.free.put(actor)
             if attempt:
-                self.retried.append(job["name"])
+                self.retried.append(name)
+            if res.get("in_place"):
+                self.in_place.append(name)
             return self._outcome(plan_dir, res, timeout, expected)
-        raise WorkersLost(f"parity job {job['name']}: {TRIES} workers lost in a row ({self.lost[-1]})")
+        raise WorkersLost(f"parity job {name}: {TRIES} workers lost in a row ({self.lost[-1]})")
 
     def _fits(self, arch: str | None):
         """Whether a worker can take a job needing `arch` (None: any worker)."""
@@ -492,13 +539,15 @@ class RayExecutor:
                     raise WorkersLost(f"parity job {name}: no usable Ray worker{kind} ({why})") from None
 
     def _outcome(self, plan_dir: Path, res: dict, timeout: float, expected: dict) -> runner.ChildOutcome:
-        """The worker's raw files in the plan folder, and the outcome classified HERE from them."""
-        for name in list(RETURNED) + [os.environ.get("PORTER_LAUNCH_TRACE") or ""]:
-            if name:
-                (plan_dir / name).unlink(missing_ok=True)
-        for name, data in (res.get("files") or {}).items():
-            if name in RETURNED or name == os.environ.get("PORTER_LAUNCH_TRACE"):
-                (plan_dir / name).write_bytes(data)
+        """The worker's raw files in the plan folder (a job run in place wrote them there itself), and the
+        outcome classified HERE from them."""
+        if not res.get("in_place"):
+            for name in list(RETURNED) + [os.environ.get("PORTER_LAUNCH_TRACE") or ""]:
+                if name:
+                    (plan_dir / name).unlink(missing_ok=True)
+            for name, data in (res.get("files") or {}).items():
+                if name in RETURNED or name == os.environ.get("PORTER_LAUNCH_TRACE"):
+                    (plan_dir / name).write_bytes(data)
         o = runner.classify(plan_dir, res.get("rc"), float(res.get("elapsed_s") or 0.0), bool(res.get("timed_out")),
                             timeout, list(res.get("argv") or []), expected)
         o.sandbox = res.get("sandbox") or "unknown"
