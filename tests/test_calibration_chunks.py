@@ -104,3 +104,78 @@ def test_calibrate_starts_the_heaviest_units_first_and_reports_in_the_units_orde
     assert len(set(runs.values())) > 1, "every unit weighs the same: the order would prove nothing"
     assert started == sorted(units, key=lambda u: (-runs[u], units.index(u)))
     assert [r["unit"] for r in report["rows"]] == units
+
+
+def test_one_specs_mutants_spread_over_the_run_slots_and_never_more_runs_than_jobs(tmp_path, monkeypatch):
+    """A chunk's wall time was one heavy spec's, its mutants run one after another while another GPU
+    idled (two H200s through Ray): a spec's variants and mutants now share the --jobs run slots with
+    every other unit's runs.  At most --jobs runs are in flight (each holds its inputs in host memory),
+    the known-good run comes before its unit's mutants (their perf baseline), and the rows are those of
+    one run at a time."""
+    import threading
+    import time as _time
+
+    import porter.calibration.calibrator as calibrator
+    from porter.calibration.calibrator import CalibrateOptions, calibrate
+    from porter.gates.driver import ParityOptions
+    from porter.gates.result import GateResult
+    from porter.target import load_target
+
+    target = load_target(REPO, "minimoe")
+    lock, state = threading.Lock(), {"now": 0, "most": 0, "per_unit": {}, "good_done": set(), "order_bad": []}
+
+    def fake_parity(target, unit, lib, opts, timeout=None, env=None, seeds=None, fresh_process=False):
+        mutant = Path(lib).name != "good.so"
+        with lock:
+            if mutant and unit not in state["good_done"]:
+                state["order_bad"].append(unit)
+            state["now"] += 1
+            state["most"] = max(state["most"], state["now"])
+            per = state["per_unit"].setdefault(unit, [0, 0])
+            per[0] += 1
+            per[1] = max(per[1], per[0])
+        _time.sleep(0.02)
+        with lock:
+            state["now"] -= 1
+            state["per_unit"][unit][0] -= 1
+            if not mutant:
+                state["good_done"].add(unit)
+        if mutant:  # refused by the check the mutant's name ends in
+            check = Path(lib).stem.rsplit("@", 1)[1]
+            return GateResult("parity", False, f"parity failed [{check}]", check=check,
+                              metrics={"failed_checks": [check]})
+        return GateResult("parity", True, "parity ok")
+
+    class Libs:
+        describe = "stand-in"
+
+        def prepare(self, mutants, progress=None):
+            pass
+
+        def known_good(self):
+            return tmp_path / "good.so"
+
+        def has(self, unit):
+            return True
+
+        def mutant(self, m):
+            return tmp_path / f"{m.name}@{m.must_fail_check}.so"
+
+    monkeypatch.setattr(calibrator, "parity_on_library", fake_parity)
+    units = ["mini_gpu_matmul_q8_0_tensor", "mini_gpu_swiglu_tensor", "mini_gpu_add_tensor"]
+
+    def rows(jobs):
+        opts = CalibrateOptions(tmp_path, units, None, True, ParityOptions(mode="host"), show_static=False,
+                                ledger=False, jobs=jobs)
+        report = calibrate(target, Libs(), opts, out=lambda *a: None)
+        return [(r["unit"], r["kind"], r["name"], r["got"], r["ok"]) for r in report["rows"]]
+
+    one = rows(1)
+    assert state["most"] == 1
+    n_q8 = sum(1 for r in one if r[0] == "mini_gpu_matmul_q8_0_tensor")
+    assert n_q8 > 3, "the heavy unit has too few mutants to show anything"
+    state.update(most=0, per_unit={}, good_done=set())
+    assert rows(3) == one
+    assert state["most"] == 3  # the slots filled, never more
+    assert state["per_unit"]["mini_gpu_matmul_q8_0_tensor"][1] > 1  # one spec's mutants side by side
+    assert not state["order_bad"], f"a mutant ran before its unit's known-good: {state['order_bad']}"

@@ -17,7 +17,7 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from porter.calibration.libraries import BuildError, UpstreamLibraries
@@ -46,8 +46,33 @@ class CalibrateOptions:
     show_static: bool = True  # the static gate's verdict on each whole-file mutant (an informative column)
     ledger: bool = True
     variants: bool = True  # also run the known-good with each of its env-knob variants (variants.py)
-    jobs: int = field(default_factory=lambda: min(4, os.cpu_count() or 1))  # units calibrated side by side
+    jobs: int = field(default_factory=lambda: min(4, os.cpu_count() or 1))  # parity runs in flight at once
     progress: object = None  # (what, total) -> porter.term.Steps: the command's bar or log lines; None: silent
+    slots: "RunSlots | None" = None  # calibrate() sets it: the runs in flight over every unit; None: one at a time
+
+
+class RunSlots:
+    """The parity runs a calibration has in flight at once, over all its units: --jobs of them.  Each run
+    holds its inputs and references in host memory (gigabytes for ds4's MoE cases), so the bound is on
+    runs, not units.  Within it one spec's variants and mutants run side by side: on two H200s through
+    Ray, a chunk's wall time was one spec's (the Q8_0 matmul and its mutants, one after another) while
+    the other GPU had nothing left to do."""
+
+    def __init__(self, n: int):
+        self.sem = threading.BoundedSemaphore(max(1, n))
+        self.pool = ThreadPoolExecutor(max_workers=max(1, n), thread_name_prefix="porter-calibrate-run")
+
+    def run(self, fn):
+        with self.sem:
+            return fn()
+
+    def map(self, fns: list) -> list:
+        """Each fn's result, in order; the runs side by side within the bound."""
+        futures = [self.pool.submit(self.run, f) for f in fns]
+        return [f.result() for f in futures]
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
 
 
 @dataclass
@@ -145,18 +170,24 @@ def calibrate(target, libs, opts: CalibrateOptions, out=print) -> dict:
     # Heaviest first (parity runs: the known-good, its variants, its mutants), each unit to the first
     # free slot: the longest-first schedule --chunk used across runs, here across the --jobs slots
     # (with --executor ray, one per GPU of the cluster), so one command calibrates a whole target.
+    # A unit's variants and mutants share the --jobs run slots with the other units' runs (RunSlots).
     heaviest = sorted(units, key=lambda u: (-calibration_runs(u, plan, mutants), units.index(u)))
-    with progress(f"calibrating {len(units)} specs", len(units)) as steps, \
-            ThreadPoolExecutor(max_workers=max(1, min(opts.jobs, len(units) or 1))) as pool:
-        def one(u):
-            steps.working_on(u)
-            try:
-                return _calibrate_unit(target, libs, opts, good, plan, mutants, specs, u, out)
-            finally:
-                steps.advance()
+    slots = RunSlots(opts.jobs)
+    unit_opts = replace(opts, slots=slots)
+    try:
+        with progress(f"calibrating {len(units)} specs", len(units)) as steps, \
+                ThreadPoolExecutor(max_workers=max(1, min(opts.jobs, len(units) or 1))) as pool:
+            def one(u):
+                steps.working_on(u)
+                try:
+                    return _calibrate_unit(target, libs, unit_opts, good, plan, mutants, specs, u, out)
+                finally:
+                    steps.advance()
 
-        started = {u: pool.submit(one, u) for u in heaviest}
-        done = [started[u].result() for u in units]
+            started = {u: pool.submit(one, u) for u in heaviest}
+            done = [started[u].result() for u in units]
+    finally:
+        slots.close()
     rows: list[Row] = [r for unit_rows, _ in done for r in unit_rows]
     records: dict[str, dict] = {u: rec for u, (_, rec) in zip(units, done)}
     report = {"target": target.name, "known_good": libs.describe, "library": str(good),
@@ -196,37 +227,50 @@ def _unit_runs(target, libs, opts, good, plan, mutants, specs, unit, out) -> tup
                 {"ok": False, "summary": "no known-good implementation", "known_good_ok": None})
     t1 = time.monotonic()
     seeds = opts.parity.seeds or fresh_seeds(2)
-    res = parity_on_library(target, unit, good, opts, seeds=seeds)
+    slots = opts.slots
+    run = slots.run if slots is not None else (lambda fn: fn())
+    res = run(lambda: parity_on_library(target, unit, good, opts, seeds=seeds))
     rows.append(_row(unit, "known-good", libs.describe, "pass", res, res.ok, time.monotonic() - t1))
     out(f"  {'ok ' if res.ok else 'BAD'} {unit}: {res.summary}")
     if not res.ok:
         out("\n".join("      " + ln for ln in (res.diagnostics or "").splitlines()[:40]))
-    variants_ok = 0
     variants = plan.for_unit(unit) if plan is not None else []
-    for v in variants:
+    mine = [m for m in mutants if m.unit == unit]
+
+    def variant_run(v):
         t2 = time.monotonic()
         r = parity_on_library(target, unit, good, opts, env=v.env, seeds=seeds)
-        variants_ok += r.ok
-        rows.append(_row(unit, "variant", v.name, "pass", r, r.ok, time.monotonic() - t2))
-        out(f"      {'ok ' if r.ok else 'BAD'} variant {v.name}: {r.summary[:200]}")
-    mine = [m for m in mutants if m.unit == unit]
-    rejected = 0
-    for m in mine:
+        return r, time.monotonic() - t2
+
+    def mutant_run(m):
         t2 = time.monotonic()
         try:
             lib = libs.mutant(m)
         except (BuildError, PorterError) as exc:
-            rows.append(Row(unit, m.origin, m.name, m.must_fail_check, "build-error", False, str(exc)))
-            out(f"      BUILD-ERROR {m.name}: {exc}")
-            continue
+            return exc, 0.0, None
         r = parity_on_library(target, unit, lib, opts, timeout=m.timeout, seeds=seeds)
-        if m.perf and r.ok:
+        if m.perf and r.ok:  # judged against this calibration's known-good run, made above
             r = perf_on_mutant(target, unit, r, res, lambda: parity_on_library(target, unit, lib, opts,
                                                                                timeout=m.timeout, fresh_process=True))
+        return r, time.monotonic() - t2, _static_verdict(target, m) if opts.show_static else None
+
+    # after the known-good run (the perf mutants' baseline), the unit's other runs side by side in the slots
+    jobs = [lambda v=v: variant_run(v) for v in variants] + [lambda m=m: mutant_run(m) for m in mine]
+    results = slots.map(jobs) if slots is not None else [j() for j in jobs]
+    variants_ok = 0
+    for v, (r, seconds) in zip(variants, results[:len(variants)]):
+        variants_ok += r.ok
+        rows.append(_row(unit, "variant", v.name, "pass", r, r.ok, seconds))
+        out(f"      {'ok ' if r.ok else 'BAD'} variant {v.name}: {r.summary[:200]}")
+    rejected = 0
+    for m, (r, seconds, static_verdict) in zip(mine, results[len(variants):]):
+        if isinstance(r, Exception):
+            rows.append(Row(unit, m.origin, m.name, m.must_fail_check, "build-error", False, str(r)))
+            out(f"      BUILD-ERROR {m.name}: {r}")
+            continue
         ok = m.rejected_by(r.word)
         rejected += ok
-        rows.append(_row(unit, m.origin, m.name, m.must_fail_check, r, ok, time.monotonic() - t2,
-                         _static_verdict(target, m) if opts.show_static else None))
+        rows.append(_row(unit, m.origin, m.name, m.must_fail_check, r, ok, seconds, static_verdict))
         out(f"      {'ok ' if ok else 'BAD'} {m.name}: want {m.must_fail_check}, got {r.word}: {r.summary[:200]}")
     summary = res.summary[:300] if mine else f"no mutant: nothing shows this spec rejects anything; {res.summary}"[:300]
     if variants_ok < len(variants):
