@@ -45,7 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="skip the known-good's env-knob variants (targets/<t>/known_good_variants.toml)")
     p.add_argument("--sanitize", action="store_true", help="also run each case under compute-sanitizer memcheck")
     p.add_argument("--jobs", type=int, default=None, metavar="N",
-                   help="parity runs in flight at once, over all specs (default: min(4, CPUs)); each GPU still runs one at a time")
+                   help="parity runs in flight at once, over all specs (default: min(4, CPUs)); "
+                        "each GPU still runs one at a time")
     p.add_argument("--timeout", type=float, default=120.0, metavar="S", help="time limit per parity child (default 120)")
     p.add_argument("--timing-reps", type=int, default=10, metavar="N", help="CUDA-event timing repetitions")
     p.add_argument("--build-dir", metavar="DIR", help="object/library cache (default runs/build-cache)")

@@ -24,9 +24,10 @@ On the worker host each job runs exactly as locally: pool.WarmPool with one slot
 GPU, which Ray names in CUDA_VISIBLE_DEVICES), so the candidate runs in the same sandbox, in a
 worker pre-started while the previous job ran.  A heavy plan (IN_PLACE_MIN_BYTES) given to a worker
 on the orchestrator's own host is neither sent nor returned: that worker runs a fresh child in the
-plan's own folder, once it has checked the folder's plan.json is the one the orchestrator hashed.  A worker or node lost mid-job (the actor died,
-its node died, or it did not answer within the run's limit and a grace) is replaced and the job
-run again on another worker; the job's result is used once, so nothing is recorded twice.
+plan's own folder, once it has checked the folder's plan.json is the one the orchestrator hashed.
+A worker or node lost mid-job (the actor died, its node died, or it did not answer within the run's
+limit and a grace) is replaced and the job run again on another worker; the job's result is used
+once, so nothing is recorded twice.
 """
 
 from __future__ import annotations
