@@ -12,6 +12,7 @@ still builds, for the GPU the target is usually run on).
     detected() -> tuple[str, ...]                            the GPUs here ("sm_90", ...), once per process
     nvcc_flags(archs) -> list[str]                           what nvcc is given for them
     required(declared, named=None) -> tuple[str, ...]        the GPU kinds a verdict must hold on
+    order(arch) -> tuple                                     sort key: sm_90 before sm_121
 
 Required architectures ([cuda] required_archs, `--require-arch`, $PORTER_REQUIRE_ARCH) are a
 different thing from the build's: a unit is verified only where parity and perf ran on a GPU of
@@ -53,6 +54,14 @@ def number(arch: str) -> int:
     return int(_NAME.fullmatch(normalize(arch)).group(2))
 
 
+def order(arch: str) -> tuple:
+    """Sort key: sm_90 before sm_121 (as text, sm_121 would come first); a name that is no architecture last."""
+    try:
+        return (number(arch), arch)
+    except (PorterError, AttributeError):
+        return (1 << 30, arch)
+
+
 def required(declared=(), named: str | None = None) -> tuple[str, ...]:
     """The architectures a verdict must hold on: the target's `declared` and those a run names
     (`named`, comma separated; $PORTER_REQUIRE_ARCH when None), each a real GPU kind, lowest first.
@@ -69,7 +78,7 @@ def required(declared=(), named: str | None = None) -> tuple[str, ...]:
             raise PorterError(f"required GPU architecture {text!r} is virtual (PTX only): require a GPU kind "
                               "like sm_90 or sm_121")
         out.append(a)
-    return tuple(sorted(dict.fromkeys(out), key=lambda a: (number(a), a)))
+    return tuple(sorted(dict.fromkeys(out), key=order))
 
 
 def _from_cupy() -> list[str] | None:

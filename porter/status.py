@@ -41,10 +41,10 @@ Per unit the state is the first that holds of:
   exhausted  its attempts ran out (an "exhausted" record after the last attempt)
   failing    attempts were made, none produced a step; shown "failing (sm_121)" where
              the refusal was on that architecture
+  unported   no attempt is recorded (whatever the file holds)
 
 Per unit, `archs` says for each architecture its evidence measured, and each required one,
 "verified", "failing" or "not measured" (porter.gates.archs.verdicts reads the evidence).
-  unported   no attempt is recorded (whatever the file holds)
 
 Exit: 3 when anything is tampered or rolled back, else 4 when a unit is stale, else 0.
 """
@@ -58,7 +58,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from porter import gitops, signing, witness
+from porter import arch as gpu_arch, gitops, signing, witness
 from porter.errors import PorterError
 from porter.evidence import check_evidence, evidence_problem
 from porter.gates import archs as gate_archs, static
@@ -716,7 +716,7 @@ def derive(
         st = UnitStatus(unit=unit, state=state, reason=" ".join(reason.split()), attempts=len(uh.attempts),
                         candidate_sha256=f.sha256)
         st.archs = arch_states(uh, state, f, evidence, target.required_archs)
-        st.label = unit_label(state, st.archs, judged=uh.last_step is not None and uh.last_step.state == "verified")
+        st.label = unit_label(state, st.archs)
         if ranking is not None and unit in ranking:
             st.tier = ranking[unit][0]
         if uh.last_step is not None:
@@ -785,13 +785,13 @@ def arch_states(uh: UnitHistory, state: str, f: UnitFile, evidence, required: tu
         out = {a: s for a, s in out.items() if s == "verified"}
     for a in required:
         out.setdefault(a, "not measured")
-    return dict(sorted(out.items(), key=lambda kv: gate_archs.by_number(kv[0])))
+    return dict(sorted(out.items(), key=lambda kv: gpu_arch.order(kv[0])))
 
 
-def unit_label(state: str, archs: dict[str, str], judged: bool = False) -> str:
+def unit_label(state: str, archs: dict[str, str]) -> str:
     """The state as a person reads it: "failing (sm_121)" for a refusal on that kind, "built (sm_121 not
-    measured)" where a required kind has no verdict (a step whose parity ran on the other kinds only, or,
-    `judged`, one recorded verified before a kind was required); else state_label(state)."""
+    measured)" where a required kind has no verdict (a step whose parity ran on the other kinds only, or
+    one recorded verified before a kind was required); else state_label(state)."""
     failing = [a for a, s in archs.items() if s == "failing"]
     missing = [a for a, s in archs.items() if s == "not measured"]
     if state in ("failing", "exhausted") and failing:

@@ -17,12 +17,12 @@ from __future__ import annotations
 from typing import Callable
 
 from porter import arch as gpu_arch
-from porter.errors import PorterError
 from porter.gates.result import GateResult
 
 
-def _ran_on(res: GateResult) -> str | None:
-    return ((res.evidence or {}).get("toolchain") or {}).get("arch") or None
+def arch_of(evidence: dict | None) -> str | None:
+    """The GPU architecture a parity evidence record's child ran on ("sm_90"), None for the host stand-in."""
+    return ((evidence or {}).get("toolchain") or {}).get("arch") or None
 
 
 def across(required: tuple[str, ...], served: tuple[str, ...], run_one: Callable[[str], GateResult],
@@ -34,7 +34,7 @@ def across(required: tuple[str, ...], served: tuple[str, ...], run_one: Callable
         if arch not in served:
             continue
         res = run_one(arch)
-        seen = _ran_on(res)
+        seen = arch_of(res.evidence)
         if seen is not None and seen != arch:
             # the worker was placed as `arch` but its child saw another GPU: no verdict on either kind
             res = GateResult(gate, False, f"{gate} skipped: placed on {arch} but the run saw {seen}",
@@ -74,14 +74,6 @@ def across(required: tuple[str, ...], served: tuple[str, ...], run_one: Callable
                       skipped=not refused and missing or not passed and not refused, check=first.check)
 
 
-def by_number(arch: str) -> tuple:
-    """Sort key: sm_90 before sm_121 (evidence files keep keys in text order)."""
-    try:
-        return (gpu_arch.number(arch), arch)
-    except PorterError:
-        return (1 << 30, arch)
-
-
 def measured(evidence: dict | None) -> dict[str, dict]:
     """{arch: that kind's own evidence} for every kind a combined record holds a passing run of."""
     per_arch = (evidence or {}).get("archs")
@@ -96,6 +88,6 @@ def verdicts(evidence: dict | None) -> dict[str, bool]:
     per_arch = ev.get("archs")
     if isinstance(per_arch, dict):
         got = {a: v.get("ok") is True for a, v in per_arch.items() if isinstance(v, dict) and v.get("measured")}
-        return dict(sorted(got.items(), key=lambda kv: by_number(kv[0])))
-    arch = (ev.get("toolchain") or {}).get("arch")
+        return dict(sorted(got.items(), key=lambda kv: gpu_arch.order(kv[0])))
+    arch = arch_of(ev)
     return {arch: ev.get("ok") is True} if arch else {}

@@ -34,6 +34,7 @@ import statistics
 
 from porter.evidence import gate_facts, load_evidence
 from porter.gates import archs
+from porter.gates.archs import arch_of
 from porter.gates.result import GateResult
 
 MIN_LIMIT = 1.25  # the tightest limit: no candidate is refused for being within 25% of the known-good
@@ -106,11 +107,6 @@ def regime_of(evidence: dict) -> str | None:
     """The regime an evidence record names: parity's {"name": ...}, or perf's own word."""
     r = evidence.get("regime")
     return r.get("name") if isinstance(r, dict) else r
-
-
-def arch_of(evidence: dict) -> str | None:
-    """The GPU architecture a parity evidence record's child ran on ("sm_90"), None for the host stand-in."""
-    return (evidence.get("toolchain") or {}).get("arch") or None
 
 
 def comparable(base: dict, mine: dict, regime: str | None, gpu: str | None, arch: str | None = None) -> str:

@@ -44,6 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
+from porter import arch as gpu_arch
 from porter.digest import sha256_file
 from porter.errors import PorterError
 from porter.gates.parity import runner
@@ -185,9 +186,7 @@ class GateWorker:
                 o = runner.run_child(plan_dir, job["timeout"], env=env)
             else:
                 o = self.pool.run(plan_dir, job["timeout"])
-            return {"rc": o.returncode, "elapsed_s": o.elapsed_s, "timed_out": o.status == "timeout",
-                    "argv": o.argv, "sandbox": o.sandbox, "files": _returned(plan_dir, env.get("PORTER_LAUNCH_TRACE")),
-                    "where": self.hello(), "local_detail": o.detail}
+            return self._reply(o, files=_returned(plan_dir, env.get("PORTER_LAUNCH_TRACE")))
         finally:
             shutil.rmtree(plan_dir, ignore_errors=True)
 
@@ -201,9 +200,12 @@ class GateWorker:
             return {"need_files": True}
         # a fresh child, where the plan is: the warm worker stages a plan by moving its folder into its
         # slot, and a worker lost mid-job would leave the orchestrator's folder moved away
-        o = runner.run_child(plan_dir, job["timeout"])
+        return self._reply(runner.run_child(plan_dir, job["timeout"]), in_place=True)
+
+    def _reply(self, o: runner.ChildOutcome, **more) -> dict:
+        """What goes back to the orchestrator of one run: the raw exit, never a verdict."""
         return {"rc": o.returncode, "elapsed_s": o.elapsed_s, "timed_out": o.status == "timeout", "argv": o.argv,
-                "sandbox": o.sandbox, "in_place": True, "where": self.hello(), "local_detail": o.detail}
+                "sandbox": o.sandbox, "where": self.hello(), "local_detail": o.detail, **more}
 
     def close(self) -> None:
         self.pool.close()
@@ -376,7 +378,7 @@ class RayExecutor:
         while self.pending and time.monotonic() < deadline:
             time.sleep(0.2)
         found = {w.get("arch") for w in list(self.workers.values())} - {None}
-        return sorted(found, key=lambda a: int("".join(c for c in a if c.isdigit()) or 0))
+        return sorted(found, key=gpu_arch.order)
 
     # -- workers ------------------------------------------------------------
     def _add_worker(self) -> None:
