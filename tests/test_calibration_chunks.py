@@ -71,6 +71,28 @@ def test_porter_calibrate_chunk_runs_that_chunk_of_the_specs(monkeypatch, capsys
     assert seen[-1] == ["mini_gpu_add_tensor"]
 
 
+class StandInLibs:
+    """calibrate()'s library builder without a compiler: the known-good is good.so, a mutant
+    <name>@<the check it must fail by>.so (what the stand-in parity runs read)."""
+
+    describe = "stand-in"
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+
+    def prepare(self, mutants, progress=None):
+        pass
+
+    def known_good(self):
+        return self.folder / "good.so"
+
+    def has(self, unit):
+        return True
+
+    def mutant(self, m):
+        return self.folder / f"{m.name}@{m.must_fail_check}.so"
+
+
 def test_calibrate_starts_the_heaviest_units_first_and_reports_in_the_units_order(monkeypatch, tmp_path):
     """One command over a whole target (--executor ray: --jobs is the cluster's GPUs): units go to the
     slots longest first, as --chunk balanced them across runs; the report keeps the units' order."""
@@ -86,20 +108,11 @@ def test_calibrate_starts_the_heaviest_units_first_and_reports_in_the_units_orde
         started.append(unit)
         return [Row(unit, "known-good", "-", "pass", "pass", True, "")], {"ok": True}
 
-    class Libs:
-        describe = "stand-in"
-
-        def prepare(self, mutants, progress=None):
-            pass
-
-        def known_good(self):
-            return tmp_path / "lib.so"
-
     monkeypatch.setattr(calibrator, "_calibrate_unit", fake_unit)
     units = sorted(__import__("porter.gates.parity.spec", fromlist=["load_specs"]).load_specs(target))
     opts = CalibrateOptions(tmp_path, units, None, True, ParityOptions(mode="host"), ledger=False, jobs=1)
-    report = calibrate(target, Libs(), opts, out=lambda *a: None)
-    mutants = select_mutants(target, Libs(), units, opts)
+    report = calibrate(target, StandInLibs(tmp_path), opts, out=lambda *a: None)
+    mutants = select_mutants(target, StandInLibs(tmp_path), units, opts)
     runs = {u: calibration_runs(u, None, mutants) for u in units}
     assert len(set(runs.values())) > 1, "every unit weighs the same: the order would prove nothing"
     assert started == sorted(units, key=lambda u: (-runs[u], units.index(u)))
@@ -146,28 +159,13 @@ def test_one_specs_mutants_spread_over_the_run_slots_and_never_more_runs_than_jo
                               metrics={"failed_checks": [check]})
         return GateResult("parity", True, "parity ok")
 
-    class Libs:
-        describe = "stand-in"
-
-        def prepare(self, mutants, progress=None):
-            pass
-
-        def known_good(self):
-            return tmp_path / "good.so"
-
-        def has(self, unit):
-            return True
-
-        def mutant(self, m):
-            return tmp_path / f"{m.name}@{m.must_fail_check}.so"
-
     monkeypatch.setattr(calibrator, "parity_on_library", fake_parity)
     units = ["mini_gpu_matmul_q8_0_tensor", "mini_gpu_swiglu_tensor", "mini_gpu_add_tensor"]
 
     def rows(jobs):
         opts = CalibrateOptions(tmp_path, units, None, True, ParityOptions(mode="host"), show_static=False,
                                 ledger=False, jobs=jobs)
-        report = calibrate(target, Libs(), opts, out=lambda *a: None)
+        report = calibrate(target, StandInLibs(tmp_path), opts, out=lambda *a: None)
         return [(r["unit"], r["kind"], r["name"], r["got"], r["ok"]) for r in report["rows"]]
 
     one = rows(1)
