@@ -55,8 +55,7 @@ from porter.gates.build import cache_dir, check_environment
 from porter.errors import PorterError
 from porter.toolchain import nvcc_path
 from porter.gates.driver import Candidate, GateContext, run_gates
-from porter.gates.e2e.gate import UNIT as E2E_UNIT
-from porter.gates.e2e.state import head_backend_tree, run_e2e_if_due
+from porter.gates.e2e.state import E2E_UNIT, head_backend_tree, run_e2e_if_due
 from porter.gates.result import GateResult
 from porter.history import Usage
 from porter.ledger import Ledger, load_key

@@ -35,7 +35,6 @@ from porter.gates.e2e.target_driver import load_driver
 from porter.gates.result import GateResult
 
 GATE = "e2e"
-UNIT = E2E_UNIT
 
 
 @dataclass
@@ -59,7 +58,7 @@ def run(candidate, ctx) -> GateResult:
     of one unit (`porter optimize`) is the backend with that unit's new file: its evidence names the tree
     it will make, and it is judged against the committed backend's e2e record too."""
     opts = E2EOptions(store=False)
-    if candidate.unit != UNIT:
+    if candidate.unit != E2E_UNIT:
         from porter.gates.e2e.state import e2e_records_from_ledger
 
         opts.candidate = candidate_facts(candidate, ctx)
@@ -167,7 +166,7 @@ def _against_committed(verdict, runs, records, head_tree, setup, cal_sha):
 def _evidence(target, ok, lib, lib_sha, tree_hash, head, head_tree, cal_path, cal_sha, setup, cmp, verdict, walls,
               error, **more) -> dict:
     return gate_facts(
-        target, UNIT, GATE, lib_sha, toolchain.host_facts(), ok=bool(ok), library={"path": str(lib), "sha256": lib_sha},
+        target, E2E_UNIT, GATE, lib_sha, toolchain.host_facts(), ok=bool(ok), library={"path": str(lib), "sha256": lib_sha},
         tree_hash=tree_hash, commit=head, tree_matches_head=tree_hash == head_tree,
         backend_dirs=tree.backend_dirs(target), driver=target.spec.e2e.driver, setup=setup,
         calibration={"file": str(cal_path.relative_to(target.workspace)) if target.workspace in cal_path.parents
