@@ -13,31 +13,34 @@ never the harness.  It imports numpy, ctypes, cupy and its siblings
 (device.py, compare.py, loader.py) by file path: nothing of porter, pydantic or gguf.
 
 PLAN_DIR/plan.json says what to call (see runner.write_plan); PLAN_DIR/inputs.npz
-holds every input of every call.  The child writes, as it goes:
+holds every input of every call.  An op plan runs beside the checker
+(checker.py), which owns every buffer the unit is called on: this process
+maps the checker's arena, calls the unit and tells the checker where it is
+(prepared / called / settled; put / timed for timed calls).  It writes, as it goes:
   progress.jsonl  one line before each step (so a crash names its case and step)
-  results.json    facts per call: return code, descriptor/guard/const/stream
-                  observations, timings, device facts (rewritten after each case)
-  outputs.npz     the raw output bytes of every call, read right after the
-                  unit's stream was synchronized
-It compares nothing with references: the parent does, so the child never sees
-an expected answer.
+  results.json    what only this process can observe, as claims the parent
+                  validates: return codes, CUDA errors left, descriptor changes,
+                  the stream probe, the host map's bytes, event times
+It reads no output, guard or const input for a verdict: the checker does, and
+the parent compares.  This process loads the candidate, so anything it says can
+be forged; the parent only takes its words as refusals or as numbers the
+checker's own measurements bound.
 
 Per call (a "pass"; every valid case runs two passes in the SAME buffers with
 different inputs):
-  1. inputs written; outputs pre-filled with the sentinel (a NaN bit pattern);
-     the model map is a fresh host buffer, mini_cuda_forget_models() is called
-     and the map is uploaded again before the call;
+  1. the checker writes the inputs and fills the outputs with the sentinel (a
+     NaN bit pattern); the model map is a fresh host buffer,
+     mini_cuda_forget_models() is called and the map is uploaded again;
   2. on one pass per case, drawn at random here (and on the next pass too when
      that probe was inconclusive), the unit's stream (target.toml's [cuda] stream) is
      held by a timed spin kernel, the unit is called, and while the hold lasts
      the outputs are read on an unrelated non-blocking stream: a unit that
      orders its work on its stream cannot have written anything yet;
-  3. the unit's stream is synchronized and the outputs copied on it (what the
-     API promises a caller); then the whole device is synchronized and the
-     outputs read again: a difference means work landed after the unit's
-     stream said it was done;
-  4. descriptors, guard bytes, const inputs, the host map and the device copy of
-     the map are compared with what they were.
+  3. the unit's stream is synchronized and the checker reads the outputs; then
+     the whole device is synchronized and the checker reads them again: a
+     difference means work landed after the unit's stream said it was done;
+  4. descriptors and the host map are compared with what they were here; the
+     checker compares guard bytes and const inputs in its own memory.
 """
 
 from __future__ import annotations
@@ -57,7 +60,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compare  # noqa: E402  (sibling module, loaded by path on purpose)
 import device as devmod  # noqa: E402
+import link as linkmod  # noqa: E402
 import loader  # noqa: E402
+import shared_mem  # noqa: E402
 from loader import Fatal, Tensor  # noqa: E402
 
 EXIT_DONE, EXIT_BAD_PLAN, EXIT_CUDA, EXIT_LOAD = 0, 2, 3, 4
@@ -77,6 +82,8 @@ class PlanRun:
         self.progress = open(plan_dir / "progress.jsonl", "a", buffering=1)
         self.results: dict = {"cases": [], "fatal": None, "complete": False, "device": None}
         self.outputs: dict[str, np.ndarray] = {}
+        # opened before the candidate loads: its socket is then the only way to the checker
+        self.link = linkmod.Link.from_env() if plan.get("kind") != "scenario" else None
 
     @contextlib.contextmanager
     def phase(self, name: str):
@@ -127,6 +134,9 @@ class PlanRun:
             return EXIT_LOAD if exc.check == "load" else EXIT_CUDA
         except devmod.DeviceError as exc:
             self.results["fatal"] = {"check": "cuda-error", "detail": str(exc), "at": self._last_step()}
+            return EXIT_CUDA
+        except (linkmod.LinkClosed, shared_mem.ArenaError) as exc:
+            self.results["fatal"] = {"check": "crash", "detail": f"checker link: {exc}", "at": self._last_step()}
             return EXIT_CUDA
         finally:
             try:
@@ -179,17 +189,26 @@ class OpCalls:
         self.stream = loader.unit_stream(lib, h)  # None: no stream probe (e.g. the host stand-in)
         if self.stream is not None:
             self.results["unit_stream"] = hex(self.stream)
+        self.link = run.link
+        if self.link is None:
+            raise Fatal("checker", "no checker to run beside (op plans need one: $PORTER_CHECKER_FD)")
 
     def finish(self) -> None:
         self._forget_last_map()
+        self.link.ask({"op": "done"})
 
     # -- one case ----------------------------------------------------------
     def run_case(self, case: dict, arrays) -> dict:
-        dev, plan = self.dev, self.plan
-        guard = int(plan.get("guard_bytes", devmod.GUARD_BYTES))
+        plan = self.plan
         crec = {"id": case["id"], "passes": []}
         self.results["cases"].append(crec)
-        bufs = {name: devmod.Fenced(dev, b["nbytes"], guard) for name, b in case["buffers"].items()}
+        self.step(case=case["id"], step="buffers")
+        reply, fds = self.link.ask({"op": "case", "case": case["id"]})
+        if len(fds) != 1:
+            raise Fatal("checker", f"the checker sent {len(fds)} descriptors for case {case['id']}")
+        arena = shared_mem.make_arena(self.dev.kind, int(reply["size"]), self.dev, loader, fds[0])
+        bufs = {name: _Shared(arena.base + int(reply["offsets"][name]), int(b["nbytes"]))
+                for name, b in case["buffers"].items()}
         structs = {name: Tensor(buf.ptr, buf.nbytes, 0) for name, buf in bufs.items()}
         probe_cfg = plan.get("probe") or {}
         probing = bool(probe_cfg.get("enabled")) and self.stream is not None
@@ -198,28 +217,22 @@ class OpCalls:
         watched_pass = None if probe_cfg.get("every_pass") else random.SystemRandom().randrange(
             max(1, len(case["passes"])))
         retry = False
-        try:
-            for p, pdata in enumerate(case["passes"]):
-                hold_ms = None
-                if probing and (retry or watched_pass in (None, p)):
-                    hold = probe_cfg.get("hold_ms", 15)
-                    hold_ms = probe_cfg.get("retry_hold_ms", 4 * hold) if retry else hold
-                with self.phase("passes"):
-                    rec = self.run_pass(case, p, pdata, arrays, bufs, structs, hold_ms)
-                crec["passes"].append(rec)
-                # a call slower than the hold proves nothing either way: the next pass is probed, longer
-                retry = (rec.get("probe") or {}).get("status") == "inconclusive"
-                with self.phase("save"):
-                    self.save()
-            if case.get("timed") and int(plan.get("timing_reps", 0)) > 0 and case["expect"] == "ok":
-                with self.phase("timing"):
-                    crec["timing"] = self.time_case(case, arrays, bufs, structs)
-        finally:
-            for b in bufs.values():
-                try:
-                    b.free()
-                except devmod.DeviceError:
-                    pass
+        for p, pdata in enumerate(case["passes"]):
+            hold_ms = None
+            if probing and (retry or watched_pass in (None, p)):
+                hold = probe_cfg.get("hold_ms", 15)
+                hold_ms = probe_cfg.get("retry_hold_ms", 4 * hold) if retry else hold
+            with self.phase("passes"):
+                rec = self.run_pass(case, p, pdata, arrays, bufs, structs, hold_ms)
+            crec["passes"].append(rec)
+            # a call slower than the hold proves nothing either way: the next pass is probed, longer
+            retry = (rec.get("probe") or {}).get("status") == "inconclusive"
+            with self.phase("save"):
+                self.save()
+        if case.get("timed") and int(plan.get("timing_reps", 0)) > 0 and case["expect"] == "ok":
+            with self.phase("timing"):
+                crec["timing"] = self.time_case(case, arrays, structs, bufs)
+        self.dev.synchronize()
         return crec
 
     def _map_for(self, pdata, arrays):
@@ -263,20 +276,17 @@ class OpCalls:
                 args.append(_CTYPES[k](pdata["scalars"][name]))
         return args
 
+    def _sync_unit_stream(self) -> None:
+        if self.dev.kind == "cuda":
+            self.dev.sync_stream(self.stream or 0)
+
     def run_pass(self, case, p, pdata, arrays, bufs, structs, hold_ms: float | None) -> dict:
         """One call of the unit; hold_ms: the stream probe's hold for this pass (None: no probe)."""
         dev, plan = self.dev, self.plan
         cid = case["id"]
         rec: dict = {"pass": p}
         self.step(case=cid, pass_=p, step="prepare")
-        initial = {}
-        for name, b in case["buffers"].items():
-            if b["role"] == "out":
-                data = compare.sentinel_bytes(b["nbytes"])
-            else:
-                data = np.ascontiguousarray(arrays[pdata["data"][name]]).view(np.uint8).tobytes()
-            bufs[name].write(data)
-            initial[name] = data
+        self.link.ask({"op": "prepare", "case": cid, "pass": p})
         for name, s in structs.items():  # a previous call may have rewritten a descriptor
             s.data, s.bytes, s.owner = bufs[name].ptr, bufs[name].nbytes, 0
         host_map = self._map_for(pdata, arrays)
@@ -297,6 +307,7 @@ class OpCalls:
         outs = case["outputs"]  # compared param -> buffer
         watched = sorted({b for b in outs.values()} | {n for n, b in case["buffers"].items() if b["role"] != "in"})
         if hold_ms is not None:
+            initial = {n: self._initial(case, pdata, arrays, n) for n in watched}
             dev.reserve(max([bufs[n].nbytes for n in watched] + [0]))
             token = dev.hold(self.stream, int(hold_ms * 1e6))
         self.step(case=cid, pass_=p, step="call")
@@ -322,23 +333,16 @@ class OpCalls:
             dev.release(token)
             rec["probe"] = probe
         self.step(case=cid, pass_=p, step="sync")
-        immediate = {n: dev.read_after_stream(bufs[n].ptr, bufs[n].nbytes, self.stream or 0) for n in watched}
+        self._sync_unit_stream()
+        self.link.ask({"op": "called", "case": cid, "pass": p})  # the checker reads the outputs now
         dev.synchronize()
-        settled = {n: bufs[n].read() for n in watched}
-        rec["settle_changed"] = [n for n in watched if settled[n] != immediate[n]]
-
         self.step(case=cid, pass_=p, step="check")
+        self.link.ask({"op": "settled", "case": cid, "pass": p})  # ... and again, with guards and const inputs
         rec["struct_changed"] = [
             {"tensor": n, "before": list(before_structs[n]), "after": [s.data, s.bytes, s.owner]}
             for n, s in structs.items() if (s.data, s.bytes, s.owner) != before_structs[n]
         ]
-        rec["guard_damage"] = [dict(tensor=n, **d) for n, b in bufs.items() for d in b.guard_damage()]
         const = []
-        for name, b in case["buffers"].items():
-            if b["role"] == "in":
-                n_diff, first = compare.byte_diff(initial[name], bufs[name].read())
-                if n_diff:
-                    const.append({"tensor": name, "n_bytes": n_diff, "first": first})
         if host_map is not None:
             if host_map.tobytes() != map_bytes:
                 n_diff, first = compare.byte_diff(map_bytes, host_map.tobytes())
@@ -351,39 +355,38 @@ class OpCalls:
                         n_diff, first = compare.byte_diff(map_bytes, got)
                         const.append({"tensor": "model_map (device copy)", "n_bytes": n_diff, "first": first})
         rec["const_changed"] = const
-        for param, buf in outs.items():
-            key = f"{cid}.{p}.{param}"
-            self.outputs[key] = np.frombuffer(immediate[buf], dtype=np.uint8).copy()
         return rec
 
-    def time_case(self, case, arrays, bufs, structs) -> dict:
+    @staticmethod
+    def _initial(case, pdata, arrays, name) -> bytes:
+        """What the checker wrote into a buffer before the call (the stream probe's baseline)."""
+        b = case["buffers"][name]
+        if b["role"] == "out":
+            return compare.sentinel_bytes(b["nbytes"])
+        return np.ascontiguousarray(arrays[pdata["data"][name]]).view(np.uint8).tobytes()
+
+    def time_case(self, case, arrays, structs, bufs) -> dict:
         """Time the unit on rotating input sets (plan: timing_sets, and timing_order, the set of each
         repetition; a repetition never gets the inputs of the call before it, so replaying the last
         answer is useless).  Per repetition: the set's weights are loaded (forget + model hook: the
         target's regime), one untimed warm call runs on those weights with ANOTHER set's inputs (lazy
-        caches built outside the timed call), the buffers are reset to the set (outputs to the sentinel),
-        persisting L2 lines are reset and L2 flushed, and the call alone is timed by events on the unit's
-        stream; then the device is synchronized and how long that took (the tail: work left past the end
-        event) recorded.  The outputs of the last repetition and of one drawn at random are read right
-        after the unit's stream, and again after the device synchronize: the parent re-checks them against
-        their own set's reference.  Only raw facts leave this process; the parent computes the statistics."""
-        dev = self.dev
+        caches built outside the timed call), the checker writes the set into the buffers (outputs to
+        the sentinel) and flushes L2, persisting L2 lines are reset here, and the call alone is timed by
+        events on the unit's stream while the checker times the whole exchange from outside; then the
+        device is synchronized and how long that took (the tail: work left past the end event) recorded.
+        The checker reads the outputs of repetitions it chose, right after the end event and again after
+        the device synchronize.  Only raw facts leave this process; the parent computes the statistics."""
+        dev, cid = self.dev, case["id"]
         sets = case.get("timing_sets") or [case["passes"][-1]]
         reps = int(self.plan.get("timing_reps", 10))
         order = case.get("timing_order") or [len(sets) - 1] * reps
         reps = len(order)
-        outs = case["outputs"]
         stream = self.stream or 0
 
         def put(k_inputs: int) -> None:
             for name, st in structs.items():  # a call may have rewritten a descriptor
                 st.data, st.bytes, st.owner = bufs[name].ptr, bufs[name].nbytes, 0
-            for name, b in case["buffers"].items():
-                if b["role"] == "out":
-                    bufs[name].write(compare.sentinel_bytes(b["nbytes"]))
-                else:
-                    data = sets[k_inputs]["data"][name]
-                    bufs[name].write(np.ascontiguousarray(arrays[data]).view(np.uint8).tobytes())
+            self.link.ask({"op": "put", "case": cid, "set": k_inputs})
 
         loaded, host_map = None, None
 
@@ -399,9 +402,8 @@ class OpCalls:
                 self.h_model(host_map.ctypes.data, host_map.size, 0, host_map.size)
             loaded = k
 
-        self.step(case=case["id"], step="timing")
-        checked = {reps - 1, devmod.urandom_seed() % reps}
-        times, tails, settle, reset = [], [], [], True
+        self.step(case=cid, step="timing")
+        times, tails, reset = [], [], True
         for r, k in enumerate(order):
             load(k)
             args = self._args(case, sets[k], structs, host_map)
@@ -410,26 +412,26 @@ class OpCalls:
             dev.synchronize()
             put(k)
             reset = dev.reset_persisting_l2(stream) and reset
-            dev.flush_l2(stream)
             dev.synchronize()
-            early = {}
-
-            def read_early():  # right after the end event, before the device is synchronized
-                for param, buf in outs.items():
-                    early[param] = dev.read_after_stream(bufs[buf].ptr, bufs[buf].nbytes, stream)
-
-            ms, tail = dev.time_call(lambda: self.fn(*args), stream, read_early if r in checked else None)
+            self.link.ask({"op": "timed", "case": cid, "rep": r})
+            ms = dev.time_one(lambda: self.fn(*args), stream)
+            self.link.ask({"op": "timed_end", "case": cid, "rep": r, "ms": ms})
+            t0 = time.perf_counter()
+            dev.synchronize()
+            tails.append((time.perf_counter() - t0) * 1e3)
+            self.link.ask({"op": "timed_settled", "case": cid, "rep": r})
             times.append(ms)
-            tails.append(tail)
-            for param, raw in early.items():
-                self.outputs[f"{case['id']}.t{r}.{param}"] = np.frombuffer(raw, dtype=np.uint8).copy()
-                if bufs[outs[param]].read() != raw:
-                    settle.append(r)
         dev.synchronize()
-        return {"reps": reps, "times_ms": times, "tail_ms": tails, "checked_reps": sorted(checked),
-                "settle_changed_reps": sorted(set(settle)), "sets": len(sets),
+        return {"reps": reps, "times_ms": times, "tail_ms": tails, "sets": len(sets),
                 "l2_flushed": dev.kind == "cuda", "l2_persisting_reset": dev.kind == "cuda" and reset,
                 "clock": "cuda-events" if dev.kind == "cuda" else "host"}
+
+
+class _Shared:
+    """A buffer in the checker's arena, as this process sees it."""
+
+    def __init__(self, ptr: int, nbytes: int):
+        self.ptr, self.nbytes = ptr, nbytes
 
 
 def call_only(plan_dir: Path, plan: dict) -> int:

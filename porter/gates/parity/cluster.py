@@ -52,7 +52,9 @@ from porter.gates.parity import runner
 ADDRESS_ENV = "PORTER_RAY_ADDRESS"
 # files of the child sent back, and their bounds (a candidate may write gigabytes into its folder)
 RETURNED = {"results.json": runner.RESULTS_MAX_BYTES, "outputs.npz": 8 << 30, "progress.jsonl": 64 << 10,
-            "child.stdout": 4000, "child.stderr": 4000}
+            "child.stdout": 4000, "child.stderr": 4000,
+            # the checker's record and the outputs it read: what an op plan's verdict is made of
+            f"{runner.CHECKER_DIR}/checker.json": runner.RESULTS_MAX_BYTES, f"{runner.CHECKER_DIR}/outputs.npz": 8 << 30}
 TAILS = {"progress.jsonl", "child.stdout", "child.stderr"}  # their last bytes, as runner reads them
 TRIES = 3  # runs of one job on successive workers before it is given up as a harness fault
 # beyond the run's own limit: shipping the files, and a worker's start when no spare fitted (its hello may
@@ -550,9 +552,10 @@ class RayExecutor:
                     (plan_dir / name).unlink(missing_ok=True)
             for name, data in (res.get("files") or {}).items():
                 if name in RETURNED or name == os.environ.get("PORTER_LAUNCH_TRACE"):
+                    (plan_dir / name).parent.mkdir(exist_ok=True)
                     (plan_dir / name).write_bytes(data)
         o = runner.classify(plan_dir, res.get("rc"), float(res.get("elapsed_s") or 0.0), bool(res.get("timed_out")),
-                            timeout, list(res.get("argv") or []), expected)
+                            timeout, list(res.get("argv") or []), expected, checked=runner.needs_checker(plan_dir))
         o.sandbox = res.get("sandbox") or "unknown"
         o.where = {k: v for k, v in (res.get("where") or {}).items() if k in ("host", "executor", "gpu", "driver", "node")}
         return o

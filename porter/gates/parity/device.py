@@ -134,6 +134,9 @@ class Device:
     def reserve(self, n: int) -> None:
         """Make reads of up to n bytes allocation-free (the stream probe must not block)."""
 
+    def sync_stream(self, stream: int) -> None:
+        """Wait for `stream` alone (what a caller of the unit may rely on); the host has none."""
+
     def prewarm(self) -> None:
         """What can be made ready before a candidate is loaded (pre-started workers)."""
 
@@ -278,6 +281,9 @@ class CudaDevice(Device):
         self._call(self.rt.memcpyAsync, host, ptr, int(n), D2H, stream)
         self._call(self.rt.streamSynchronize, stream)
         return ctypes.string_at(host, n)
+
+    def sync_stream(self, stream: int) -> None:
+        self._call(self.rt.streamSynchronize, stream)
 
     def read_after_stream(self, ptr: int, n: int, stream: int) -> bytes:
         """Synchronize `stream`, then copy on it: what a caller ordering on that stream sees."""

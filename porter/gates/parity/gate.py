@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from porter.gates.parity import compare, executors, pool, runner
+from porter.gates.parity import compare, executors, merge, pool, runner
 from porter.gates.parity.compare import Failure
 from porter.gates.parity.spec import (Call, Context, Exact, Flag, In, InOut, Map, Out, Same, Shape, SpecError,
                                       UnitSpec, header_params, validate_call)
@@ -454,8 +454,14 @@ def evaluate(spec: UnitSpec, cases: list[PreparedCase], results: dict, outputs,
         crec = by_id.get(case.id)
         rep = {"id": case.id, **case.shape.facts(), "passes": []}
         reports.append(rep)
+        seen = len((crec or {}).get("passes", []))
+        if seen < len(case.calls):  # the checker's record says which calls were made: none is assumed
+            failures.append(Failure("crash", case.shape.label, seen, f"call {seen + 1} of {len(case.calls)} "
+                                    "was never seen through by the checker"))
         if crec is None:
             continue
+        if orders is not None and case.id in orders and "timing" not in crec and seen == len(case.calls):
+            failures.append(Failure("timing", case.shape.label, None, "the timed calls were never made"))
         value_fail = {}
         for prec in crec.get("passes", []):
             p = prec["pass"]
@@ -464,6 +470,8 @@ def evaluate(spec: UnitSpec, cases: list[PreparedCase], results: dict, outputs,
             metrics: dict = {}
             f: list[Failure] = []
             rc = prec.get("rc")
+            if prec.get("runner"):
+                f.append(Failure("crash", label, p, prec["runner"]))
             if prec.get("launch_error"):
                 f.append(Failure("cuda-error", label, p, f"CUDA error left after the call: {prec['launch_error']}"))
             if case.shape.expect == "ok" and not succeeded(rc):
@@ -510,7 +518,11 @@ def evaluate(spec: UnitSpec, cases: list[PreparedCase], results: dict, outputs,
 def timing_stats(raw: dict) -> dict:
     """Median and p90 computed here from the child's raw per-call times (never taken from the child)."""
     t = {k: raw[k] for k in ("reps", "checked_reps", "l2_flushed", "l2_persisting_reset", "clock",
-                             "settle_changed_reps") if k in raw}
+                             "settle_changed_reps", "wall_ms", "gap_limit_ms") if k in raw}
+    if "wall_ms" in raw:
+        t["raw_times_ms"] = list(raw.get("times_ms") or [])
+        walls = sorted(float(x) for x in raw["wall_ms"])
+        t["wall_median_ms"] = statistics.median(walls) if walls else None
     times = sorted(float(x) for x in raw.get("times_ms") or [] if isinstance(x, (int, float)) and x == x)
     tails = sorted(float(x) for x in raw.get("tail_ms") or [] if isinstance(x, (int, float)) and x == x)
     t["times_ms"] = times
@@ -533,6 +545,11 @@ def _timed_failures(spec: UnitSpec, case: PreparedCase, timing: dict, outputs,
     label, reps = case.shape.label, timing.get("reps")
     if not checked:
         return [Failure("timing", label, None, "the timed calls' outputs were not read back")]
+    if "wall_ms" in timing:  # a checker timed the exchange: the events are believed only within its bound
+        gaps = merge.gap_failures(timing.get("raw_times_ms") or [], timing["wall_ms"], int(reps or 0),
+                                  float(timing.get("gap_limit_ms") or 0.5))
+        if gaps:
+            return [Failure("timing", label, None, gaps[0])]
     sets = case.timing_sets
     fails = []
     for r in checked:
@@ -629,8 +646,9 @@ class OpKind:
 
     def judge(self, target, spec, prepared: Prepared, outcome, outputs: dict, plan_dir: Path, harness: dict,
               orders: dict | None = None):
-        return evaluate(spec, prepared.cases, outcome.results, outputs, success=harness.get("success", "zero"),
-                        stream=target.spec.cuda.stream, orders=orders)
+        mode = ((outcome.checker or {}).get("device") or {}).get("kind") or "cuda"
+        return evaluate(spec, prepared.cases, merge.merged(outcome.results, outcome.checker, mode), outputs,
+                        success=harness.get("success", "zero"), stream=target.spec.cuda.stream, orders=orders)
 
     def describe(self, target, spec, prepared: Prepared, failures, reports, dev: dict, mode: str,
                  env: dict | None) -> Description:
@@ -675,6 +693,10 @@ class OpKind:
 OP = OpKind()
 
 
+class _Unjudgeable(Exception):
+    """Judging failed after the candidate ran (its files, however malformed, are its own doing)."""
+
+
 def run_spec(target, spec, library: Path, **kw) -> GateResult:
     """Run `spec` (an op spec, or a runtime unit's scenario) against `library` and judge it (see
     _run_spec for the options).
@@ -682,10 +704,18 @@ def run_spec(target, spec, library: Path, **kw) -> GateResult:
     Whatever the candidate does happens in the child; an exception here is a
     harness fault, reported as a skipped gate (the unit stays "built"), never
     as a verdict on the candidate and never as a crashed run."""
+    import traceback
+
     try:
         return _run_spec(target, spec, library, **kw)
+    except _Unjudgeable as wrapped:
+        exc = wrapped.__cause__
+        detail = f"its results could not be judged: {type(exc).__name__}: {exc}"[:300]
+        return GateResult("parity", False, f"parity failed [crash]: {detail}",
+                          diagnostics=traceback.format_exc()[-4000:], check="crash",
+                          evidence={"target": target.name, "unit": spec.unit, "gate": "parity", "ok": False,
+                                    "candidate_sha256": kw.get("candidate_sha256"), "unjudgeable": detail})
     except Exception as exc:  # noqa: BLE001
-        import traceback
 
         return GateResult("parity", False, f"parity skipped: harness error: {type(exc).__name__}: {exc}"[:300],
                           diagnostics=traceback.format_exc()[-4000:], skipped=True,
@@ -729,8 +759,12 @@ def _run_spec(target, spec, library: Path, *, workspace: Path | None = None, see
         if arch:  # a required architecture's run (gates.archs.across): on a GPU of that kind
             ex = executors.on_arch(ex, arch)
         outcome = ex.run(plan_dir, limit)
-        failures, reports = kind.judge(target, spec, prepared, outcome, _load_outputs(plan_dir), plan_dir, harness,
-                                       orders=orders)
+        try:  # from here on candidate code has run: whatever goes wrong judging it is its failure, never a skip
+            outputs = _load_outputs(plan_dir / runner.CHECKER_DIR if outcome.checker is not None else plan_dir)
+            failures, reports = kind.judge(target, spec, prepared, outcome, outputs, plan_dir, harness,
+                                           orders=orders)
+        except Exception as exc:  # noqa: BLE001
+            raise _Unjudgeable(exc) from exc
         failures = _outcome_failures(outcome, {c.id: c.label for c in prepared.cases}) + failures
         if sanitize and kind.sanitizable and mode == "cuda" and outcome.status == "done":
             plan(plan_dir / "sanitize", mode="cuda", probe=None, timing_reps=0)
@@ -744,7 +778,10 @@ def _run_spec(target, spec, library: Path, *, workspace: Path | None = None, see
     finally:
         if not keep:
             shutil.rmtree(plan_dir, ignore_errors=True)
-    dev = (outcome.results or {}).get("device") or {}
+    # the device as the checker saw it (the runner's words are the candidate's: a peak bandwidth it
+    # inflated would hide an impossible time)
+    dev = ((outcome.checker or {}).get("device") if outcome.checker is not None
+           else (outcome.results or {}).get("device")) or {}
     d = kind.describe(target, spec, prepared, failures, reports, dev, mode, env)
     failures = failures + d.more_failures
     ok = not failures

@@ -50,6 +50,15 @@ def cuda_runtime():
     return None
 
 
+def cuda_driver():
+    """The CUDA driver (libcuda.so.1), for the virtual memory calls the checker's shared arenas use
+    (shared_mem.py); None where there is none (a host without a GPU)."""
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+
+
 def libc():
     """The process's own C library (dlopen(NULL)): mallinfo2 measures host-mode memory in use."""
     return ctypes.CDLL(None)

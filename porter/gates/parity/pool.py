@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import selectors
 import shutil
 import signal
 import stat
@@ -79,21 +78,36 @@ class Standby:
         self.slot = Path(tempfile.mkdtemp(prefix=".slot-", dir=self.base))
         self.argv = [python or sys.executable, str(WORKER), mode]
         env = {"CUDA_VISIBLE_DEVICES": str(device_index)} if device_index is not None else {}
+        # its checker warms up beside it (an op plan's verdict data is the checker's); it sees the slot,
+        # into which the plan is moved, and is given the job before the worker is
+        self.checker = runner.CheckerProc(mode, self.base, [str(self.slot)], env, python) \
+            if mode in ("cuda", "host") else None
+        if self.checker is not None:
+            env = {**env, runner.linkmod.ENV_FD: str(self.checker.runner_fd)}
         self.wrapped = runner.sandboxed(self.argv, self.slot, mode, ro=self.ro, env=env)
+        if self.checker is not None:
+            _spawner.submit(self.checker.start).result()
         self.started = time.monotonic()
         with open(self.slot / "worker.stderr", "wb") as err:
             self.proc = _spawner.submit(subprocess.Popen, self.wrapped.argv, stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=err, close_fds=True, start_new_session=True,
-                                        env=self.wrapped.env).result()
+                                        env=self.wrapped.env,
+                                        pass_fds=(self.checker.runner_fd,) if self.checker else ()).result()
+        if self.checker is not None:
+            self.checker.runner_started()
         self.hello: dict | None = None
 
     def ready(self) -> bool:
         if self.hello is None:
             self.hello = self._hello(READY_TIMEOUT_S) or {"ready": False}
+            if self.hello.get("ready") and self.checker is not None \
+                    and not self.checker.ready(time.monotonic() + READY_TIMEOUT_S):
+                self.hello = {"ready": False, "error": "its checker did not start: "
+                              + str((self.checker.hello or {}).get("error") or "no ready line")}
         return bool(self.hello.get("ready"))
 
     def _hello(self, timeout: float) -> dict | None:
-        return _reply(self.proc.stdout, time.monotonic() + timeout)
+        return runner.json_line(self.proc.stdout, time.monotonic() + timeout)
 
     def fits(self, plan_dir: Path) -> bool:
         """This spare can run the plan: it sees every outside file the plan names, and its slot is
@@ -118,6 +132,8 @@ class Standby:
 
     def discard(self) -> None:
         self.kill()
+        if self.checker is not None:
+            self.checker.discard()
         shutil.rmtree(self.slot, ignore_errors=True)
 
     def run(self, plan_dir: Path, timeout: float) -> runner.ChildOutcome:
@@ -133,6 +149,17 @@ class Standby:
         moved = os.lstat(plan_dir).st_ino
         if staged != plan_dir:
             os.rename(plan_dir, staged)
+            runner.sandbox.hand_over(staged)  # the worker writes there as the sandbox uid (porter as root)
+        checked = self.checker is not None and runner.needs_checker(staged)
+        if checked:
+            why = self.checker.start_job(staged, time.monotonic() + READY_TIMEOUT_S)
+            if why:  # before the worker has the job: no candidate code ran, the plan runs fresh instead
+                if staged != plan_dir:
+                    os.rename(staged, plan_dir)
+                self.discard()
+                o = runner.run_child(plan_dir, timeout)
+                o.detail += f" (fresh child: the warm checker failed: {why})"
+                return o
         t0 = time.monotonic()
         timed_out = False
         try:
@@ -147,12 +174,18 @@ class Standby:
             self.kill()
             rc = self.proc.returncode
         elapsed = time.monotonic() - t0
+        if checked:
+            self.checker.finish(time.monotonic() + runner.CHECKER_FINISH_S)
         if staged != plan_dir:
             self._unstage(staged, plan_dir, moved)
         shutil.rmtree(self.slot, ignore_errors=True)
         runner.scrub(plan_dir)
+        if checked:
+            self.checker.adopt(plan_dir)
+        elif self.checker is not None:
+            self.checker.discard()
         o = runner.classify(plan_dir, runner.signalled(rc, self.wrapped), elapsed, timed_out, timeout,
-                            self.argv + [str(plan_dir)], expected)
+                            self.argv + [str(plan_dir)], expected, checked=checked)
         o.sandbox = self.wrapped.label
         return o
 
@@ -188,44 +221,28 @@ class Standby:
             plan_dir.mkdir()  # empty: no results, so the outcome is a crash without results
 
 
-def _reply(stream, deadline: float) -> dict | None:
-    """The worker's first JSON object line on STREAM before the deadline; None for anything else (EOF,
-    junk, a line that never ends).  Raw reads: a buffered readline would wait forever on a partial line."""
-    fd, buf = stream.fileno(), b""
-    while b"\n" not in buf and len(buf) < 4096:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return None
-        with selectors.DefaultSelector() as sel:
-            sel.register(fd, selectors.EVENT_READ)
-            if not sel.select(left):
-                return None
-        chunk = os.read(fd, 4096 - len(buf))
-        if not chunk:
-            return None
-        buf += chunk
-    try:
-        msg = json.loads(buf.split(b"\n", 1)[0])
-    except ValueError:
-        return None
-    return msg if isinstance(msg, dict) else None
-
-
 def _done_line(stream, deadline: float) -> int | None:
     """The rc of a {"done": rc} line (the worker's, or anything the candidate wrote there first)."""
-    rc = (_reply(stream, deadline) or {}).get("done")
+    rc = (runner.json_line(stream, deadline) or {}).get("done")
     return rc if type(rc) is int else None
 
 
 def _pid_namespace_below(pid: int) -> str | None:
-    """The pid namespace of PID's first child (bwrap's init in the sandbox), if it is not ours; None when
-    /proc cannot say (no CONFIG_PROC_CHILDREN): the caller then waits for the exit as before."""
+    """The pid namespace of the deepest first descendant of PID (the command, or bwrap's init once it is
+    gone), if it is not ours: as root the sandbox nests two bwraps (sandbox.py), and the candidate's
+    tasks are in the inner one's namespace.  None when /proc cannot say (no CONFIG_PROC_CHILDREN): the
+    caller then waits for the exit as before."""
+    ns = None
     try:
-        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        ns = os.readlink(f"/proc/{kids[0]}/ns/pid")
-    except (OSError, IndexError):
-        return None
-    return None if ns == os.readlink("/proc/self/ns/pid") else ns
+        for _depth in range(8):
+            kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+            if not kids:
+                break
+            pid = int(kids[0])
+            ns = os.readlink(f"/proc/{pid}/ns/pid")
+    except (OSError, ValueError):
+        pass
+    return None if ns is None or ns == os.readlink("/proc/self/ns/pid") else ns
 
 
 def _namespace_stopped(ns: str, deadline: float) -> bool:

@@ -23,13 +23,19 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from porter import sandbox
+from porter.gates.parity import link as linkmod
 
 CHILD = Path(__file__).resolve().parent / "child.py"
+CHECKER = Path(__file__).resolve().parent / "checker.py"
+CHECKER_DIR = "checker"  # the checker's files, moved into the plan folder once no candidate process is left
+CHECKER_READY_S = 180.0
+CHECKER_FINISH_S = 120.0  # writing outputs.npz of a real-size plan after the runner is gone
 
 SANITIZER_EXIT = 86  # --error-exitcode given to compute-sanitizer
 EXIT_MEANING = {2: "bad plan", 3: "CUDA error", 4: "library did not load", 5: "harness error in the child"}
@@ -51,6 +57,7 @@ class ChildOutcome:
     sandbox: str = "none"  # what the child ran in: the bwrap version, or "none" (--unsafe-no-sandbox)
     # where it ran, said by the harness on that machine (never the child): toolchain.where_facts()
     where: dict = field(default_factory=dict)
+    checker: dict | None = None  # the checker's facts (checker.json), None for plans run without one
 
 
 def _tail(path: Path, limit: int = 4000) -> str:
@@ -193,8 +200,9 @@ def child_argv(plan_dir: Path, sanitize: bool = False, python: str | None = None
 
 def run_child(plan_dir: Path, timeout: float, *, argv: list[str] | None = None,
               env: dict | None = None, tool_ro: list[str] = ()) -> ChildOutcome:
-    """Run the child on PLAN_DIR; never raises for anything the candidate does.  `tool_ro`: folders a
-    tool wrapping the child (argv's head: a profiler) needs read-only inside the sandbox."""
+    """Run the child on PLAN_DIR (beside a checker for an op plan); never raises for anything the
+    candidate does.  `tool_ro`: folders a tool wrapping the child (argv's head: a profiler) needs
+    read-only inside the sandbox."""
     plan_dir = Path(plan_dir)
     argv = argv or child_argv(plan_dir)
     out_path, err_path = plan_dir / "child.stdout", plan_dir / "child.stderr"
@@ -203,14 +211,29 @@ def run_child(plan_dir: Path, timeout: float, *, argv: list[str] | None = None,
         return ChildOutcome("harness", None, 0.0, f"cannot start the parity child: no program {argv[0]}", argv=argv)
     mode, expected = _plan_mode(plan_dir), expected_results(plan_dir)
     ro = external_files(plan_dir) + list(tool_ro)
+    chk = CheckerProc(mode, plan_dir.parent, [str(plan_dir)], env=env) if needs_checker(plan_dir) else None
+    if chk:
+        env = {**(env or {}), linkmod.ENV_FD: str(chk.runner_fd)}
     w = sandboxed(argv, plan_dir, mode, env=env, ro=ro)  # SandboxUnavailable: the gate refuses, the candidate is not blamed
+    if chk:
+        # started and given the plan before the runner exists: the plan folder is the runner's to write
+        chk.start()
+        why = chk.start_job(plan_dir, time.monotonic() + CHECKER_READY_S)
+        if why:  # no candidate code has run: a harness fault (the gate is skipped), never a verdict
+            chk.discard()
+            raise CheckerUnavailable(f"the parity checker did not start: {why}")
     t0 = time.monotonic()
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
         try:
             proc = subprocess.Popen(w.argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, close_fds=True,
-                                    start_new_session=True, env=w.env, cwd=plan_dir)
+                                    start_new_session=True, env=w.env, cwd=plan_dir,
+                                    pass_fds=(chk.runner_fd,) if chk else ())
         except OSError as exc:
+            if chk:
+                chk.discard()
             return ChildOutcome("harness", None, 0.0, f"cannot start the parity child: {exc.strerror}", argv=argv)
+        if chk:
+            chk.runner_started()
         timed_out = False
         try:
             rc = proc.wait(timeout=timeout)
@@ -221,10 +244,145 @@ def run_child(plan_dir: Path, timeout: float, *, argv: list[str] | None = None,
             except ProcessLookupError:
                 pass
             rc = proc.wait()
+    if chk:
+        chk.finish(time.monotonic() + CHECKER_FINISH_S)
     scrub(plan_dir)
-    o = classify(plan_dir, signalled(rc, w), time.monotonic() - t0, timed_out, timeout, argv, expected)
+    if chk:
+        chk.adopt(plan_dir)
+    o = classify(plan_dir, signalled(rc, w), time.monotonic() - t0, timed_out, timeout, argv, expected,
+                 checked=chk is not None)
     o.sandbox = w.label
     return o
+
+
+class CheckerUnavailable(RuntimeError):
+    """The checker could not be started or given its plan; raised before the runner exists."""
+
+
+def needs_checker(plan_dir: Path) -> bool:
+    """An op plan's verdict data comes from a checker; a scenario's and the runner tests' "call" plans
+    run alone (docs/security.md says what that leaves to the candidate's process)."""
+    try:
+        plan = json.loads((Path(plan_dir) / "plan.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return plan.get("mode") in ("cuda", "host") and plan.get("kind") != "scenario"
+
+
+def json_line(stream, deadline: float) -> dict | None:
+    """The first JSON object line on STREAM before the deadline; None for anything else (EOF, junk, a
+    line that never ends).  Raw reads: a buffered readline would wait forever on a partial line."""
+    import selectors
+
+    fd, buf = stream.fileno(), b""
+    while b"\n" not in buf and len(buf) < 4096:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        with selectors.DefaultSelector() as sel:
+            sel.register(fd, selectors.EVENT_READ)
+            if not sel.select(left):
+                return None
+        chunk = os.read(fd, 4096 - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    try:
+        msg = json.loads(buf.split(b"\n", 1)[0])
+    except ValueError:
+        return None
+    return msg if isinstance(msg, dict) else None
+
+
+class CheckerProc:
+    """The checker beside one runner (checker.py): its own sandbox, which shows it porter's parity
+    folder and the plan (read-only) and its own output folder, never a candidate library it could load;
+    its end of the socket pair is handed to it at start, the other end to the runner."""
+
+    def __init__(self, mode: str, base: Path, ro: list[str], env: dict | None = None, python: str | None = None):
+        """The socket pair and the output folder now (the runner's environment names its end); the
+        process on start(), once the runner's sandbox has been made (its folders handed over)."""
+        self.out = Path(tempfile.mkdtemp(prefix=".checker-", dir=base))
+        self._mine, self._runner_end = linkmod.pair()
+        self.runner_fd = self._runner_end.fileno()
+        self.mode, self.ro, self.python = mode, list(ro), python
+        self.cuda = {k: v for k, v in (env or {}).items() if k.startswith("CUDA_")}
+        self.proc = None
+        self.hello: dict | None = None
+
+    def start(self) -> None:
+        inside = {linkmod.ENV_FD: str(self._mine.fileno()), "CUPY_CACHE_DIR": str(self.out / ".tmp" / "cupy"),
+                  **self.cuda}
+        os.makedirs(self.out / ".tmp", exist_ok=True)
+        self.wrapped = sandbox.wrap([self.python or sys.executable, str(CHECKER), self.mode],
+                                    ro=[str(CHILD.parent)] + self.ro, rw=[str(self.out)], gpu=self.mode == "cuda",
+                                    env=inside, tmp=str(self.out / ".tmp"), cwd=str(self.out))
+        with open(self.out / "checker.stderr", "wb") as err:
+            self.proc = subprocess.Popen(self.wrapped.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=err, close_fds=True, pass_fds=(self._mine.fileno(),),
+                                         start_new_session=True, env=self.wrapped.env)
+        self._mine.close()
+
+    def ready(self, deadline: float) -> bool:
+        if self.hello is None:
+            self.hello = json_line(self.proc.stdout, deadline) or {"ready": False}
+        return bool(self.hello.get("ready"))
+
+    def start_job(self, staged: Path, deadline: float) -> str | None:
+        """Give the checker the plan at `staged` and wait until it has read all of it; None when it
+        has, else why not (one line)."""
+        if not self.ready(deadline):
+            return (self.hello or {}).get("error") or "no ready line"
+        try:
+            self.proc.stdin.write((json.dumps({"staged": str(staged), "out": str(self.out)}) + "\n").encode())
+            self.proc.stdin.close()
+        except OSError as exc:
+            return f"cannot hand it the plan: {exc}"
+        said = json_line(self.proc.stdout, deadline)
+        if not (said or {}).get("loaded"):
+            tail = _tail(self.out / "checker.stderr").strip().splitlines()[-1:]
+            return f"it did not load the plan{': ' + tail[0] if tail else ''}"
+        return None
+
+    def runner_started(self) -> None:
+        """The runner holds its end now: the parent's copy goes, so the checker sees the runner's exit."""
+        self._runner_end.close()
+
+    def finish(self, deadline: float) -> None:
+        self.runner_started()
+        json_line(self.proc.stdout, deadline)  # {"finished"} once its files are written, or EOF
+        self.kill()
+
+    def kill(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def discard(self) -> None:
+        self.kill()
+        self._mine.close()
+        self._runner_end.close()
+        shutil.rmtree(self.out, ignore_errors=True)
+
+    def adopt(self, plan_dir: Path) -> None:
+        """The checker's folder into the plan folder as CHECKER_DIR, replacing anything the runner left
+        under that name: called once no process of the candidate's is left to race the parent."""
+        dest = Path(plan_dir) / CHECKER_DIR
+        if os.path.lexists(dest):
+            if os.path.isdir(dest) and not os.path.islink(dest):
+                shutil.rmtree(dest, ignore_errors=True)
+            else:
+                os.unlink(dest)
+        scrub(self.out)
+        shutil.rmtree(self.out / ".tmp", ignore_errors=True)
+        os.rename(self.out, dest)
 
 
 def _plan_mode(plan_dir: Path) -> str:
@@ -246,8 +404,19 @@ def clear_outputs(plan_dir: Path) -> None:
         (plan_dir / name).unlink(missing_ok=True)
 
 
+def read_checker(plan_dir: Path) -> dict | None:
+    try:
+        path = Path(plan_dir) / CHECKER_DIR / "checker.json"
+        if path.stat().st_size <= RESULTS_MAX_BYTES:
+            data = json.loads(path.read_text())
+            return data if isinstance(data, dict) else None
+    except (OSError, ValueError, RecursionError):
+        pass
+    return None
+
+
 def classify(plan_dir: Path, rc: int | None, elapsed: float, timed_out: bool, timeout: float,
-             argv: list[str], expected: dict | None = None) -> ChildOutcome:
+             argv: list[str], expected: dict | None = None, checked: bool = False) -> ChildOutcome:
     """What happened to one run of the child code, from its exit status and its files (fresh or warm).
     `expected`: expected_results() from before the run; a run that says it completed without a
     record of each of them is a crash (a candidate can write results.json and exit 0)."""
@@ -263,6 +432,9 @@ def classify(plan_dir: Path, rc: int | None, elapsed: float, timed_out: bool, ti
     if not isinstance(results, dict):
         results = None
     o = ChildOutcome("done", rc, elapsed, "", results, step, _tail(out_path), _tail(err_path), argv)
+    o.checker = read_checker(plan_dir) if checked else None
+    if checked and o.checker is None:
+        o.checker = {"cases": [], "complete": False, "violation": "the checker left no record"}
     if timed_out:
         o.status = "timeout"
         o.detail = f"no result after {timeout:.0f} s: killed {describe_step(step)}"
@@ -280,6 +452,10 @@ def classify(plan_dir: Path, rc: int | None, elapsed: float, timed_out: bool, ti
             missing := unreported(results, expected or {})):
         o.status = "crash"
         o.detail = f"the child said it completed, but reported nothing for {missing}: not believed"
+    elif rc == 0 and results is not None and results.get("complete") and checked and not o.checker.get("complete"):
+        o.status = "crash"
+        why = o.checker.get("violation") or "it did not see every call of the plan through"
+        o.detail = f"the child said it completed, but the checker disagrees ({why}): not believed"
     elif rc == 0 and results is not None and results.get("complete"):
         o.status = "done"
         o.detail = f"completed in {elapsed:.2f} s"
