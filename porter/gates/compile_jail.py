@@ -16,6 +16,11 @@ is refused by sandbox.wrap.  Its environment is cleared to the variables the too
 
 One sandbox per chain of steps, not per tool: bwrap costs 25-30 ms to start on
 the 2-core machine, and a split compile runs seven tools.
+
+Bounds (LIMITS): one assembler `.fill` line made a 200 MB object in 2.5 s, so
+no file a compile or link writes may pass FILE_MAX (the tool dies of SIGXFSZ),
+and no compiler process may hold more than MEM_MAX of heap (RLIMIT_DATA: a
+compile uses no GPU, whose address space reservations that limit would break).
 """
 
 from __future__ import annotations
@@ -32,6 +37,9 @@ from porter.errors import PorterError
 
 SYSTEM_RO = ("/usr",)  # sandbox.py binds it too; named here so a command's own paths under it are not bound twice
 KEPT_ENV = ("PATH", "LANG", "LC_ALL", "LC_MESSAGES", "NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN")
+FILE_MAX = int(os.environ.get("PORTER_COMPILE_FILE_MAX", 256 << 20))  # an object, a .gch, the library
+MEM_MAX = int(os.environ.get("PORTER_COMPILE_MEM_MAX", 16 << 30))  # cicc and ptxas on a large unit stay below
+LIMITS = sandbox.Limits(file_size=FILE_MAX, data=MEM_MAX)
 _DIR_FLAGS = ("-I", "-isystem", "-iquote", "-L", "--include-path", "--library-path")
 _FILE_FLAGS = ("-include", "--pre-include")
 
@@ -79,7 +87,7 @@ class Jail:
     def run(self, argv: list[str], env: dict[str, str], cwd: Path | None, timeout: float,
             text: bool = False) -> subprocess.CompletedProcess:
         try:
-            w = sandbox.wrap(argv, ro=list(self.ro), rw=list(self.rw), env=env, python=False,
+            w = sandbox.wrap(argv, ro=list(self.ro), rw=list(self.rw), env=env, python=False, limits=LIMITS,
                              cwd=str(cwd) if cwd is not None else None)
         except sandbox.SandboxUnavailable as exc:
             raise PorterError(f"the compiler runs sandboxed: {exc}") from None

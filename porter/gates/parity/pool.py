@@ -84,7 +84,8 @@ class Standby:
             if mode in ("cuda", "host") else None
         if self.checker is not None:
             env = {**env, runner.linkmod.ENV_FD: str(self.checker.runner_fd)}
-        self.wrapped = runner.sandboxed(self.argv, self.slot, mode, ro=self.ro, env=env)
+        # the plan folder's own path is linked to the slot inside: its parent must be the sandbox's to write
+        self.wrapped = runner.sandboxed(self.argv, self.slot, mode, ro=self.ro, env=env, scratch=[str(self.base)])
         if self.checker is not None:
             _spawner.submit(self.checker.start).result()
         self.started = time.monotonic()
@@ -116,7 +117,8 @@ class Standby:
             same_fs = os.stat(self.slot).st_dev == os.stat(plan_dir).st_dev
         except OSError:
             return False
-        return same_fs and set(outside_files(plan_dir)) <= set(self.ro)
+        # and the plan folder lies in the folder this spare made writable inside (its path is linked there)
+        return same_fs and Path(plan_dir).parent == self.base and set(outside_files(plan_dir)) <= set(self.ro)
 
     def kill(self) -> None:
         """SIGKILL this worker's own process group (only what this object started): bwrap and with it

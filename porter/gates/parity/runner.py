@@ -145,7 +145,7 @@ def child_env() -> dict:
 
 
 def sandboxed(argv: list[str], plan_dir: Path, mode: str, *, rw: list | None = None, ro: list | None = None,
-              env: dict | None = None) -> sandbox.Wrapped:
+              env: dict | None = None, scratch: list = ()) -> sandbox.Wrapped:
     """argv in the parity sandbox: the child's folder and `ro` read-only, `rw` (default: the plan
     folder) writable, the GPU when mode is cuda; TMPDIR and cupy's kernel cache inside the writable
     folder, so nothing compiled for one candidate is there for the next."""
@@ -154,7 +154,8 @@ def sandboxed(argv: list[str], plan_dir: Path, mode: str, *, rw: list | None = N
     os.makedirs(tmp, exist_ok=True)
     inside = {**child_env(), "CUPY_CACHE_DIR": os.path.join(tmp, "cupy"), **(env or {})}
     ro_all = [str(CHILD.parent)] + list(ro if ro is not None else external_files(plan_dir))
-    return sandbox.wrap(argv, ro=ro_all, rw=rw, gpu=mode == "cuda", env=inside, tmp=tmp, cwd=str(rw[0]))
+    return sandbox.wrap(argv, ro=ro_all, rw=rw, gpu=mode == "cuda", env=inside, tmp=tmp, cwd=str(rw[0]),
+                        scratch=scratch)
 
 
 RESULTS_MAX_BYTES = 256 << 20  # results.json is facts per call; more than this is not the child's honest writing
@@ -311,8 +312,11 @@ class CheckerProc:
         self.hello: dict | None = None
 
     def start(self) -> None:
+        # the host stand-in's declared peak (device facts are the checker's); never LD_PRELOAD: nothing
+        # but porter's own code is loaded here
+        peak = {k: os.environ[k] for k in ("PORTER_PARITY_HOST_PEAK_GBPS",) if k in os.environ}
         inside = {linkmod.ENV_FD: str(self._mine.fileno()), "CUPY_CACHE_DIR": str(self.out / ".tmp" / "cupy"),
-                  **self.cuda}
+                  **peak, **self.cuda}
         os.makedirs(self.out / ".tmp", exist_ok=True)
         self.wrapped = sandbox.wrap([self.python or sys.executable, str(CHECKER), self.mode],
                                     ro=[str(CHILD.parent)] + self.ro, rw=[str(self.out)], gpu=self.mode == "cuda",
