@@ -39,9 +39,11 @@ PATCHES = {
                            "    if hasattr(m, 'byte_diff'): m.byte_diff = lambda a, b: (0, None)\n",
     "hide_const": _EACH + "    if hasattr(m, 'byte_diff'): m.byte_diff = lambda a, b: (0, None)\n",
     # a slow unit whose timer reports a microsecond, whatever clock the runner uses
-    "forge_time": _EACH + "    if hasattr(m, 'HostDevice'):\n"
-                          "        m.Device.time_one = lambda self, call, stream: (call(), 0.001)[1]\n"
-                          "        m.Device.time_call = lambda self, call, stream, after_end=None: "
+    "forge_time": _EACH + "    for c in (getattr(m, 'Device', None), getattr(m, 'HostDevice', None), "
+                          "getattr(m, 'CudaDevice', None)):\n"
+                          "        if c is not None and hasattr(c, 'time_one'):\n"
+                          "            c.time_one = lambda self, call, stream: (call(), 0.001)[1]\n"
+                          "            c.time_call = lambda self, call, stream, after_end=None: "
                           "(call(), after_end and after_end(), (0.001, 0.0))[2]\n",
     # every outputs file the runner writes is junk (a parent that parses it and raises used to skip)
     "junk_outputs": "import numpy\n"
