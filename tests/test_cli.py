@@ -54,7 +54,8 @@ def test_each_developer_tool_parses_its_own_options(capsys, name):
 
 
 # Modules run as a script that are not developer tools: porter itself and the child processes it starts.
-SCRIPTS_NOT_TOOLS = {"porter.cli", "porter.__main__", "porter.gates.parity.child", "porter.gates.parity.worker"}
+SCRIPTS_NOT_TOOLS = {"porter.cli", "porter.__main__", "porter.gates.parity.child", "porter.gates.parity.worker",
+                     "porter.gates.parity.checker"}
 
 
 def test_every_python_m_entry_point_is_a_porter_dev_tool():

@@ -139,7 +139,7 @@ def _fake_ncu(folder: Path) -> Path:
     exe = folder / "ncu"
     exe.write_text('#!/bin/sh\nwhile [ $# -gt 0 ]; do\n  if [ "$1" = --log-file ]; then shift; '
                    f'cat "{folder}/report.csv" > "$1"; fi\n  shift\ndone\n')
-    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    exe.chmod(0o755)  # as a real install is: the sandbox runs it as an unprivileged uid when porter is root
     return exe
 
 

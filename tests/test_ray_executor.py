@@ -322,7 +322,8 @@ def test_the_outcome_is_classified_here_from_the_raw_files(tmp_path):
 def test_files_the_worker_was_not_asked_for_are_not_written(tmp_path):
     plan = _plan(tmp_path, 1)
     full = json.dumps({"complete": True, "cases": [{"id": "c0", "passes": [{"pass": 0}, {"pass": 1}]}]})
-    ex = _executor([_reply({"results.json": full, "plan.json": "{}", "../escape": "x"})])
+    ex = _executor([_reply({"checker/checker.json": _CHECKED, "results.json": full, "plan.json": "{}",
+                            "../escape": "x"})])
     assert ex.run(plan, 5.0).status == "done"
     assert json.loads((plan / "plan.json").read_text())["cases"]  # the orchestrator's plan, untouched
     assert not (tmp_path / "escape").exists()
@@ -334,7 +335,7 @@ def test_a_lost_worker_reruns_the_job_once_and_three_lost_give_a_harness_fault(t
     from porter.gates.parity.cluster import WorkersLost
 
     full = json.dumps({"complete": True, "cases": [{"id": "c0", "passes": [{"pass": 0}, {"pass": 1}]}]})
-    ex = _executor([ActorDiedError(), _reply({"results.json": full})])
+    ex = _executor([ActorDiedError(), _reply({"checker/checker.json": _CHECKED, "results.json": full})])
     assert ex.run(_plan(tmp_path, 1), 5.0).status == "done"
     assert len(ex.lost) == 1 and ex.retried == ["plan"]
     ex = _executor([ActorDiedError()] * 3)
@@ -455,12 +456,16 @@ def test_what_crosses_the_network_is_the_plan_its_files_and_no_key(tmp_path, mon
 
 
 _FULL_ONE_CASE = json.dumps({"complete": True, "cases": [{"id": "c0", "passes": [{"pass": 0}, {"pass": 1}]}]})
+# an op plan's record of what was checked comes from its checker (runner.CHECKER_DIR), not the runner
+_CHECKED = json.dumps({"complete": True, "cases": [], "violation": None})
 
 
 def _in_place_reply(job) -> dict:
     """What a worker of the orchestrator's host does with an in-place job: the child's files where the plan is."""
     assert job["in_place"] and "files" not in job and "shared" not in job, "an in-place job sends no files"
     (Path(job["orig_dir"]) / "results.json").write_text(_FULL_ONE_CASE)
+    (Path(job["orig_dir"]) / "checker").mkdir(exist_ok=True)
+    (Path(job["orig_dir"]) / "checker" / "checker.json").write_text(_CHECKED)
     return {"rc": 0, "elapsed_s": 0.1, "timed_out": False, "argv": ["python"], "sandbox": "bubblewrap",
             "in_place": True, "where": {"host": "h", "executor": "ray"}}
 
@@ -491,7 +496,7 @@ def test_a_worker_that_cannot_see_the_plan_is_sent_it(tmp_path, monkeypatch):
     from porter.gates.parity import cluster
 
     monkeypatch.setattr(cluster, "IN_PLACE_MIN_BYTES", 1)
-    replies = iter([{"need_files": True}, _reply({"results.json": _FULL_ONE_CASE})])
+    replies = iter([{"need_files": True}, _reply({"checker/checker.json": _CHECKED, "results.json": _FULL_ONE_CASE})])
     ex = _on_this_host(_executor([lambda job: next(replies)]))
     assert ex.run(_plan(tmp_path, 1), 5.0).status == "done"
     (actor,) = ex.workers
@@ -501,7 +506,7 @@ def test_a_worker_that_cannot_see_the_plan_is_sent_it(tmp_path, monkeypatch):
 def test_light_plans_other_hosts_and_sanitize_reruns_are_sent(tmp_path, monkeypatch):
     from porter.gates.parity import cluster
 
-    shipped = lambda: _reply({"results.json": _FULL_ONE_CASE})  # noqa: E731
+    shipped = lambda: _reply({"checker/checker.json": _CHECKED, "results.json": _FULL_ONE_CASE})  # noqa: E731
     ex = _on_this_host(_executor([shipped()]))  # a plan under IN_PLACE_MIN_BYTES
     assert ex.run(_plan(tmp_path, 1, "light"), 5.0).status == "done" and "files" in next(iter(ex.workers)).jobs[0]
     monkeypatch.setattr(cluster, "IN_PLACE_MIN_BYTES", 1)
@@ -569,7 +574,8 @@ def test_a_job_needing_an_architecture_goes_to_a_worker_of_it(tmp_path):
     from porter.gates.parity.cluster import WorkersLost
 
     full = json.dumps({"complete": True, "cases": [{"id": "c0", "passes": [{"pass": 0}, {"pass": 1}]}]})
-    ex = _executor([_reply({"results.json": full}), _reply({"results.json": full})], archs=["sm_90", "sm_121"])
+    ex = _executor([_reply({"checker/checker.json": _CHECKED, "results.json": full}),
+                    _reply({"checker/checker.json": _CHECKED, "results.json": full})], archs=["sm_90", "sm_121"])
     h100, gb10 = list(ex.workers)
     assert ex.run(_plan(tmp_path, 1, "a"), 5.0, arch="sm_121").status == "done"
     assert gb10.jobs and not h100.jobs
