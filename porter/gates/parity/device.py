@@ -128,9 +128,6 @@ class Device:
     def facts(self) -> dict: ...
 
     # stream probe and timing; the host device has no streams
-    def read_after_stream(self, ptr: int, n: int, stream: int) -> bytes:
-        return self.read(ptr, n)
-
     def reserve(self, n: int) -> None:
         """Make reads of up to n bytes allocation-free (the stream probe must not block)."""
 
@@ -164,26 +161,6 @@ class Device:
     def reset_persisting_l2(self, stream: int) -> bool:
         """Return persisting L2 lines to normal and drop access-policy windows (True: done); the host has none."""
         return True
-
-    def time_call(self, call, stream: int, after_end=None) -> tuple[float, float]:
-        """(ms of the call, ms the device stayed busy after its end): the host clock here."""
-        t0 = time.perf_counter()
-        call()
-        ms = (time.perf_counter() - t0) * 1e3
-        if after_end is not None:
-            after_end()
-        t1 = time.perf_counter()
-        self.synchronize()
-        return ms, (time.perf_counter() - t1) * 1e3
-
-    def time_calls(self, call, stream: int, reps: int) -> list[float]:
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            call()
-            times.append((time.perf_counter() - t0) * 1e3)
-        return times
-
 
 class HostDevice(Device):
     """Host memory standing in for device memory (CI, no GPU)."""
@@ -285,11 +262,6 @@ class CudaDevice(Device):
     def sync_stream(self, stream: int) -> None:
         self._call(self.rt.streamSynchronize, stream)
 
-    def read_after_stream(self, ptr: int, n: int, stream: int) -> bytes:
-        """Synchronize `stream`, then copy on it: what a caller ordering on that stream sees."""
-        self._call(self.rt.streamSynchronize, stream)
-        return self._read_on(ptr, n, stream)
-
     def read_side(self, ptr: int, n: int) -> bytes:
         """Copy on a private non-blocking stream: ordered after nothing the unit enqueued."""
         return self._read_on(ptr, n, self.side)
@@ -373,24 +345,6 @@ class CudaDevice(Device):
         cudart.cudaGetLastError()  # nothing refused here may be blamed on the next call
         return ok
 
-    def time_call(self, call, stream: int, after_end=None) -> tuple[float, float]:
-        """(event ms of the call, ms the device stayed busy after the end event).  `after_end` runs
-        once the end event is done and before the device is synchronized (reads of the outputs as the
-        unit's stream left them)."""
-        if not self._events:
-            self._events = (self._call(self.rt.eventCreate), self._call(self.rt.eventCreate))
-        start, end = self._events
-        self._call(self.rt.eventRecord, start, stream)
-        call()
-        self._call(self.rt.eventRecord, end, stream)
-        self._call(self.rt.eventSynchronize, end)
-        ms = float(self._call(self.rt.eventElapsedTime, start, end))
-        if after_end is not None:
-            after_end()
-        t0 = time.perf_counter()
-        self.synchronize()
-        return ms, (time.perf_counter() - t0) * 1e3
-
     def time_one(self, call, stream: int) -> float:
         if not self._events:
             self._events = (self._call(self.rt.eventCreate), self._call(self.rt.eventCreate))
@@ -400,22 +354,6 @@ class CudaDevice(Device):
         self._call(self.rt.eventRecord, end, stream)
         self._call(self.rt.eventSynchronize, end)
         return float(self._call(self.rt.eventElapsedTime, start, end))
-
-    def time_calls(self, call, stream: int, reps: int) -> list[float]:
-        start = self._call(self.rt.eventCreate)
-        end = self._call(self.rt.eventCreate)
-        times = []
-        try:
-            for _ in range(reps):
-                self._call(self.rt.eventRecord, start, stream)
-                call()
-                self._call(self.rt.eventRecord, end, stream)
-                self._call(self.rt.eventSynchronize, end)
-                times.append(float(self._call(self.rt.eventElapsedTime, start, end)))
-        finally:
-            self.rt.eventDestroy(start)
-            self.rt.eventDestroy(end)
-        return times
 
     def facts(self) -> dict:
         props = self.rt.getDeviceProperties(self.device_id)

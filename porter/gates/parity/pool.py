@@ -29,7 +29,6 @@ import json
 import os
 import queue
 import shutil
-import signal
 import stat
 import subprocess
 import sys
@@ -123,14 +122,7 @@ class Standby:
     def kill(self) -> None:
         """SIGKILL this worker's own process group (only what this object started): bwrap and with it
         the sandbox's pid namespace."""
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
+        runner.kill_group(self.proc)
 
     def discard(self) -> None:
         self.kill()

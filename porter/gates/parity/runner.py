@@ -256,6 +256,19 @@ def run_child(plan_dir: Path, timeout: float, *, argv: list[str] | None = None,
     return o
 
 
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the process group PROC leads (only what porter started: bwrap, and with it the sandbox's
+    pid namespace), then reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pass
+
+
 class CheckerUnavailable(RuntimeError):
     """The checker could not be started or given its plan; raised before the runner exists."""
 
@@ -358,16 +371,8 @@ class CheckerProc:
         self.kill()
 
     def kill(self) -> None:
-        if self.proc is None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
+        if self.proc is not None:
+            kill_group(self.proc)
 
     def discard(self) -> None:
         self.kill()
