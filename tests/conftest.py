@@ -6,6 +6,7 @@
   ($PORTER_BUILD_CACHE), so each placeholder / glue object is compiled once
   per session instead of once per workspace.
 - `needs_nvcc`: skip marker (with its reason) for tests that run the real nvcc.
+- a git identity (GIT_AUTHOR_*/GIT_COMMITTER_*) for every commit of the session: none of the user's is needed.
 """
 
 from __future__ import annotations
@@ -20,6 +21,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+# Tests commit with git directly (and through gitpython): an identity of their own for the whole session,
+# so the suite runs where the user has none (an empty HOME in CI, a fresh container).
+for _var, _value in (("GIT_AUTHOR_NAME", "porter-test"), ("GIT_AUTHOR_EMAIL", "porter-test@localhost"),
+                     ("GIT_COMMITTER_NAME", "porter-test"), ("GIT_COMMITTER_EMAIL", "porter-test@localhost")):
+    os.environ.setdefault(_var, _value)
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH: the build gate needs the CUDA toolkit")
 

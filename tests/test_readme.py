@@ -74,13 +74,25 @@ def test_the_first_screen_says_what_porter_is_and_gives_the_two_commands():
     assert len(first.splitlines()) <= 60, "the commands must be on the first screen"
 
 
+def _commands(text: str, starts: str) -> list[list[str]]:
+    """Each command of `text` (lines, and the parts of a line joined by && or ||) that starts with `starts`."""
+    out = []
+    for line in text.splitlines():
+        for part in re.split(r"&&|\|\|", line):
+            part = part.strip()
+            if part.startswith(starts):
+                out.append(shlex.split(part))
+    return out
+
+
 def test_the_readme_test_command_is_exactly_what_ci_runs():
+    """The install too: CI installs the ray extra (its executor's tests run there), and so does the README."""
     ci = (REPO / ".ci" / "run").read_text()
-    ci_cmd = next(line.strip() for line in ci.splitlines() if line.strip().startswith("python3 -m pytest"))
     text = README.read_text()
     block = text[text.index("## Try it"): text.index("## What just happened")]
-    readme_cmds = [line.strip() for line in block.splitlines() if line.strip().startswith("python3 -m pytest")]
-    assert shlex.split(ci_cmd) in [shlex.split(c) for c in readme_cmds], (ci_cmd, readme_cmds)
+    for starts in ("python3 -m pytest", "python3 -m pip install"):
+        ci_cmd = _commands(ci, starts)[-1]
+        assert ci_cmd in _commands(block, starts), (ci_cmd, _commands(block, starts))
 
 
 def test_every_link_of_the_readme_and_docs_resolves_in_the_repository():
