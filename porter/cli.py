@@ -53,6 +53,8 @@ DELEGATED = {
                "architecture, cupy, sandbox, signing key, provider key; one line per check with what to do"),
 }
 READ_COMMANDS = {"units", "status", "audit", "plan", "prompt", "doctor"}
+# commands that append to the ledger or commit: only in a workspace `porter init` made (porter.workspace)
+WRITE_COMMANDS = {"run", "optimize", "repair", "calibrate"}
 # `porter dev TOOL ...`: each module's main(argv) parses the tool's own options (`python -m MODULE` runs it too)
 DEV = {
     "e2e": ("porter.gates.e2e.__main__", "the e2e gate by hand: prepare, calibrate (--write stores the rule), run, logprob"),
@@ -205,12 +207,16 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
 
 def _cmd_init(args) -> int:
-    from porter.workspace import example_target, init_workspace, target_folder
+    from porter.workspace import example_target, init_workspace, is_porter_source, not_made_by_porter, target_folder
 
     spec = args.target or example_target()
     args.target = target_folder(spec)[0]
     existing = Path(args.directory).expanduser().resolve()
-    if (existing / ".git").exists() and (existing / "targets" / args.target / "target.toml").is_file():
+    if is_porter_source(existing):
+        raise PorterError(f"{existing} is porter's own source checkout, not a workspace: `porter init` a new or "
+                          "empty directory")
+    if ((existing / ".git").exists() and (existing / "targets" / args.target / "target.toml").is_file()
+            and not_made_by_porter(existing) is None):
         # Re-running a setup script must neither fail nor reset a workspace that holds work: keep it as it is.
         print(f"porter: {existing} is already a workspace with target {args.target}; left as it is "
               f"(`porter -C {existing} status` says where it stands)")
@@ -341,6 +347,11 @@ def _dispatch(args) -> int:
         if args.command != "doctor":  # the machine's checks need no workspace
             raise
         args.workspace = None
+    if args.command in WRITE_COMMANDS and not (args.command == "calibrate" and (
+            getattr(args, "no_ledger", False) or getattr(args, "no_mutants", False))):
+        from porter.workspace import require_made_by_porter
+
+        require_made_by_porter(args.workspace)  # calibrate without ledger records writes nothing there
     if args.workspace is not None and not getattr(args, "target", None):
         args.target = default_target(args.workspace)
     if args.command == "units":

@@ -12,7 +12,9 @@ Files: $PORTER_WITNESS_DIR (default $PORTER_HOME/witness)/<genesis[:32]>.json,
 named by the ledger's first record so that teammates sharing the directory
 share one witness per ledger, and by-path/<sha256(workspace path)[:32]>
 holding the genesis a path's ledger had, so a ledger replaced wholesale (new
-genesis) is caught on the machine that wrote it.
+genesis) is caught on the machine that wrote it.  `porter init` drops the
+by-path entry of the path it makes a workspace at (new_workspace): a new
+workspace where a deleted one was is not a rollback.
 """
 
 from __future__ import annotations
@@ -96,6 +98,18 @@ def health_problem(health: dict) -> str | None:
         return None  # "ok", "none", "unsigned" (no witness is kept for an unsigned ledger)
     return (f"witness {state.upper()}: {health['path']} ({'deleted' if state == 'missing' else 'damaged'}: a rollback "
             "since it was last written cannot be ruled out; `porter repair --reason TEXT` re-witnesses the ledger)")
+
+
+def new_workspace(workspace: Path) -> None:
+    """`porter init` made a new workspace at this path: the ledger a workspace there had before (deleted,
+    `rm -rf` and the README's block again) is not this one's, so the path's by-path entry is dropped and
+    the new ledger's first record starts it again.  A ledger replaced under a workspace without `porter
+    init` keeps the entry and is still a rollback.  The witness of the old ledger (named by its first
+    record) is kept: that ledger, copied back, is checked against it."""
+    try:
+        (witness_dir() / "by-path" / _path_key(workspace)).unlink()
+    except FileNotFoundError:
+        pass
 
 
 class Writer:

@@ -1,7 +1,10 @@
 """Workspaces: git repositories holding targets/, ledger/, runs/ and the ported units.
 
-This repository is one (the bundled targets live in its targets/ folder);
-`porter init DIR` makes a fresh one from the bundled targets.
+`porter init DIR` makes one from the bundled targets (or a target folder of the user's) and marks it
+with .porter-workspace, committed.  The commands that write (run, optimize, repair, calibrate with
+its ledger records) run only in a workspace porter made: never in porter's own source checkout,
+which holds targets/ and ledger/ too (the read commands and the developer tools use its bundled
+targets there), nor in a repository of the user's that merely looks like one.
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from porter import gitops, signing
+from porter import gitops, signing, witness
 from porter.errors import PorterError
 from porter.placeholder import placeholder_source
 
@@ -30,6 +33,13 @@ Written only by `porter run`; read by `porter status` and `porter audit`.
 """
 
 RUNS_README = "runs/ holds per-run artifacts (prompts, responses, build logs, fixtures); git ignores it.\n"
+
+# `porter init` marks the workspace it made (committed: a clone of it is one too); workspaces made
+# before the mark are known by their first commit's subject
+MARKER = ".porter-workspace"
+MARKER_TEXT = ("made by `porter init`: porter's writing commands (run, optimize, repair) run only in a "
+               "repository holding this file\n")
+NEW_WORKSPACE = "new workspace for"
 
 # What a bundled target folder may hold that a fresh workspace must not inherit.
 _NOT_COPIED = ("ported", "__pycache__", "*.o", "*.so", "*.gguf", "build")
@@ -59,6 +69,43 @@ def example_target() -> str:
 
 def is_workspace(path: Path) -> bool:
     return (path / "targets").is_dir() and (path / "ledger").is_dir()
+
+
+def is_porter_source(path: Path) -> bool:
+    """Whether `path` is a checkout of porter itself (its package and its pyproject.toml at the top)."""
+    import tomllib
+
+    path = Path(path)
+    if not (path / "porter" / "__init__.py").is_file() or not (path / "pyproject.toml").is_file():
+        return False
+    try:
+        return tomllib.loads((path / "pyproject.toml").read_text()).get("project", {}).get("name") == "porter"
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return False
+
+
+def not_made_by_porter(workspace: Path) -> str | None:
+    """Why porter must not write in `workspace`; None when `porter init` made it."""
+    ws = Path(workspace)
+    if is_porter_source(ws):
+        return (f"{ws} is porter's own source checkout, not a workspace: make one with `porter init DIR` and run "
+                "there (-C DIR)")
+    if (ws / MARKER).is_file():
+        return None
+    top = gitops.toplevel(ws)
+    if top is not None and gitops.head(top) is not None:
+        roots = gitops.git(top, "log", "--max-parents=0", "--format=%s", "HEAD", check=False)
+        if any(line.startswith(f"porter: {NEW_WORKSPACE} ") for line in roots.splitlines()):
+            return None  # made by a porter from before the mark
+    return (f"{ws} was not made by `porter init` (it has no {MARKER}): porter writes commits only in a workspace "
+            "it made; make one with `porter init DIR`")
+
+
+def require_made_by_porter(workspace: Path) -> None:
+    """A one-line error (exit 2) where porter must not write (see not_made_by_porter)."""
+    why = not_made_by_porter(workspace)
+    if why is not None:
+        raise PorterError(why)
 
 
 def find_workspace(directory: str | Path | None = None) -> Path:
@@ -157,9 +204,11 @@ def init_workspace(directory: str | Path, targets: list[str], source: str | Path
         # every record this workspace's ledger will hold is signed with this user's key (made now
         # when there is none, outside the workspace); its public half is committed with the workspace
         signing.write_workspace_key(dest, signing.create_private(dest))
+        (dest / MARKER).write_text(MARKER_TEXT)
         gitops.git(dest, "add", "-A")
         gitops.git(dest, *gitops.signing_args(dest), "commit", "-q", "--no-verify", "-m",
-                   f"porter: new workspace for {', '.join(target_names)} (all units placeholders)")
+                   f"porter: {NEW_WORKSPACE} {', '.join(target_names)} (all units placeholders)")
+        witness.new_workspace(dest)
     except BaseException:
         # Leave nothing half-made behind: the directory was new or empty.
         if existed:

@@ -19,6 +19,7 @@ from porter.evidence import store_evidence
 from porter.digest import sha256_bytes
 from porter.ledger import Ledger
 from porter.target import load_target
+from porter.workspace import MARKER, MARKER_TEXT
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET = "minimoe"
@@ -231,6 +232,7 @@ def make_workspace(root: Path, key: bytes | None = None, signer=None) -> Workspa
     )
     (root / "runs").mkdir()
     (root / ".gitignore").write_text("runs/\n")
+    (root / MARKER).write_text(MARKER_TEXT)  # as `porter init` marks the workspaces it makes
     repo = git.Repo.init(root)
     with repo.config_writer() as cw:
         cw.set_value("user", "name", "porter-test")

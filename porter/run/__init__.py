@@ -137,6 +137,9 @@ def run(opts: RunOptions) -> int:
 def locked(ws: Path, target, key, body: Callable[[], int]) -> int:
     """`body` under the workspace's run lock (porter run and porter optimize): 0 at once when another run
     holds it (cron never piles up), and never over a tampered or rolled-back workspace."""
+    from porter.workspace import require_made_by_porter
+
+    require_made_by_porter(ws)  # never porter's own checkout, nor a repository `porter init` did not make
     lock = RunLock(ws)
     with lock as held:
         if not held:
