@@ -168,7 +168,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--flaws", action="store_true", default=None,
                    help="reference provider: answer each unit with its mutants (targets/<t>/mutants.toml) first, then the real slice")
     p.add_argument("--unit", action="append", metavar="UNIT", help="port only this unit (repeatable; retries exhausted ones)")
-    p.add_argument("--max-attempts", type=int, default=3, metavar="N", help="attempts per unit in this run (default 3)")
+    p.add_argument("--max-attempts", type=int, default=3, metavar="N",
+                   help="attempts per unit before it is exhausted (default 3); later runs skip an exhausted unit "
+                   "until `--unit UNIT` retries it with N more")
     p.add_argument("--max-units", type=int, metavar="N", help="stop after N units")
     p.add_argument("--jobs", type=int, default=None, metavar="N",
                    help="units in flight at once, in dependency order (default 1; with --executor ray, "

@@ -64,7 +64,7 @@ from porter.providers import get_provider
 from porter.run.attempt import Run
 from porter.run.progress import Reporter
 from porter.run.reconcile import reconcile
-from porter.run.scheduler import ordered_units, schedule, select_units, verify_deferred
+from porter.run.scheduler import exhausted_line, ordered_units, schedule, select_units, verify_deferred
 from porter.signing import signer_for
 from porter.status import derive, tamper_check
 from porter.target import load_target
@@ -187,6 +187,8 @@ def _run_locked(opts: RunOptions, target, key, provider, signer, budget_s: float
             out.line(f"{line}: nothing to do", "dim")
         out.line(f"porter run {run_id}: target {target.name}, provider {provider.describe()}, "
                  f"{len(todo)} unit(s) to port, {len(skipped)} already done or skipped", "bold")
+        if not opts.units and (line := exhausted_line(skipped, opts.max_attempts)):
+            out.line(line, "magenta")
         if todo or reverify:
             # the glue and a placeholder compile before the first answer is asked for: a toolkit that
             # lacks a header the conventions include stops here (exit 2), never as a unit's failure

@@ -28,6 +28,20 @@ def ordered_units(target, out) -> list[str]:
     return order + [u for u in fallback if u not in order]
 
 
+EXHAUSTED_EARLIER = "exhausted earlier"
+
+
+def exhausted_line(skipped: list[str], max_attempts: int) -> str | None:
+    """The units a run without --unit leaves alone because their attempts ran out in an earlier run, and
+    how to retry them; None when there are none (they never drop out of a run silently)."""
+    names = [line.split(" (", 1)[0] for line in skipped if f"({EXHAUSTED_EARLIER};" in line]
+    if not names:
+        return None
+    how = (f"`porter run --unit {names[0]}`" if len(names) == 1 else "`porter run --unit UNIT` (repeatable)")
+    return (f"{len(names)} unit{'s' if len(names) != 1 else ''} exhausted earlier, not retried: {', '.join(names)}; "
+            f"retry with {how}, which gives each {max_attempts} more attempt(s) (--max-attempts)")
+
+
 def select_units(target, history: History, order: list[str], explicit: bool, r: Run):
     """(to port, to verify first, skipped with why): what this run will do, from the history alone."""
     todo, reverify, skipped = [], set(), []
@@ -45,7 +59,7 @@ def select_units(target, history: History, order: list[str], explicit: bool, r: 
         if state:
             skipped.append(f"{u} ({state})")
         elif not explicit and uh.exhausted:
-            skipped.append(f"{u} (exhausted earlier; retry with --unit {u})")
+            skipped.append(f"{u} ({EXHAUSTED_EARLIER}; retry with --unit {u})")
         else:
             todo.append(u)
     return todo, reverify, skipped
