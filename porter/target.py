@@ -329,6 +329,70 @@ def _env_source_var(name: str) -> str:
     return "PORTER_" + "".join(c if c.isalnum() else "_" for c in name.upper()) + "_SOURCE"
 
 
+def read_spec(toml_path: Path) -> TargetSpec:
+    """A target.toml, parsed and validated: a one-line PorterError naming `toml_path` on the first problem."""
+    try:
+        raw = tomllib.loads(Path(toml_path).read_text())
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise PorterError(f"malformed {toml_path}: {exc}") from exc
+    try:
+        return TargetSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise PorterError(f"malformed {toml_path}: {spec_problem(exc.errors())}") from exc
+
+
+def _model_at(path: tuple) -> type[BaseModel] | None:
+    """The schema of the table at `path` ("cuda", "rules"), through optional and list fields."""
+    import typing
+
+    def model_in(tp):
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            return tp
+        return next((m for a in typing.get_args(tp) if (m := model_in(a)) is not None), None)
+
+    model: type[BaseModel] | None = TargetSpec
+    for part in path:
+        if isinstance(part, int):
+            continue  # an item of a list of tables: the list's schema
+        field = model.model_fields.get(part) if model is not None else None
+        model = model_in(field.annotation) if field is not None else None
+    return model
+
+
+def spec_problem(errors: list[dict]) -> str:
+    """The first problem of a target.toml in one line.  A misspelled key says which key it probably is
+    (pydantic reports a missing required key and, apart, an unknown one; or only "Extra inputs are not
+    permitted" for an optional key)."""
+    import difflib
+
+    def table(loc: tuple) -> str:
+        return f"[{'.'.join(str(p) for p in loc[:-1])}]" if len(loc) > 1 else "the top level"
+
+    def dotted(loc: tuple) -> str:
+        return ".".join(str(p) for p in loc)
+
+    extra = [tuple(e["loc"]) for e in errors if e.get("type") == "extra_forbidden" and e.get("loc")]
+    missing = [tuple(e["loc"]) for e in errors if e.get("type") == "missing" and e.get("loc")]
+    for loc in missing:  # a required key misspelled: the unknown key beside it that is closest to it
+        near = [x for x in extra if x[:-1] == loc[:-1]]
+        match = difflib.get_close_matches(str(loc[-1]), [str(x[-1]) for x in near], n=1, cutoff=0.6)
+        if match:
+            return (f"{dotted(loc[:-1] + (match[0],))} is not a key of {table(loc)}: did you mean {loc[-1]}? "
+                    f"({dotted(loc)} is required)")
+    if missing:
+        return f"{dotted(missing[0])} is missing: {table(missing[0])} needs it"
+    if extra:
+        loc = extra[0]
+        model = _model_at(loc[:-1])
+        known = list(model.model_fields) if model is not None else []
+        match = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
+        hint = f"did you mean {match[0]}?" if match else f"its keys are {', '.join(known)}" if known else ""
+        return f"{dotted(loc)} is not a key of {table(loc)}" + (f": {hint}" if hint else "")
+    first = errors[0]
+    where = dotted(tuple(first.get("loc") or ()))
+    return f"{where}: {first['msg']}" if where else str(first["msg"])
+
+
 # Facts of one workspace rather than of its target: [sources] <target> = the checkout `porter init --source`
 # was given, so the commands init suggests next work without it. Committed with the workspace.
 WORKSPACE_FILE = "porter.toml"
@@ -358,16 +422,7 @@ def load_target(workspace: Path, name: str, source: str | Path | None = None) ->
     if not toml_path.is_file():
         known = sorted(p.parent.name for p in (workspace / "targets").glob("*/target.toml"))
         raise PorterError(f"no target {name!r} in {workspace / 'targets'} (known: {', '.join(known) or 'none'})")
-    try:
-        raw = tomllib.loads(toml_path.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise PorterError(f"malformed {toml_path}: {exc}") from exc
-    try:
-        spec = TargetSpec.model_validate(raw)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise PorterError(f"malformed {toml_path}: {where}: {first['msg']}") from exc
+    spec = read_spec(toml_path)
     if spec.name != name:
         raise PorterError(f"malformed {toml_path}: name is {spec.name!r} but the folder is {name!r}")
 

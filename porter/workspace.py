@@ -160,6 +160,8 @@ def target_folder(name_or_path: str) -> tuple[str, Path]:
     folder holding a target.toml (a target of your own; its name is the one its target.toml declares)."""
     import tomllib
 
+    from porter.target import read_spec
+
     p = Path(name_or_path).expanduser()
     if (p / "target.toml").is_file():
         try:
@@ -168,6 +170,7 @@ def target_folder(name_or_path: str) -> tuple[str, Path]:
             raise PorterError(f"malformed {p / 'target.toml'}: {exc}") from exc
         if not isinstance(name, str) or not name or "/" in name:
             raise PorterError(f"{p / 'target.toml'} declares no usable name")
+        read_spec(p / "target.toml")  # its problems named in the user's file, not in the workspace's copy
         return name, p.resolve()
     known = bundled_targets()
     if name_or_path not in known:
