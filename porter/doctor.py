@@ -1,5 +1,9 @@
 """`porter doctor`: can this machine port this target?  One line per check, with what to do.
 
+It runs anywhere: outside a workspace (or in one of several targets, without --target) it checks the
+machine (nvcc, GPU, cupy, sandbox) and says, in a `note` line, what only a workspace's target lets it
+check.
+
     checks(workspace, target_name, source, provider) -> list[Check]
     preflight(workspace, target, provider, command)   the required checks; EnvironmentFault on the first failing
 
@@ -35,9 +39,10 @@ class Check:
     detail: str
     todo: str = ""  # what to do when not ok
     required: bool = True  # a failure stops run / calibrate
+    note: bool = False  # neither passing nor failing: what doctor could not check here, and why
 
     def line(self) -> str:
-        mark = "ok  " if self.ok else ("FAIL" if self.required else "warn")
+        mark = "note" if self.note else "ok  " if self.ok else ("FAIL" if self.required else "warn")
         text = f"{mark} {self.name:<13} {self.detail}"
         return text + (f" -> {self.todo}" if self.todo and not self.ok else "")
 
@@ -238,11 +243,20 @@ def _provider(target, options: dict) -> Check:
 
 # -- the target ------------------------------------------------------------------------------------
 
+# what only a workspace's target lets doctor check
+TARGET_CHECKS = "the target's toolkit headers and libraries, its build architecture, the signing key and the provider key"
+
+
 def _target(workspace: Path | None, name: str | None, source: str | None):
     from porter.target import load_target
 
     if workspace is None:
-        return Check("target", False, "not in a porter workspace", "porter init DIR, or -C WORKSPACE"), None
+        return Check("workspace", True, f"no workspace here: this machine's checks only; inside a workspace (or "
+                     f"with -C DIR) doctor also checks {TARGET_CHECKS}", note=True), None
+    if name is None:
+        names = sorted(p.parent.name for p in (workspace / "targets").glob("*/target.toml"))
+        return Check("target", True, f"targets/ holds {len(names)} targets ({', '.join(names)}): pass --target NAME "
+                     f"to check one ({TARGET_CHECKS}); this machine's checks follow", note=True), None
     try:
         target = load_target(workspace, name, source)
     except PorterError as exc:
@@ -257,7 +271,7 @@ def checks(workspace: Path | None, target_name: str | None, source: str | None =
     want = (lambda n: names is None or n in names)  # noqa: E731
     out: list[Check] = []
     tcheck, target = _target(workspace, target_name, source)
-    if want("target"):
+    if want(tcheck.name):
         out.append(tcheck)
     nvcc_check, nvcc = _nvcc()
     if want("nvcc"):
@@ -271,7 +285,10 @@ def checks(workspace: Path | None, target_name: str | None, source: str | None =
     if want("sandbox"):
         out.append(_sandbox())
     if workspace is not None and (want("signing key") or want("witness")):
-        out += [c for c in _signing(workspace) if want(c.name)]
+        from porter.workspace import is_porter_source
+
+        if not is_porter_source(workspace):  # porter's checkout holds no ledger of anyone's
+            out += [c for c in _signing(workspace) if want(c.name)]
     if target is not None and want("provider"):
         out.append(_provider(target, provider or {}))
     return out
@@ -311,6 +328,8 @@ def run(args) -> int:
     else:
         for c in found:
             print(c.line())
+        partial = next((c for c in found if c.note and c.name in ("workspace", "target")), None)
         print(f"{len(failing)} required check(s) failing: porter run would stop before asking for an answer"
-              if failing else "ready: every required check passes")
+              if failing else "ready: every required check passes" if partial is None else
+              "this machine: every required check it could make passes; the target's were not made (see the note)")
     return 2 if failing else 0
