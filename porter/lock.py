@@ -6,6 +6,7 @@ finds the lock held, prints who holds it and exits 0: a cron job that starts
 while the previous one is still going is not an error.
 
     with RunLock(workspace) as held:   # False: another run holds it (its pid: .holder())
+    RunLock(workspace).held_elsewhere()  # a run is active (status: its unit "in progress"), lock not taken
 """
 
 from __future__ import annotations
@@ -42,6 +43,24 @@ class RunLock:
             return int(self.path.read_text().split()[0])
         except (OSError, ValueError, IndexError):
             return None
+
+    def held_elsewhere(self) -> bool:
+        """Whether another process holds the lock now (a run is active), seen in /proc/locks without
+        taking the lock: a status taking it even for a moment could turn a run starting then away.
+        False where /proc/locks cannot be read (not Linux)."""
+        try:
+            st = os.stat(self.path)
+            with open("/proc/locks") as f:
+                table = f.read()
+        except OSError:
+            return False
+        inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+        for line in table.splitlines():
+            fields = line.split()
+            # "1: FLOCK  ADVISORY  WRITE 14309 fe:00:2147156 0 EOF"; a waiter's line has "->" after the number
+            if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == inode and fields[4] != str(os.getpid()):
+                return True
+        return False
 
     def release(self) -> None:
         if self.fd is not None:

@@ -68,11 +68,13 @@ from porter.gates.perf import speed, speed_cell, speed_line, speed_summary
 from porter.history import Attempt, GateRecord, History, Step, UnitHistory
 from porter.digest import sha256_bytes
 from porter.ledger import LEDGER_DIR, LEDGER_FILE, Ledger, load_key
+from porter.lock import RunLock
 from porter.placeholder import is_placeholder
 from porter.plan import ranked_units
 from porter.reverify import contradicted, reverify, reverify_table
 from porter.target import Target, load_target
 
+IN_PROGRESS = "in progress"  # a failing unit's label while a run judges its latest attempt
 PERF_UNMEASURED = "verified (perf unmeasured)"
 UNSANDBOXED = "verified (unsandboxed)"
 VERIFIED_STATES = ("verified", PERF_UNMEASURED, UNSANDBOXED)  # where a unit's timing is its current file's
@@ -707,6 +709,7 @@ def derive(
                             former_units=former)
 
     ranking, ranking_reason = _ranking(target) if rank else (None, "not ranked")
+    running = RunLock(workspace).held_elsewhere()  # a run is active: a verdict-less attempt is in progress
     results: list[UnitStatus] = []
     for unit in target.units:
         uh = history.unit(unit)
@@ -717,6 +720,10 @@ def derive(
                         candidate_sha256=f.sha256)
         st.archs = arch_states(uh, state, f, evidence, target.required_archs)
         st.label = unit_label(state, st.archs)
+        if running and state == "failing" and (n := attempt_in_progress(uh)) is not None:
+            st.label = IN_PROGRESS  # still failing (no step yet), but not judged so: its verdict is coming
+            st.reason = f"attempt {n} in progress (a porter run holds the workspace's run lock)" + (
+                f"; before it: {st.reason}" if uh.failures else "")
         if ranking is not None and unit in ranking:
             st.tier = ranking[unit][0]
         if uh.last_step is not None:
@@ -786,6 +793,16 @@ def arch_states(uh: UnitHistory, state: str, f: UnitFile, evidence, required: tu
     for a in required:
         out.setdefault(a, "not measured")
     return dict(sorted(out.items(), key=lambda kv: gpu_arch.order(kv[0])))
+
+
+def attempt_in_progress(uh: UnitHistory) -> int | None:
+    """The unit's last attempt when nothing came after it (no verdict, no step, not abandoned): in
+    progress while a run holds the lock, interrupted otherwise."""
+    last = uh.attempts[-1] if uh.attempts else None
+    if last is None or last not in uh.live_attempts:
+        return None
+    after = [r for r in (*uh.failures, *uh.all_steps, *uh._exhausted) if r.line > last.line]
+    return None if after else last.attempt
 
 
 def unit_label(state: str, archs: dict[str, str]) -> str:
@@ -860,8 +877,16 @@ def state_label(state: str) -> str:
     return STATE_LABEL.get(state, state)
 
 
-def counts_line(counts: dict) -> str:
-    return ", ".join(f"{counts[s]} {state_label(s)}" for s in STATES if counts.get(s)) or "none"
+def counts_line(counts: dict, in_progress: int = 0) -> str:
+    """"3 verified, 1 failing, ...": `in_progress` of the failing units are shown as in progress."""
+    parts = []
+    for s in STATES:
+        n = counts.get(s, 0) - (in_progress if s == "failing" else 0)
+        if n > 0:
+            parts.append(f"{n} {state_label(s)}")
+        if s == "failing" and in_progress:
+            parts.append(f"{in_progress} {IN_PROGRESS}")
+    return ", ".join(parts) or "none"
 
 
 def status_columns(ranked: bool, timed: bool = False) -> list:
@@ -886,7 +911,8 @@ def status_table(report: StatusReport):
     for u in report.units:
         # Text, not markup: reasons quote ledger and compiler text
         fast = [Text(speed_cell(u.speed), style="red" if (u.speed or {}).get("below_half") else None)] if timed else []
-        table.add_row(u.unit, *([u.tier or ""] if ranked else []), Text(u.label or state_label(u.state), style=STATE_STYLE[u.state]),
+        style = "cyan" if u.label == IN_PROGRESS else STATE_STYLE[u.state]
+        table.add_row(u.unit, *([u.tier or ""] if ranked else []), Text(u.label or state_label(u.state), style=style),
                       str(u.attempts), *fast, u.commit[:10] if u.commit else "", tail=u.reason)
     return table
 
@@ -900,17 +926,19 @@ def render(report: StatusReport, console=None, wide: bool = False) -> None:
     def say(text: str, style: str | None = None) -> None:
         console.print(text, style=style, markup=False, highlight=False)
 
-    # first, before the table: what limits every line below it
+    # first, before the table: what limits every line below it (an empty ledger, a new workspace, has no
+    # history to roll back: its witness starts with the first record, said on the ledger line)
     w = report.ledger.get("witness") or {}
     if w.get("state") in ("missing", "empty", "corrupt"):
         say(f"witness: {w['state'].upper()} ({w.get('path')}): a rollback cannot be ruled out; exit 3", "bold red")
-    elif w.get("state") == "none":
+    elif w.get("state") == "none" and report.ledger.get("records"):
         say(f"witness: none for this ledger on this machine ({witness.witness_dir()}): a rollback cannot be seen here")
     for t in report.ledger.get("torn") or []:
         say(f"ledger: {t}; exit 3 until then", "bold red")
     status_table(report).print(console, wide)
 
-    say(f"units ({report.counts['total']}): {counts_line(report.counts)}")
+    busy = {u.unit for u in report.units if u.label == IN_PROGRESS}
+    say(f"units ({report.counts['total']}): {counts_line(report.counts, len(busy))}")
     if report.speed["units_timed"]:
         say(speed_line(report.speed))
     if line := speedups_line(report.units):
@@ -919,12 +947,15 @@ def render(report: StatusReport, console=None, wide: bool = False) -> None:
         "bold green" if report.prefill["state"] == "verified" else None)
     cp = report.critical_path
     if cp["available"]:
-        say(f"critical path ({'+'.join(cp['tiers'])}, {cp['counts']['total']} units): {counts_line(cp['counts'])}")
+        say(f"critical path ({'+'.join(cp['tiers'])}, {cp['counts']['total']} units): "
+            f"{counts_line(cp['counts'], len(busy & set(cp['units'])))}")
     else:
         say(f"critical path: {cp['reason']}")
     led = report.ledger
     if led["ok"]:
-        say(f"ledger: {led['records']} records, chain ok, {led['key']}")
+        new = " (a new workspace: witnessed from its first record on)" if not led["records"] else ""
+        for line in phrase_lines(f"ledger: {led['records']} records{new}, chain ok, {led['key']}", console.width):
+            say(line)
     else:
         more = f" (+{len(led['problems']) - 1} more)" if len(led["problems"]) > 1 else ""
         word = "ROLLED BACK" if led.get("rolled_back") else "TAMPERED"
@@ -933,6 +964,21 @@ def render(report: StatusReport, console=None, wide: bool = False) -> None:
         say(f"tampered: {p}", "bold red")
     for n in report.notes:
         say(f"note: {n}", "dim")
+
+
+def phrase_lines(text: str, width: int, indent: str = "  ") -> list[str]:
+    """`text` in lines of at most `width` columns, broken after its commas (a line of phrases such as the
+    ledger's, which a terminal would break in the middle of a key's fingerprint); a phrase longer than a
+    line is left whole on its own line."""
+    import re
+
+    lines: list[str] = []
+    for phrase in re.split(r"(?<=,) ", text):
+        if lines and len(lines[-1]) + 1 + len(phrase) <= width:
+            lines[-1] += " " + phrase
+        else:
+            lines.append((indent if lines else "") + phrase)
+    return lines
 
 
 def add_arguments(parser) -> None:
