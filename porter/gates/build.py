@@ -9,13 +9,19 @@
    The architectures are the target's choice (porter.arch: named, this
    machine's GPUs, else the target's default_arch); they are part of the flags
    and so of every cache key, and the evidence names them.
-2. The backend shared library is linked from: the glue sources, this unit, and
-   every OTHER unit's current file in the workspace (ported or placeholder).
+2. The object is checked for host code that would run when the library is
+   loaded (porter.gates.load_time): a constructor, a dynamic initialiser,
+   anything else in .init_array but nvcc's fatbinary registration.
+3. The unit's own shared library is linked from: the glue sources, this unit,
+   the current file of every unit it (or the glue) calls, to closure, and a
+   placeholder for every other unit, so a unit it does not call cannot act
+   in its verdict.  The whole backend (every unit's current file) is linked
+   only when a gate runs the engine on it (ctx.whole_backend).
    Every object is cached under the build cache by the sha256 of what made it
    (source, flags, API header, conventions header, nvcc version), so a step
    recompiles one file.  The link uses `-z defs`: an undefined symbol fails
    here, not later when the parity gate loads the library.
-3. `nm -D --defined-only` on the library: every API function must be exported
+4. `nm -D --defined-only` on the library: every API function must be exported
    under its plain C name.  That is the signature check after every build.
 
 The build cache is <workspace>/runs/build-cache unless $PORTER_BUILD_CACHE
@@ -31,13 +37,14 @@ import subprocess
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from porter.diagnostics import trim_diagnostics
 from porter.digest import sha256_bytes, sha256_file
 from porter.errors import EnvironmentFault, PorterError
 from porter.evidence import gate_facts
-from porter.gates import compile_jail, elf_exports, host_link, nvcc_split
+from porter.gates import compile_jail, elf_exports, host_link, load_time, nvcc_split
 from porter.gates.keyed_lock import key_lock
 from porter.gates.result import GateResult
 from porter.placeholder import is_placeholder, placeholder_source
@@ -296,84 +303,35 @@ def run(candidate, ctx) -> GateResult:
     if steps:
         ev["compile_steps_ms"] = steps
 
-    # 2. everything else, from the cache where possible (in parallel where not).
-    others = unit_sources(target, unit, source)
-    del others[unit]
-    jobs = [(f"glue:{g.name}", g.stem, g.read_bytes()) for g in target.glue_sources]
-    jobs += [(u, u, data) for u, data in others.items()]
+    # 2. what is checked on the object, not the text: no host code that runs when the library loads
+    found = load_time.problems(obj)
+    if found:
+        summary = f"load-time code in {unit}.cu: {found[0]}"
+        return fail("load-time", summary, "\n".join(found) + "\n" + LOAD_TIME_HINT, load_time=found)
+
+    # 3. the unit's own library: the glue, this unit, the units it (or the glue) calls, placeholders for the rest
     t1 = time.monotonic()
-    objects: dict[str, Path] = {unit: obj}
-    failures: list[CompileFailure] = []
-
-    # a first build compiles every placeholder and glue object (ds4: 81, minutes on a small machine)
-    fresh = {label for label, _name, data in jobs if not (cache / "objects" / f"{object_key(target, data)}.o").is_file()}
-    steps = (ctx.progress(f"first build: {len(fresh)} objects of the backend (cached after)", len(fresh))
-             if ctx.progress is not None and len(fresh) > 1 else None)
-
-    def one(job):
-        label, name, data = job
-        try:
-            return label, compile_object(target, name, data, cache)[0]
-        except CompileFailure as exc:
-            exc.name, exc.file = label, f"{name}.cu"
-            failures.append(exc)
-            return label, None
-        finally:
-            if steps is not None and label in fresh:
-                steps.advance()
-
     try:
-        with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
-            for label, path in pool.map(one, jobs):
-                if path is not None:
-                    objects[label] = path
-    finally:
-        if steps is not None:
-            steps.stop()
+        also = ctx.units_checks_call(unit) if hasattr(ctx, "units_checks_call") else set()
+        members = link_set(target, cache, unit, obj, unit_sources(target, unit, source), ctx.progress, also)
+    except _ObjectFailures as exc:  # the glue, placeholders and committed units: nothing of the candidate's
+        raise environment_fault(target, exc.failures, cache) from None
     ev["others_compile_seconds"] = round(time.monotonic() - t1, 2)
-    if failures:  # the glue, placeholders and committed units: nothing of the candidate's
-        raise environment_fault(target, sorted(failures, key=lambda f: f.name), cache)
-    ev["linked"] = {
-        u: {"sha256": sha256_bytes(data), "placeholder": is_placeholder(data.decode("utf-8", "replace"))}
-        for u, data in sorted(unit_sources(target, unit, source).items())
-    }
+    ev["linked"] = {u: m.facts() for u, m in sorted(members.units.items())}
     ev["glue"] = {g.name: sha256_file(g) for g in target.glue_sources}
-
-    # 3. link the backend library (cached by the objects that make it).
-    order = [k for k in objects if k.startswith("glue:")] + [u for u in target.units if u in objects]
-    obj_hashes = [objects[k].stem for k in order]
-    link_flags = [*target.spec.cuda.link_flags, *PORTER_LINK_FLAGS, *toolkit_rpath(nvcc)]
-    # how it is linked (host_link.py) is part of the key: the two ways make different files
-    lib_key = sha256_bytes(("\n".join(obj_hashes) + "\n" + "\0".join(link_flags)
-                            + f"\0host_link={host_link.ENABLED}").encode())
-    lib_dir = cache / "lib" / lib_key
-    library = lib_dir / target.spec.cuda.library
+    if members.refused:
+        ev["refused_load_time"] = members.refused
     t2 = time.monotonic()
-    if not library.is_file():
-        lib_dir.mkdir(parents=True, exist_ok=True)
-        tmp = lib_dir / f".{os.getpid()}.{time.monotonic_ns()}.so"
-        cmd = [nvcc, *link_flags, "-o", str(tmp), *[str(objects[k]) for k in order]]
-        how = host_link.link(cmd, list(target.nvcc_flags), lib_dir, LINK_TIMEOUT_S)
-        ev["host_link"] = how == "ok"
-        if how not in ("ok", "timeout"):  # nvcc links, and its diagnostics are the ones reported
-            try:
-                r = compile_jail.for_command(cmd, lib_dir).run(cmd, compile_jail.clean_env(), lib_dir,
-                                                               LINK_TIMEOUT_S, text=True)
-            except subprocess.TimeoutExpired:
-                how = "timeout"
-            else:
-                if r.returncode != 0:
-                    tmp.unlink(missing_ok=True)
-                    diag = trim_diagnostics(r.stdout + r.stderr, own=own_files(target, f"{unit}.cu", cache),
-                                            strip=strip + [cache / "objects"])
-                    return fail("link", f"link error: {first_error(diag)}", diag)
-        if how == "timeout":
-            tmp.unlink(missing_ok=True)
-            return fail("link", f"linking {target.spec.cuda.library} timed out", "")
-        os.replace(tmp, library)
+    link = link_library(target, cache, members.objects(target))
+    if isinstance(link, str):
+        diag = trim_diagnostics(link, own=own_files(target, f"{unit}.cu", cache), strip=strip + [cache / "objects"])
+        return fail("link", f"link error: {first_error(diag)}" if link else
+                    f"linking {target.spec.cuda.library} timed out", diag)
+    library, ev["host_link"] = link
     ev["link_seconds"] = round(time.monotonic() - t2, 2)
     ev["library"] = str(library)
     ev["library_sha256"] = sha256_file(library)
+    order = members.objects(target)
 
     # 4. every API function exported under its C name.
     exported = exported_symbols(library)
@@ -388,12 +346,170 @@ def run(candidate, ctx) -> GateResult:
         return fail("exports", summary, summary, missing_exports=missing)
     ev["ok"] = True
     ev["stage"] = "done"
-    summary = (f"built: {unit}.cu compiled ({'cached' if cached else f'{secs:.1f} s'}), "
-               f"{target.spec.cuda.library} linked from {len(order)} objects, all {len(target.units)} API symbols exported")
+    called = sum(m.role == "called" for m in members.units.values())
+    summary = (f"built: {unit}.cu compiled ({'cached' if cached else f'{secs:.1f} s'}), no load-time code; "
+               f"its {target.spec.cuda.library} linked from {len(order)} objects ({called} other unit(s) it calls, "
+               f"placeholders for the rest), all {len(target.units)} API symbols exported")
     ev["summary"] = summary
     metrics = {"compile_seconds": ev["compile_seconds"], "link_seconds": ev["link_seconds"]}
     ctx.library = library
+    # the whole backend (every unit's current file) only for a gate that runs the engine on it
+    ctx.whole_backend = lambda: whole_backend(target, cache, unit_sources(target, unit, source))
     return GateResult(GATE, True, summary, metrics=metrics, evidence=ev)
+
+
+LOAD_TIME_HINT = ("A unit's code runs only when its function is called: no constructor or destructor, no global "
+                  "whose initialiser runs code (make it a function-local static, or compute it in the call), "
+                  "nothing placed in .init_array, no ifunc, no definition of CUDA's __cuda*/__nv* names.")
+
+
+class _ObjectFailures(Exception):
+    def __init__(self, failures: list[CompileFailure]):
+        super().__init__(failures[0].name)
+        self.failures = sorted(failures, key=lambda f: f.name)
+
+
+@dataclass
+class Member:
+    """One unit in a library: which file of it was linked and why."""
+    role: str  # candidate | called (the candidate or the glue calls it) | placeholder
+    source: bytes
+    object: Path
+
+    def facts(self) -> dict:
+        return {"sha256": sha256_bytes(self.source), "role": self.role,
+                "placeholder": is_placeholder(self.source.decode("utf-8", "replace"))}
+
+
+@dataclass
+class LinkSet:
+    glue: dict[str, Path] = field(default_factory=dict)
+    units: dict[str, Member] = field(default_factory=dict)
+    refused: dict[str, list[str]] = field(default_factory=dict)  # called unit -> its load-time code
+
+    def objects(self, target) -> list[Path]:
+        return [*self.glue.values(), *[self.units[u].object for u in target.units if u in self.units]]
+
+
+def _placeholder(target, unit: str) -> bytes:
+    return placeholder_source(target.api_function(unit), target.conventions_header.name,
+                              target.spec.cuda.rules.failure_return).encode()
+
+
+def _compile_all(target, cache: Path, jobs: list[tuple[str, str, bytes]], progress=None) -> dict[str, Path]:
+    """label -> object for (label, name, source) jobs, side by side; _ObjectFailures names those that failed."""
+    failures: list[CompileFailure] = []
+    fresh = {label for label, _name, data in jobs if not (cache / "objects" / f"{object_key(target, data)}.o").is_file()}
+    # a first build compiles every placeholder and glue object (ds4: 81, minutes on a small machine)
+    steps = (progress(f"first build: {len(fresh)} objects of the backend (cached after)", len(fresh))
+             if progress is not None and len(fresh) > 1 else None)
+
+    def one(job):
+        label, name, data = job
+        try:
+            return label, compile_object(target, name, data, cache)[0]
+        except CompileFailure as exc:
+            exc.name, exc.file = label, f"{name}.cu"
+            failures.append(exc)
+            return label, None
+        finally:
+            if steps is not None and label in fresh:
+                steps.advance()
+
+    out = {}
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+            for label, path in pool.map(one, jobs):
+                if path is not None:
+                    out[label] = path
+    finally:
+        if steps is not None:
+            steps.stop()
+    if failures:
+        raise _ObjectFailures(failures)
+    return out
+
+
+def link_set(target, cache: Path, unit: str, obj: Path, sources: dict[str, bytes], progress=None,
+             also: set[str] = frozenset()) -> LinkSet:
+    """What `unit`'s library links: the glue, the candidate's object, the current file of every unit the
+    candidate or the glue calls, or the checks call (`also`: a runtime unit's scenario), and what those
+    call, to closure; a placeholder for every other unit.
+    A unit it does not call has no way into its verdict; a called unit with load-time code (a file
+    committed before that was refused) is linked as its placeholder and named in `refused`."""
+    out = LinkSet()
+    out.glue = _compile_all(target, cache, [(f"glue:{g.name}", g.stem, g.read_bytes()) for g in target.glue_sources])
+    out.units[unit] = Member("candidate", sources[unit], obj)
+    api = set(target.units)
+    wanted = set(also) & api
+    for o in [obj, *out.glue.values()]:
+        wanted |= load_time.undefined_symbols(o) & api
+    while todo := sorted(wanted - set(out.units)):
+        built = _compile_all(target, cache, [(u, u, sources[u]) for u in todo])
+        for u in todo:
+            found = load_time.problems(built[u])
+            if found:
+                out.refused[u] = found
+                continue  # linked as its placeholder below: its code never runs in this library
+            out.units[u] = Member("called", sources[u], built[u])
+            wanted |= load_time.undefined_symbols(built[u]) & api
+        wanted -= set(out.refused)
+    rest = [u for u in target.units if u not in out.units]
+    holders = _compile_all(target, cache, [(u, u, _placeholder(target, u)) for u in rest], progress)
+    for u in rest:
+        out.units[u] = Member("placeholder", _placeholder(target, u), holders[u])
+    return out
+
+
+def link_library(target, cache: Path, objects: list[Path]) -> tuple[Path, bool] | str:
+    """(the library linked from `objects`, whether the host link made it), cached by the objects and flags;
+    the linker's diagnostics on failure, "" when it timed out."""
+    nvcc = nvcc_path()
+    link_flags = [*target.spec.cuda.link_flags, *PORTER_LINK_FLAGS, *toolkit_rpath(nvcc)]
+    # how it is linked (host_link.py) is part of the key: the two ways make different files
+    lib_key = sha256_bytes(("\n".join(o.stem for o in objects) + "\n" + "\0".join(link_flags)
+                            + f"\0host_link={host_link.ENABLED}").encode())
+    lib_dir = cache / "lib" / lib_key
+    library = lib_dir / target.spec.cuda.library
+    if library.is_file():
+        return library, host_link.ENABLED
+    lib_dir.mkdir(parents=True, exist_ok=True)
+    tmp = lib_dir / f".{os.getpid()}.{time.monotonic_ns()}.so"
+    cmd = [nvcc, *link_flags, "-o", str(tmp), *[str(o) for o in objects]]
+    how = host_link.link(cmd, list(target.nvcc_flags), lib_dir, LINK_TIMEOUT_S)
+    if how not in ("ok", "timeout"):  # nvcc links, and its diagnostics are the ones reported
+        try:
+            r = compile_jail.for_command(cmd, lib_dir).run(cmd, compile_jail.clean_env(), lib_dir,
+                                                           LINK_TIMEOUT_S, text=True)
+        except subprocess.TimeoutExpired:
+            how = "timeout"
+        else:
+            if r.returncode != 0:
+                tmp.unlink(missing_ok=True)
+                return (r.stdout + r.stderr) or "the linker failed and said nothing"
+    if how == "timeout":
+        tmp.unlink(missing_ok=True)
+        return ""
+    os.replace(tmp, library)
+    return library, how == "ok"
+
+
+def whole_backend(target, cache: Path, sources: dict[str, bytes]) -> Path:
+    """The backend as the engine loads it: the glue and every unit's file (`sources`), each checked for
+    load-time code as a unit's own build is; PorterError names what stops it."""
+    glue = _compile_all(target, cache, [(f"glue:{g.name}", g.stem, g.read_bytes()) for g in target.glue_sources])
+    try:
+        units = _compile_all(target, cache, [(u, u, sources[u]) for u in target.units])
+    except _ObjectFailures as exc:
+        raise PorterError(f"the backend does not build: {exc.failures[0].name} does not compile") from None
+    for u in target.units:
+        found = load_time.problems(units[u])
+        if found:
+            raise PorterError(f"the backend has load-time code in {u}: {found[0]}")
+    link = link_library(target, cache, [*glue.values(), *[units[u] for u in target.units]])
+    if isinstance(link, str):
+        raise PorterError(f"the whole backend does not link: {first_error(link) if link else 'timed out'}")
+    return link[0]
 
 
 def _inside(path: Path, root: Path) -> bool:

@@ -57,7 +57,9 @@ class GateContext:
     workspace: Path | None = None
     build_cache: Path | None = None
     parity: ParityOptions = field(default_factory=ParityOptions)
-    library: Path | None = None  # the backend library the build gate linked (or a prebuilt one)
+    library: Path | None = None  # the unit's library the build gate linked (or a prebuilt one)
+    # () -> the whole backend with this candidate (every unit's current file), linked when a gate asks
+    whole_backend: Callable[[], Path] | None = None
     results: dict[str, GateResult] = field(default_factory=dict)  # gate -> result, for the gates after it
     parity_ahead: object | None = None  # a Future of parity's inputs and references, made during the build
     candidate: object | None = None  # what the next gate judges (extract replaces the answer by its unit)
@@ -69,6 +71,13 @@ class GateContext:
         self.workspace = Path(self.workspace or self.target.workspace)
         if self.build_cache is None:
             self.build_cache = build.cache_dir(self.workspace)
+
+    def units_checks_call(self, unit: str) -> set[str]:
+        """The other units the gates after build call to judge `unit` (a runtime unit's scenario calls
+        the units it needs): the unit's library links their files, not placeholders."""
+        from porter.gates.parity import units_its_check_calls
+
+        return units_its_check_calls(self.target, unit)
 
     @cached_property
     def history(self) -> History:

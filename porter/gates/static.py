@@ -14,6 +14,10 @@ a one-line reason:
     bodies; empty bodies; a constant return behind a condition that is always
     true (`if (1) return -1;`, `if (n >= 0)` for unsigned n) or before dead
     code; stub macros (`#define STUB return -1`) are expanded first;
+  - code that would run when the library is loaded (a constructor or destructor attribute, an
+    init_priority or ifunc, a section the loader runs) and macro definitions of reserved names
+    (`__x`, `_X`: nvcc appends its registration code to the file and a macro could rewrite it);
+    the build gate checks the object itself (porter.gates.load_time), this names it early;
   - for an op unit (not a runtime unit): a "host-side shortcut", i.e. no
     kernel launch and no CUDA call that does work on the device reachable
     from the function.
@@ -44,6 +48,14 @@ _WORK_CALL = re.compile(
     r"cub::.*|thrust::.*|cuda::.*)$"
 )
 _WORK_TEXT = re.compile(r"<<<|\bcudaMemcpy\w*\s*\(|\bcudaMemset\w*\s*\(|\bcudaLaunch\w*\s*\(|\bcub::|\bcublas\w*\s*\(|\bthrust::")
+# `#`, or its digraph and trigraph spellings, then define/undef of a name reserved to the implementation
+_RESERVED_MACRO = re.compile(r"(?:#|%:|\?\?=)[ \t]*(?:define|undef)[ \t]+(__\w*|_[A-Z]\w*)")
+# what a file defines to ask the C library or headers for a feature: reserved names meant for users
+FEATURE_MACROS = {"_GNU_SOURCE", "_POSIX_C_SOURCE", "_XOPEN_SOURCE", "_DEFAULT_SOURCE", "_BSD_SOURCE",
+                  "_FILE_OFFSET_BITS", "_LARGEFILE64_SOURCE", "_USE_MATH_DEFINES", "__STDC_FORMAT_MACROS",
+                  "__STDC_LIMIT_MACROS", "__STDC_CONSTANT_MACROS"}
+_LOAD_TIME_WORD = re.compile(r"\b(constructor|destructor|init_priority|ifunc|init_array|fini_array|preinit_array|"
+                             r"ctors|dtors)\b")
 _NAMED_CONSTANT = re.compile(r"^(?:[A-Z][A-Z0-9_]*|cudaError\w*|cudaSuccess)$")
 
 
@@ -430,6 +442,9 @@ def run(candidate, ctx) -> GateResult:
         return result(False, str(exc))
 
     live = strip_if0(source)
+    early = load_time_text(source)
+    if early:
+        return result(False, early)
     defs = [d for d in function_definitions(live) if d.name == unit]
     if not defs:
         return result(False, f"candidate does not define {unit} (outside `#if 0`)")
@@ -471,6 +486,20 @@ def run(candidate, ctx) -> GateResult:
             )
     return result(True, "static checks passed: C linkage, header signature, a real body"
                   + ("" if unit in target.runtime_units else ", device work reachable"))
+
+
+def load_time_text(source: str) -> str | None:
+    """Why the text would put code at load time or rewrite nvcc's appended code, or None.  Read on the
+    text with comments and strings blanked (`#if 0` kept: a macro may be defined inside it and still
+    not count, but refusing that costs an honest answer nothing)."""
+    text = strip_comments_and_strings(source.replace("\\\n", ""))
+    if m := next((m for m in _RESERVED_MACRO.finditer(text) if m.group(1) not in FEATURE_MACROS), None):
+        return (f"defines or undefines the reserved name {m.group(1)}: names beginning with __ or _ and a "
+                "capital belong to the compiler and CUDA (nvcc appends code that uses them to this file)")
+    if m := _LOAD_TIME_WORD.search(text):
+        return (f"load-time code ({m.group(1)}): a unit may not run code when the library is loaded; "
+                "do the work when the function is called")
+    return None
 
 
 def _has_parse_errors(tree: ts.Tree) -> bool:

@@ -64,7 +64,11 @@ def run(candidate, ctx) -> GateResult:
         opts.candidate = candidate_facts(candidate, ctx)
         opts.replacing = {opts.candidate["path"]: candidate.source.encode()}
         opts.committed = e2e_records_from_ledger(ctx.workspace, ctx.target.name, ctx.history.mine)
-    return run_e2e(ctx.target, ctx.workspace, ctx.library or Path("/nonexistent"), options=opts)
+    try:  # the engine loads the whole backend, not the one unit's library parity judged
+        library = ctx.whole_backend() if ctx.whole_backend is not None else ctx.library
+    except PorterError as exc:
+        return GateResult(GATE, False, f"e2e failed: {exc}"[:400], check="build")
+    return run_e2e(ctx.target, ctx.workspace, library or Path("/nonexistent"), options=opts)
 
 
 def candidate_facts(candidate, ctx) -> dict:

@@ -43,7 +43,7 @@ from porter.cparse import calls_to
 from porter.gates import archs
 from porter.gates.parity import executors
 from porter.gates.parity.gate import prepare_cases, run_spec
-from porter.gates.parity.scenario import blocked_by, placeholders_among
+from porter.gates.parity.scenario import blocked_by, placeholders_among, scenario_uses
 from porter.gates.parity.spec import SpecError, UnitSpec, load_spec
 from porter.gates.result import GateResult
 from porter.toolchain import cuda_device_here
@@ -78,6 +78,15 @@ def waiting_on(target, spec, candidate) -> str | None:
     if waiting:
         return f"{candidate.unit} calls unported {', '.join(waiting)}"
     return None
+
+
+def units_its_check_calls(target, unit: str) -> set[str]:
+    """The other units parity calls to judge `unit` (a runtime scenario's), which its library must link."""
+    try:
+        spec = load_spec(target, unit)
+    except SpecError:
+        return set()
+    return set(scenario_uses(target, spec)) & set(target.units)
 
 
 def start_ahead(candidate, ctx) -> Future | None:

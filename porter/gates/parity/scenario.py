@@ -763,9 +763,9 @@ class ScenarioKind:
 KIND_OF_RUN = ScenarioKind()
 
 
-def blocked_by(target, scenario_or_spec) -> list[str]:
-    """Units (other than the scenario's own) whose workspace file is still porter's placeholder:
-    the scenario cannot say anything about its unit until they are ported."""
+def scenario_uses(target, scenario_or_spec) -> list[str]:
+    """The other units a scenario calls (its declared `uses`, else what its first case's script calls);
+    [] for an op spec or a scenario that does not build (reported when it runs)."""
     if not is_scenario(scenario_or_spec):
         return []
     uses = list(getattr(scenario_or_spec, "uses", ()) or ())
@@ -779,7 +779,13 @@ def blocked_by(target, scenario_or_spec) -> list[str]:
                 uses = sorted(script.functions())
             except Exception:  # noqa: BLE001 - a broken scenario is reported when it runs
                 return []
-    return placeholders_among(target, [u for u in uses if u != scenario_or_spec.unit])
+    return [u for u in uses if u != scenario_or_spec.unit]
+
+
+def blocked_by(target, scenario_or_spec) -> list[str]:
+    """Units (other than the scenario's own) whose workspace file is still porter's placeholder:
+    the scenario cannot say anything about its unit until they are ported."""
+    return placeholders_among(target, scenario_uses(target, scenario_or_spec))
 
 
 def placeholders_among(target, units) -> list[str]:
