@@ -25,7 +25,9 @@
    under its plain C name.  That is the signature check after every build.
 
 The build cache is <workspace>/runs/build-cache unless $PORTER_BUILD_CACHE
-names another folder (objects are content-addressed, so workspaces can share one).
+names another folder (objects are content-addressed, so workspaces can share one);
+its bounds (an object's size, the whole cache's, pruned least recently used
+first) are porter.gates.build_cache's.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from porter.diagnostics import trim_diagnostics
 from porter.digest import sha256_bytes, sha256_file
 from porter.errors import EnvironmentFault, PorterError
 from porter.evidence import gate_facts
-from porter.gates import compile_jail, elf_exports, host_link, load_time, nvcc_split
+from porter.gates import build_cache, compile_jail, elf_exports, host_link, load_time, nvcc_split
 from porter.gates.keyed_lock import key_lock
 from porter.gates.result import GateResult
 from porter.placeholder import is_placeholder, placeholder_source
@@ -110,13 +112,13 @@ def compile_object(target, name: str, source: bytes, cache: Path,
     `step_ms` gets the split compile's step times (nvcc_split.run_split), when it ran one."""
     key = object_key(target, source)
     obj = cache / "objects" / f"{key}.o"
-    if obj.is_file():
+    if build_cache.touch(obj):
         return obj, 0.0, True
     # one compile per object: with --jobs N every unit's first build needs the same placeholder and
     # glue objects, and N threads compiling all of them at once (measured: 8 x 81 nvcc on 16 cores,
     # no verdict in 2 minutes on ds4) is N times the work; the others wait and take the cached file
     with key_lock(key):
-        if obj.is_file():
+        if build_cache.touch(obj):
             return obj, 0.0, True
         return _compile_uncached(target, name, source, cache, key, obj, step_ms)
 
@@ -128,7 +130,9 @@ def _compile_uncached(target, name: str, source: bytes, cache: Path, key: str, o
     tu = tu_dir / f"{name}.cu"
     tu.write_bytes(source)
     obj.parent.mkdir(parents=True, exist_ok=True)
-    tmp = obj.with_name(f".{key}.{os.getpid()}.{time.monotonic_ns()}.o")
+    # written in the compile's own folder and moved into objects/ by porter once its size is checked:
+    # no compile writes beside the objects other builds link
+    tmp = tu_dir / f".{key}.{os.getpid()}.{time.monotonic_ns()}.o"
     # Compiled from its own folder by file name, so diagnostics say `unit.cu(12): error: ...`.
     cmd = [nvcc_path(), "-c", *compile_flags(target), "-o", str(tmp), tu.name]
     t0 = time.monotonic()
@@ -136,7 +140,7 @@ def _compile_uncached(target, name: str, source: bytes, cache: Path, key: str, o
     split = nvcc_split.compile_split(cmd, tu_dir, key, name, NVCC_TIMEOUT_S, pch_dir, step_ms) \
         if SPLIT_COMPILE else "unsplit"
     if split == "ok" and tmp.is_file():
-        os.replace(tmp, obj)
+        _admit(name, tmp, obj)
         return obj, time.monotonic() - t0, False
     if split == "timeout":
         tmp.unlink(missing_ok=True)
@@ -156,8 +160,17 @@ def _compile_uncached(target, name: str, source: bytes, cache: Path, key: str, o
     if r.returncode != 0 or not tmp.is_file():
         tmp.unlink(missing_ok=True)
         raise CompileFailure(name, (r.stdout or "") + (r.stderr or ""))
-    os.replace(tmp, obj)
+    _admit(name, tmp, obj)
     return obj, seconds, False
+
+
+def _admit(name: str, tmp: Path, obj: Path) -> None:
+    """Move a compiled object into the cache, or fail the compile when it is too big to keep."""
+    why = build_cache.object_too_big(tmp)
+    if why:
+        tmp.unlink(missing_ok=True)
+        raise CompileFailure(name, why)
+    os.replace(tmp, obj)
 
 
 def own_files(target, file_name: str, cache: Path):
@@ -262,11 +275,18 @@ def unit_sources(target, unit: str, source: str) -> dict[str, bytes]:
 
 
 def run(candidate, ctx) -> GateResult:
-    """Build verdict for the candidate; on success ctx.library is the linked backend (for parity)."""
-    target, unit, source = ctx.target, candidate.unit, candidate.source
-    nvcc = nvcc_path()
+    """Build verdict for the candidate; on success ctx.library is the unit's library (for parity)."""
     cache = Path(ctx.build_cache)
     cache.mkdir(parents=True, exist_ok=True)
+    try:
+        return _run(candidate, ctx, cache)
+    finally:
+        build_cache.maybe_prune(cache)
+
+
+def _run(candidate, ctx, cache: Path) -> GateResult:
+    target, unit, source = ctx.target, candidate.unit, candidate.source
+    nvcc = nvcc_path()
     cand_sha = candidate.sha256
     strip = [cache / "tu", target.workspace, target.checkout, target.cuda_dir, target.dir, str(Path(nvcc).parent.parent)]
     ev: dict = gate_facts(
@@ -471,7 +491,7 @@ def link_library(target, cache: Path, objects: list[Path]) -> tuple[Path, bool] 
                             + f"\0host_link={host_link.ENABLED}").encode())
     lib_dir = cache / "lib" / lib_key
     library = lib_dir / target.spec.cuda.library
-    if library.is_file():
+    if build_cache.touch(library):
         return library, host_link.ENABLED
     lib_dir.mkdir(parents=True, exist_ok=True)
     tmp = lib_dir / f".{os.getpid()}.{time.monotonic_ns()}.so"
