@@ -20,7 +20,8 @@ interpreter, its packages and the CUDA libraries, and only the folders the
 caller names.  Never $HOME, $PORTER_HOME or the workspace: wrap() refuses a
 bind that would expose one of them.  Limits: no core files, a file size
 bound, a process count bound; never an address-space bound on a GPU (CUDA
-reserves terabytes of virtual address space).
+reserves terabytes of virtual address space): as root on cgroup v2 a cgroup of
+its own bounds the sandbox's memory and processes (porter.cgroup_bound).
 
 Never host root.  CI and the GPU hosts run porter as root, and a user
 namespace made by root maps the sandbox's uid 0 to host uid 0: the files of
@@ -58,7 +59,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
-from porter import toolchain
+from porter import cgroup_bound, toolchain
 
 UNSAFE_ENV = "PORTER_UNSAFE_NO_SANDBOX"
 INSTALL_HINT = "apt-get install bubblewrap"
@@ -104,6 +105,9 @@ class Limits:
     data: int | None = None  # RLIMIT_DATA: heap and private writable memory of one process; never on a GPU
     tmp_size: int = 1 << 30  # bytes /tmp may hold (a tmpfs: memory), g++'s temporaries in a link
     shm_size: int = 256 << 20  # bytes /dev/shm may hold
+    # bytes of memory the whole sandbox may hold (its cgroup's memory.max, where porter is root on cgroup
+    # v2: porter.cgroup_bound); None: half of this machine's
+    memory: int | None = None
 
 
 @dataclass
@@ -113,6 +117,7 @@ class Wrapped:
     label: str  # "bubblewrap 0.8.0" or "none": what evidence records
     binds: list[tuple[str, str]] = field(default_factory=list)  # (kind, path), for tests and messages
     uid: int | None = None  # the host uid the command runs as; None: porter's own
+    cgroup: str | None = None  # the cgroup bounding its memory and processes (porter.cgroup_bound)
 
 
 def allow_unsafe(flag: bool) -> None:
@@ -530,8 +535,10 @@ def _bwrap(argv, *, ro, rw, devices, gpu, gpu_index, env, limits, cwd, tmp, pyth
             "--bounding-set=-all", "--no-new-privs", "--"]
     inner = [exe, "--unshare-user", "--disable-userns", "--unshare-pid", "--die-with-parent",
              "--dev-bind", "/", "/", *own_proc, "--chdir", where, "--"]
-    return Wrapped(_limits_prefix(limits) + outer + drop + inner + list(argv), _outer_env(),
-                   version() or "bubblewrap", binds, uid)
+    cg = cgroup_bound.job(limits.memory or cgroup_bound.default_memory(), limits.processes)
+    shim = cgroup_bound.prefix(cg) if cg else []
+    return Wrapped(shim + _limits_prefix(limits) + outer + drop + inner + list(argv), _outer_env(),
+                   version() or "bubblewrap", binds, uid, str(cg) if cg else None)
 
 
 def _outer_env() -> dict[str, str]:

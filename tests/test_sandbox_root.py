@@ -53,3 +53,23 @@ def test_the_process_bound_holds_for_the_sandbox_uid(tmp_path):
     p = _inside("n=0; while [ $n -lt 200 ]; do sleep 5 & n=$((n+1)); done 2>/dev/null; echo started $n",
                 tmp_path, limits=sandbox.Limits(processes=64))
     assert "started 200" not in p.stdout, p.stdout + p.stderr
+
+
+def test_the_memory_bound_holds_where_the_host_has_cgroup_v2(tmp_path):
+    """Rlimits cannot bound a GPU process's memory (CUDA reserves terabytes of address space), so as root
+    on cgroup v2 each sandbox is its own cgroup: a candidate's allocation past memory.max ends it."""
+    from porter import cgroup_bound
+
+    ok, why = cgroup_bound.usable()
+    if not ok:
+        pytest.skip(f"no cgroup bound here: {why}")
+    work = tmp_path / "work"
+    work.mkdir()
+    run = []
+    for mib in (16, 512):
+        w = sandbox.wrap([sandbox.sys.executable, "-c", f"b = bytearray({mib} << 20); b[::4096] = b'x' * len(b[::4096]); print('HELD')"],
+                         rw=[str(work)], limits=sandbox.Limits(memory=128 << 20))
+        assert w.cgroup and (cgroup_bound.ROOT / cgroup_bound.PARENT) in __import__("pathlib").Path(w.cgroup).parents
+        run.append(subprocess.run(w.argv, env=w.env, capture_output=True, text=True, timeout=60, cwd=work))
+    assert "HELD" in run[0].stdout, run[0].stderr
+    assert "HELD" not in run[1].stdout and run[1].returncode != 0, run[1].stdout
