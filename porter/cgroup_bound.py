@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import itertools
 import os
+import time
 from pathlib import Path
 
 ROOT = Path(os.environ.get("PORTER_CGROUP_ROOT", "/sys/fs/cgroup"))
@@ -66,11 +67,18 @@ def _enable(cg: Path) -> None:
         ctl.write_text("+memory +pids")
 
 
+REAP_AFTER_S = 300.0
+
+
 def _reap(parent: Path) -> None:
-    """Remove the cgroups of sandboxes that ended (rmdir fails on one that still has processes)."""
+    """Remove the cgroups of sandboxes that ended: empty, and made long enough ago that the sandbox it
+    was made for has joined it (a cgroup made a moment ago by another thread or porter is empty too,
+    until its shim runs; rmdir fails on one that still has processes)."""
+    now = time.time()
     for d in parent.glob("job-*"):
         try:
-            d.rmdir()
+            if now - d.stat().st_mtime > REAP_AFTER_S:
+                d.rmdir()
         except OSError:
             continue
 

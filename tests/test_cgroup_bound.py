@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 
 import pytest
 
@@ -68,3 +69,17 @@ def test_not_root_keeps_the_rlimits(monkeypatch):
         assert cgroup_bound.usable() == (False, "porter is not root (the sandbox's rlimits bind its uid)")
     finally:
         cgroup_bound.usable.cache_clear()
+
+
+def test_a_cgroup_made_a_moment_ago_is_not_reaped_before_its_sandbox_joins(fake_root):
+    """On an H200 as root, one --jobs thread reaped the empty cgroup another had just made, and that
+    sandbox's shim found no cgroup.procs: every gate failed.  Only cgroups older than REAP_AFTER_S go."""
+    first = cgroup_bound.job(1 << 30, 64)
+    for f in first.iterdir():
+        f.unlink()  # empty, as a real one is until its shim joins
+    cgroup_bound.job(1 << 30, 64)
+    assert first.is_dir()
+    old = time.time() - cgroup_bound.REAP_AFTER_S - 5
+    os.utime(first, (old, old))
+    cgroup_bound.job(1 << 30, 64)
+    assert not first.exists()
