@@ -22,7 +22,6 @@ import importlib
 import json
 import os
 import re
-import shutil
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -50,12 +49,12 @@ class Check:
 # -- the toolkit -----------------------------------------------------------------------------------
 
 def _nvcc() -> tuple[Check, str | None]:
-    from porter.toolchain import nvcc_release_line
+    from porter.toolchain import find_nvcc, nvcc_release_line
 
-    exe = shutil.which("nvcc")
+    exe = find_nvcc()
     if exe is None:
-        return Check("nvcc", False, "not on PATH", "install the CUDA toolkit and add its bin/ to PATH "
-                     "(export PATH=/usr/local/cuda/bin:$PATH)"), None
+        return Check("nvcc", False, "not on PATH, $CUDA_HOME, $CUDA_PATH or $CONDA_PREFIX",
+                     "install the CUDA toolkit and add its bin/ to PATH (export PATH=/usr/local/cuda/bin:$PATH)"), None
     try:
         return Check("nvcc", True, f"{nvcc_release_line(exe)} ({exe})"), exe
     except PorterError as exc:
@@ -63,21 +62,16 @@ def _nvcc() -> tuple[Check, str | None]:
 
 
 def include_dirs(nvcc: str) -> list[Path]:
-    """Where nvcc finds `#include <...>`: the toolkit's include folders (cccl: cub, thrust) and the system's."""
-    from porter.toolchain import toolkit_root
+    """Where the compile finds `#include <...>` (porter.toolchain.locate: the same folders its sandbox shows)."""
+    from porter.toolchain import toolkit
 
-    root = toolkit_root(nvcc)
-    out = [root / "include", *sorted(root.glob("targets/*/include"))]
-    out += [d / "cccl" for d in list(out)]
-    return [d for d in (*out, Path("/usr/local/include"), Path("/usr/include")) if d.is_dir()]
+    return list(toolkit(nvcc).include_dirs)
 
 
 def library_dirs(nvcc: str) -> list[Path]:
-    from porter.toolchain import toolkit_lib_dirs
+    from porter.toolchain import toolkit
 
-    system = [Path(p) for p in ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64",
-                                "/usr/lib", "/lib/x86_64-linux-gnu", "/lib64")]
-    return [*toolkit_lib_dirs(nvcc), *(d for d in system if d.is_dir())]
+    return list(toolkit(nvcc).lib_dirs)
 
 
 def linked_libraries(target) -> list[str]:
@@ -92,26 +86,41 @@ def _toolkit_packages(nvcc: str) -> str:
 
     m = re.search(r"release (\d+)\.(\d+)", nvcc_release_line(nvcc))
     v = f"{m.group(1)}-{m.group(2)}" if m else "<major>-<minor>"
-    return f"apt-get install cuda-libraries-dev-{v} (or libcublas-dev-{v}), or the full toolkit"
+    return (f"apt-get install cuda-libraries-dev-{v} (or libcublas-dev-{v}), the full toolkit, or NVIDIA's "
+            f"wheel (pip install nvidia-cublas-cu{m.group(1) if m else '<major>'})")
 
 
 def _toolkit_files(target, nvcc: str) -> list[Check]:
+    """The target's toolkit headers and linked libraries, looked for where the sandboxed compile looks
+    (porter.toolchain.locate): found here means the compiler sees it."""
+    from porter.toolchain import toolkit
+
+    tk = toolkit(nvcc)
     out = []
-    incs = include_dirs(nvcc)
+    extra = [str(d) for d in (*tk.extra_include, *tk.extra_lib)]
+    if extra or tk.notes:
+        out.append(Check("toolkit", True, f"{tk.root}" + (f", and {', '.join(dict.fromkeys(extra))}" if extra else "")
+                         + (f"; {'; '.join(tk.notes)}" if tk.notes else ""), required=False))
     headers = list(target.spec.cuda.toolkit_headers)
-    missing = [h for h in headers if not any((d / h).is_file() for d in incs)]
+    found = {h: tk.header(h) for h in headers}
+    missing = [h for h, p in found.items() if p is None]
     if headers:
         out.append(Check("headers", not missing,
-                         f"{', '.join(headers)} found" if not missing else f"{', '.join(missing)} not in the toolkit "
-                         f"({', '.join(str(d) for d in incs[:2])})",
+                         f"{', '.join(f'{h} ({p.parent})' for h, p in found.items())} found" if not missing else
+                         f"{', '.join(missing)} not in the toolkit or beside it "
+                         f"({', '.join(str(d) for d in tk.include_dirs[:2])})",
                          f"{_toolkit_packages(nvcc)}: the target's conventions include them"))
     libs = linked_libraries(target)
-    dirs = library_dirs(nvcc)
-    gone = [lib for lib in libs if not any((d / f"lib{lib}.so").exists() for d in dirs)]
+    where = {lib: tk.library(lib) for lib in libs}
+    gone = [lib for lib, p in where.items() if p is None]
     if libs:
+        versioned = {lib: tk.library_versions(lib) for lib in gone}
+        only = [f"{v[0]} (no lib{lib}.so beside it for -l{lib}: ln -s {v[0].name} {v[0].parent}/lib{lib}.so)"
+                for lib, v in versioned.items() if v]
         out.append(Check("libraries", not gone,
                          f"{', '.join('lib' + x for x in libs)} found" if not gone else
-                         f"{', '.join('lib' + x + '.so' for x in gone)} not found (target links {' '.join('-l' + x for x in libs)})",
+                         f"{', '.join('lib' + x + '.so' for x in gone)} not found (target links "
+                         f"{' '.join('-l' + x for x in libs)})" + (f"; only {', '.join(only)}" if only else ""),
                          f"{_toolkit_packages(nvcc)}: the backend links them"))
     return out
 

@@ -280,8 +280,13 @@ class Target:
 
     @property
     def nvcc_flags(self) -> list[str]:
-        """[cuda] nvcc_flags with the architectures of `arch`: every compile of the backend uses these."""
-        return [*self.spec.cuda.nvcc_flags, *gpu_arch.nvcc_flags(self.arch.archs)]
+        """[cuda] nvcc_flags with the architectures of `arch` and the folders of libraries the toolkit lacks
+        (porter.toolchain.locate): every compile of the backend uses these."""
+        from porter.toolchain import find_nvcc, toolkit
+
+        nvcc = find_nvcc()  # -I to a library the toolkit lacks (cuBLAS from a pip wheel): porter.toolchain.locate
+        return [*self.spec.cuda.nvcc_flags, *gpu_arch.nvcc_flags(self.arch.archs),
+                *(toolkit(nvcc).flags() if nvcc else [])]
 
     @property
     def glue_sources(self) -> list[Path]:

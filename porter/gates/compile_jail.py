@@ -53,11 +53,13 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 @lru_cache(maxsize=None)
 def toolchain_ro(nvcc: str) -> tuple[str, ...]:
-    """nvcc as named on PATH (often a wrapper script), its toolkit (as named and resolved), the host
-    compiler's folder when it is not under /usr."""
-    from porter.toolchain import toolkit_root
+    """nvcc as named on PATH (often a wrapper script), its toolkit's folders and those of the libraries it
+    lacks (porter.toolchain.locate), the host compiler's folder when it is not under /usr."""
+    from porter.toolchain import toolkit
 
-    out = [nvcc, str(Path(nvcc).resolve()), str(toolkit_root(nvcc))]
+    # the folders `porter doctor` found the toolkit's headers and libraries in, and those it lacks (pip
+    # wheels, conda, $CUDA_HOME), by real path: what the doctor found is what the compiler sees
+    out = [nvcc, str(Path(nvcc).resolve()), *toolkit(nvcc).ro]
     for cc in (os.environ.get("NVCC_CCBIN"), "gcc", "g++"):
         found = shutil.which(cc) if cc else None
         if found:
