@@ -378,8 +378,23 @@ def _dispatch(args) -> int:
     mod = getattr(args, "_delegate", None)
     if mod is None:
         raise PorterError(f"unknown command {args.command!r}")
+    if args.command == "plan":
+        _check_target(args)
     rc = mod.run(args)
     return int(rc or 0)
+
+
+def _check_target(args) -> None:
+    """What `porter plan` says of the target before its table: a broken parity spec is one error line (exit 2,
+    porter.gates.parity.spec_check), a kernel name no .metal source defines a warning on stderr."""
+    from porter.doctor import _kernels
+    from porter.gates.parity import spec_check
+    from porter.target import load_target
+
+    target = load_target(args.workspace, args.target, getattr(args, "source", None))
+    spec_check.require(target)
+    for c in _kernels(target):
+        print(f"porter: warning: {c.detail} ({c.todo})", file=sys.stderr)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -300,7 +300,73 @@ def checks(workspace: Path | None, target_name: str | None, source: str | None =
             out += [c for c in _signing(workspace) if want(c.name)]
     if target is not None and want("provider"):
         out.append(_provider(target, provider or {}))
+    if target is not None and names is None:  # the preflight checks specs apart (preflight below)
+        out += _specs(target)
+        out += _kernels(target)
+        out += _cpu_backend(target)
     return out
+
+
+def _specs(target) -> list[Check]:
+    """Every parity spec built on the CPU (porter.gates.parity.spec_check): one line per broken spec and case."""
+    from porter.gates.parity import spec_check
+
+    rep = spec_check.check(target, progress=lambda text: print(f"porter: {text}", file=sys.stderr, flush=True))
+    fix = f"fix it in this workspace's copy, targets/{target.name}/parity/ (porter init copied the target)"
+    out = [Check("parity spec", False, p.line(), fix) for p in rep.problems]
+    if not rep.problems:
+        out.append(Check("parity specs", True, rep.summary()))
+    if rep.without_spec:
+        runtime = [u for u in rep.without_spec if u in target.runtime_units]
+        out.append(Check("parity specs", False, f"{len(rep.without_spec)} unit(s) without a spec "
+                         f"({', '.join(rep.without_spec[:4])}{' ...' if len(rep.without_spec) > 4 else ''}): they end "
+                         "'built', never 'verified'",
+                         "write targets/<t>/parity/<unit>.py: SPEC = UnitSpec(...) for an op"
+                         + (", SCENARIO = Scenario(...) for a runtime unit" if runtime else ""), required=False))
+    return out
+
+
+def _kernels(target) -> list[Check]:
+    """Kernel names the Metal host dispatches that no .metal source defines (a misspelling, or a kernel the
+    scan cannot see): its unit's prompt lacks that kernel's source."""
+    from porter.scan import scan
+
+    try:
+        unknown = scan(target).unknown_kernels
+    except PorterError as exc:
+        return [Check("kernels", False, f"the scan failed: {exc}", "see `porter plan`", required=False)]
+    bad = {u: ks for u, ks in unknown.items() if ks}
+    if not bad:
+        return []
+    shown = "; ".join(f"{u}: {', '.join(ks)}" for u, ks in list(bad.items())[:3])
+    return [Check("kernels", False, f"names the Metal host dispatches that no .metal source defines: {shown}"
+                  + (f" (+{len(bad) - 3} units)" if len(bad) > 3 else ""),
+                  "check the spelling in the Metal host, or add the .metal file to [source] metal_sources",
+                  required=False)]
+
+
+def _cpu_backend(target) -> list[Check]:
+    """[source] cpu_backend: the CPU implementation of the same API, compiled against the API header (a file
+    that does not match the header is no implementation of it)."""
+    import subprocess
+    import shutil
+
+    path = target.cpu_backend
+    if path is None:
+        return []
+    if not path.is_file():
+        return [Check("cpu backend", False, f"{path} ([source] cpu_backend) does not exist in the checkout",
+                      "fix [source] cpu_backend in target.toml, or remove it")]
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return [Check("cpu backend", True, f"{path.name}: not compiled (no cc here)", note=True)]
+    r = subprocess.run([cc, "-fsyntax-only", "-std=c11", "-I", str(target.api_header.parent), str(path)],
+                       capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        first = next((ln for ln in r.stderr.splitlines() if "error" in ln), r.stderr.strip()[:200])
+        return [Check("cpu backend", False, f"{path.name} does not compile against {target.api_header.name}: {first}",
+                      "[source] cpu_backend names the CPU implementation of the API header", required=False)]
+    return [Check("cpu backend", True, f"{path.name} compiles against {target.api_header.name}")]
 
 
 # what stops each command before it asks for anything; `porter run` checks the signing key (exit 3) and
@@ -313,10 +379,19 @@ PREFLIGHT = {
 
 
 def preflight(workspace: Path, target, command: str, provider: dict | None = None) -> None:
-    """The required checks of `command`: EnvironmentFault (exit 2, one line) on the first that fails."""
+    """The required checks of `command`: EnvironmentFault (exit 2, one line) on the first that fails; then, for
+    a run, every parity spec built on the CPU (a broken spec: one line naming its file, case and problem)."""
     for c in checks(workspace, target.name, str(target.checkout), provider, PREFLIGHT[command]):
         if c.required and not c.ok:
             raise EnvironmentFault(f"{c.name}: {c.detail}; {c.todo} (`porter doctor` lists every check)")
+    if command in SPEC_CHECKED:
+        from porter.gates.parity import spec_check
+
+        spec_check.require(target)
+
+
+# commands that check the target's specs before asking for an answer (calibrate reports a broken spec itself)
+SPEC_CHECKED = ("run", "optimize")
 
 
 # -- the command -----------------------------------------------------------------------------------
