@@ -297,3 +297,28 @@ def test_the_ledger_line_wraps_between_phrases(width):
     for phrase in ("0 records", "chain ok", "signed (Ed25519 SHA256:fG3yOI268Aq4rlglsVZPwHm7SI80fcrR7pfftlQZdp8)",
                    "not pinned: `porter trust SHA256:fG3yOI268Aq4rlglsVZPwHm7SI80fcrR7pfftlQZdp8`"):
         assert any(phrase in line for line in block), (phrase, block)
+
+
+# -- item 5: the guide covers what a new engine needs, and what it says is enforced -----------------------
+
+def test_a_target_whose_name_is_not_its_folders_is_one_line(workspace, capsys):
+    toml = workspace / "targets" / TARGET / "target.toml"
+    toml.write_text(toml.read_text().replace(f'name = "{TARGET}"', 'name = "renamed"', 1))
+    for command in (["units"], ["plan"], ["doctor", "--target", TARGET]):
+        rc = cli.main(["-C", str(workspace), *command])
+        err = capsys.readouterr()
+        assert rc == 2, command
+        text = err.err if command[0] != "doctor" else err.out
+        assert f"name is 'renamed' but the folder is '{TARGET}'" in text, (command, text)
+        if command[0] != "doctor":
+            assert len(err.err.strip().splitlines()) == 1, err.err
+
+
+def test_the_guide_says_what_a_new_engine_needs():
+    guide = (Path(__file__).resolve().parent.parent / "docs" / "adding-a-target.md").read_text()
+    for needed in ("SCENARIO = Scenario(", "runtime unit",  # runtime units need a scenario spec
+                   'expect="error"', "`expect` is empty",  # what an error case's build() returns
+                   "porter doctor", "misspelling",  # a misspelled kernel name, flagged by default
+                   "the folder is",  # the name/folder rule, and that it is enforced
+                   "edit that copy afterwards"):  # edits after init go to the workspace's copy
+        assert needed in guide, needed
