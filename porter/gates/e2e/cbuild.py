@@ -80,5 +80,33 @@ def run_engine(cmd: list[str], *, reads: list[Path], writes: list[Path], env: di
     inside = {"LD_LIBRARY_PATH": _runtime_library_path(), **(env or {})}
     w = sandbox.wrap(list(map(str, cmd)), ro=[str(p) for p in reads], rw=[str(p) for p in writes], gpu=True,
                      env=inside, cwd=str(cwd or writes[0]), python=False)
-    return subprocess.run(w.argv, env=w.env, capture_output=True, text=True,
+    # its text is a diagnostic the candidate writes: bytes that are not UTF-8 must not raise in porter
+    return subprocess.run(w.argv, env=w.env, capture_output=True, text=True, errors="replace",
                           timeout=timeout, close_fds=True)
+
+
+def read_engine_output(path: Path, max_bytes: int) -> bytes:
+    """The bytes of a file an engine run wrote, read by porter: a regular file of at most max_bytes.
+    The run could write anything in its output folder, including a link to a host file porter may read
+    and the sandbox may not, or a file too big to load; each is a PorterError (the candidate's failure)."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise PorterError(f"the engine wrote no {Path(path).name}") from None
+    except OSError as exc:
+        raise PorterError(f"{Path(path).name} is not a file porter reads ({exc.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise PorterError(f"{Path(path).name} is not a regular file")
+        if st.st_size > max_bytes:
+            raise PorterError(f"{Path(path).name} has {st.st_size} bytes, more than the {max_bytes} expected")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(max_bytes + 1)
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise PorterError(f"{Path(path).name} grew past {max_bytes} bytes while read")
+    return data
