@@ -185,20 +185,41 @@ class MinimoeEngine:
         return parse_run(proc.stdout, logits, states, self.stage_names, len(self.prompt), self.shape, self.n_decode, wall)
 
 
+def greedy_tokens(logits: np.ndarray) -> list[int]:
+    """The greedy token of each logits row, as engine.c's argmax picks it (the highest; on a tie the lower
+    id).  A row with a non-finite value has no greedy token: -1, which no reference token equals."""
+    finite = np.isfinite(logits).all(axis=1)
+    return [int(t) if ok else -1 for t, ok in zip(np.argmax(np.where(np.isfinite(logits), logits, -np.inf), axis=1),
+                                                  finite)]
+
+
 def parse_run(stdout: str, logits_path: Path, states_path: Path, stage_names: list[str], n_prompt: int,
               shape: ModelShape, n_decode: int, wall: float | None = None) -> PrefillOutputs:
-    line = next((l for l in stdout.splitlines() if l.startswith("tokens:")), None)
-    if line is None:
-        raise PorterError("engine printed no 'tokens:' line")
-    tokens = [int(t) for t in line.split()[1:]]
-    lg = np.fromfile(logits_path, dtype=np.float32)
-    st = np.fromfile(states_path, dtype=np.float32)
+    """The engine's files, read and checked by porter; the greedy tokens are porter's argmax of the
+    engine's own logits rows.  The printed `tokens:` line is a diagnostic: absent is fine, but one that
+    names other tokens than those rows is an inconsistent engine (what it fed its decode steps is not
+    what its logits say), a failure."""
     want_l, want_s = (1 + n_decode) * shape.n_vocab, len(stage_names) * n_prompt * shape.n_embd
-    if lg.size != want_l or st.size != want_s:
-        raise PorterError(f"engine outputs have {lg.size} logits / {st.size} state values, "
+    raw_l = cbuild.read_engine_output(logits_path, 4 * want_l)
+    raw_s = cbuild.read_engine_output(states_path, 4 * want_s)
+    if len(raw_l) != 4 * want_l or len(raw_s) != 4 * want_s:
+        raise PorterError(f"engine outputs have {len(raw_l) / 4:g} logits / {len(raw_s) / 4:g} state values, "
                           f"expected {want_l} / {want_s}")
-    return PrefillOutputs(st.reshape(len(stage_names), n_prompt, shape.n_embd), stage_names,
-                          lg.reshape(1 + n_decode, shape.n_vocab), tokens, wall)
+    lg = np.frombuffer(raw_l, dtype=np.float32).copy()
+    st = np.frombuffer(raw_s, dtype=np.float32).copy()
+    logits = lg.reshape(1 + n_decode, shape.n_vocab)
+    tokens = greedy_tokens(logits)
+    line = next((l for l in stdout.splitlines() if l.startswith("tokens:")), None)
+    if line is not None:
+        try:
+            printed = [int(t) for t in line.split()[1:]]
+        except ValueError:
+            printed = None
+        if printed is None or len(printed) != len(tokens) or any(
+                t != -1 and p != t for p, t in zip(printed, tokens)):
+            raise PorterError(f"the engine printed `{line[:120]}` but the argmax of its own logits rows is "
+                              f"{' '.join(map(str, tokens))[:120]}: an inconsistent engine")
+    return PrefillOutputs(st.reshape(len(stage_names), n_prompt, shape.n_embd), stage_names, logits, tokens, wall)
 
 
 # ---------------------------------------------------------------- calibration variants
