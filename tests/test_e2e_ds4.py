@@ -1,6 +1,6 @@
 """ds4 reduced e2e without a GPU: the synthetic GGUF's tensor list against ds4.c's own
 expectations, a tiny write, the scratch build's patch rules, commands, the accessor's
-record format, the calibration variants' rules, and ds4_test --logprob-vectors parsing.
+record format, the calibration variants' rules, and the logprob-vector driver's build.
 """
 from __future__ import annotations
 
@@ -25,7 +25,6 @@ ROOT = Path(__file__).resolve().parents[1]
 d4 = load_file(ROOT / "targets" / "ds4" / "e2e" / "driver.py")
 gg = load_file(ROOT / "targets" / "ds4" / "e2e" / "gguf.py")
 lp = load_file(ROOT / "targets" / "ds4" / "e2e" / "logprob.py")
-DATA = ROOT / "tests" / "data" / "ds4_logprob"
 
 
 def _checkout() -> Path:
@@ -291,48 +290,31 @@ def test_calibration_variants_apply_to_the_checkout(target):
         assert refused == ("DS4_CUDA_WEIGHT_CACHE" in v.env), v.name
 
 
-# ---- ds4_test --logprob-vectors ----------------------------------------------------
-
-def _recorded(name: str):
-    text = (DATA / name).read_text()
-    out, rest = text.split("--- stderr ---\n")
-    err, code = rest.rsplit("--- exit ", 1)
-    return out, err, int(code.split()[0])
-
-
-def test_logprob_vectors_pass():
-    r = lp.parse_output(*_recorded("pass.txt"))
-    assert r.ok and r.verdict == "OK"
-    assert [c.status for c in r.cases] == ["ok", "ok", "ok", "skipped", "ok"]
-    assert "4 official vectors match (1 skipped" in r.summary
-
-
-def test_logprob_vectors_failure_names_case_and_step():
-    r = lp.parse_output(*_recorded("fail.txt"))
-    assert not r.ok and r.verdict == "ERR"
-    bad = [c for c in r.cases if c.status == "failed"]
-    assert [c.id for c in bad] == ["short_italian_fact"]
-    assert bad[0].max_delta == pytest.approx(7.2188, abs=1e-3)
-    assert "short_italian_fact: step 2: selected token mismatch" in r.summary
-
-
-def test_logprob_vectors_crash_or_silence_is_not_a_pass():
-    r = lp.parse_output(*_recorded("crash.txt"))
-    assert not r.ok and r.verdict is None and "exit 139" in r.summary
-    assert not lp.parse_output("", "", 0).ok
-    # an OK verdict line without ds4's final "ds4 tests: ok" (e.g. truncated output) is not a pass
-    out, err, code = _recorded("pass.txt")
-    assert not lp.parse_output("", err, code).ok
-
+# ---- porter's logprob-vector driver (the verdict: tests/test_e2e_from_logits.py) -----------
 
 def test_logprob_commands(tmp_path):
     lib = tmp_path / "libds4_cuda.so"
     build = lp.build_command(tmp_path, lib)
-    assert "ds4_test" in build and f"CORE_OBJS=ds4.o ds4_e2e_accessor.o {lib.resolve()}" in build
+    assert d4.LOGPROB_EXE in build and f"CORE_OBJS=ds4.o ds4_e2e_accessor.o {lib.resolve()}" in build
     assert "CORE_OBJS=ds4.o ds4_e2e_accessor.o ds4_cuda.o" in lp.build_command(tmp_path, None)
-    argv, env = lp.run_command(tmp_path, Path("/models/ds4flash.gguf"))
-    assert argv == [str(tmp_path / "ds4_test"), "--logprob-vectors"]
-    assert env == {"DS4_TEST_MODEL": "/models/ds4flash.gguf"}
+    argv = lp.run_command(tmp_path / "ds4_e2e_logprob", Path("/models/ds4flash.gguf"), tmp_path / "job.txt",
+                          tmp_path / "out" / "results.txt")
+    assert argv == [str(tmp_path / "ds4_e2e_logprob"), "/models/ds4flash.gguf", str(tmp_path / "job.txt"),
+                    str(tmp_path / "out" / "results.txt")]
+    frag = d4.make_fragment()
+    assert f"{d4.LOGPROB_EXE}: {d4.LOGPROB_EXE}.o $(CORE_OBJS)" in frag
+
+
+def test_logprob_driver_compiles_against_the_checkouts_api(tmp_path):
+    """porter's driver program uses only ds4.h: it compiles against the user's checkout as it is."""
+    src = _checkout()
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    proc = subprocess.run([cc, "-std=c99", "-D_GNU_SOURCE", "-Wall", "-Wextra", "-Werror", "-fsyntax-only",
+                           f"-I{src}", str(ROOT / "targets" / "ds4" / "e2e" / d4.LOGPROB_SOURCE)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
 
 
 # ---- the calibration driver's plumbing, with the engine runs faked -------------------

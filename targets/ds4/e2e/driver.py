@@ -40,6 +40,8 @@ HC_ROW = 4 * 4096  # DS4_N_HC * DS4_N_EMBD floats per token
 N_EMBD = 4096
 N_VOCAB = 129280
 ACCESSOR = "ds4_e2e_accessor.c"
+LOGPROB_SOURCE = "ds4_e2e_logprob.c"  # porter's driver for the official logprob vectors (logprob.py)
+LOGPROB_EXE = "ds4_e2e_logprob"
 MAKE_FRAGMENT = "porter_e2e.mk"
 RUN_TIMEOUT_S = 600
 BUILD_TIMEOUT_S = 1200
@@ -78,6 +80,13 @@ def make_fragment() -> str:
         "\t$(CC) $(CFLAGS) -c -o $@ ds4_e2e_accessor.c\n"
         "ds4_e2e_accessor_cpu.o: ds4_e2e_accessor.c\n"
         "\t$(CC) $(CFLAGS) -DDS4_NO_GPU -c -o $@ ds4_e2e_accessor.c\n"
+        "# porter's logprob-vector driver (see ds4_e2e_logprob.c and logprob.py)\n"
+        f"{LOGPROB_EXE}.o: {LOGPROB_SOURCE} ds4.h\n"
+        f"\t$(CC) $(CFLAGS) -c -o $@ {LOGPROB_SOURCE}\n"
+        f"{LOGPROB_EXE}: {LOGPROB_EXE}.o $(CORE_OBJS)\n"
+        f"\t$(NVCC) $(NVCCFLAGS) -o $@ {LOGPROB_EXE}.o $(CORE_OBJS) $(CUDA_LDLIBS)\n"
+        f"{LOGPROB_EXE}_cpu: {LOGPROB_EXE}.o $(CPU_CORE_OBJS)\n"
+        f"\t$(CC) $(CFLAGS) -o $@ {LOGPROB_EXE}.o $(CPU_CORE_OBJS) $(LDLIBS)\n"
     )
 
 
@@ -109,6 +118,7 @@ def scratch_copy(target, dest: Path, n_layer: int, cuda_rules: list[tuple[str, s
             text = text.replace(search, replace, 1)
         cu.write_text(text)
     shutil.copy2(target.dir / "e2e" / ACCESSOR, dest / ACCESSOR)
+    shutil.copy2(target.dir / "e2e" / LOGPROB_SOURCE, dest / LOGPROB_SOURCE)
     (dest / MAKE_FRAGMENT).write_text(make_fragment())
     return dest
 
@@ -177,12 +187,17 @@ def run_env(out_dir: Path, positions: list[int], extra: dict | None = None, thre
     return env
 
 
-def read_states(path: Path, n_layer: int, row: int = HC_ROW) -> tuple[np.ndarray, list[int]]:
+MAX_POSITIONS = 65536  # the accessor's E2E_MAX_POS: it records no position past it
+
+
+def read_states(path: Path, n_layer: int, row: int = HC_ROW, n_positions: int = MAX_POSITIONS
+                ) -> tuple[np.ndarray, list[int]]:
     """The accessor's records -> ([n_layer][n_pos][row] float32, positions). A record is int32 il,
     int32 pos, then row floats; every layer must have the same positions (a prefill in chunks
-    still records each position once per layer)."""
-    raw = Path(path).read_bytes()
+    still records each position once per layer).  The file is the engine's: read only as a regular
+    file of at most n_layer x n_positions records."""
     rec = 8 + 4 * row
+    raw = cbuild.read_engine_output(Path(path), n_layer * n_positions * rec)
     if not raw or len(raw) % rec:
         raise PorterError(f"{path}: {len(raw)} bytes is not a whole number of {rec}-byte state records")
     by_layer: dict[int, dict[int, np.ndarray]] = {}
@@ -197,6 +212,18 @@ def read_states(path: Path, n_layer: int, row: int = HC_ROW) -> tuple[np.ndarray
             raise PorterError(f"{path}: layer {il} has other positions than layer 0")
     states = np.stack([np.stack([by_layer[il][p] for p in positions]) for il in range(n_layer)])
     return states, positions
+
+
+def _floats(path: Path, n: int) -> np.ndarray:
+    """Up to n float32 values of an engine's output file; missing gives none (the caller's size check
+    names what is missing), anything but a regular file of at most 4n bytes is a PorterError."""
+    try:
+        raw = cbuild.read_engine_output(path, 4 * n)
+    except PorterError:
+        if not os.path.lexists(path):
+            return np.zeros(0, dtype=np.float32)
+        raise
+    return np.frombuffer(raw[:len(raw) - len(raw) % 4], dtype=np.float32).copy()
 
 
 # ------------------------------------------------------------------ the reduced run
@@ -300,14 +327,17 @@ class Ds4Reduced:
         if proc.returncode != 0:
             raise PorterError(f"ds4 {v.name} failed (exit {proc.returncode}): "
                               f"{(proc.stderr.strip().splitlines() or ['no message'])[-1][:300]}")
-        states, positions = read_states(out / "states.bin", self.n_layer)
+        # the exit code and stderr above are diagnostics (a failure fails closed); what is judged is
+        # what porter reads and checks from the files the run wrote
+        # (bounded at twice the records a prefill makes: room for a path that records a position again)
+        states, positions = read_states(out / "states.bin", self.n_layer, n_positions=2 * len(self.positions))
         if positions != [p for p in self.positions if p <= positions[-1]] or positions[-1] < self.n_prompt - 1:
             raise PorterError(f"ds4 {v.name}: recorded positions ...{positions[-3:]} are not the requested ones "
                               f"up to the prompt's end (the prompt encoded to fewer tokens than its text?)")
-        logits = np.fromfile(out / "logits.f32", dtype=np.float32) if (out / "logits.f32").is_file() else np.zeros(0)
+        logits = _floats(out / "logits.f32", N_VOCAB)
         if logits.size != N_VOCAB:
             raise PorterError(f"ds4 {v.name}: {logits.size} logits, expected {N_VOCAB}")
-        head = np.fromfile(out / "head.f32", dtype=np.float32) if (out / "head.f32").is_file() else np.zeros(0)
+        head = _floats(out / "head.f32", N_EMBD)
         if head.size != N_EMBD:
             raise PorterError(f"ds4 {v.name}: {head.size} values of the output head's row, expected {N_EMBD} "
                               f"(the accessor's head hook did not run: another prefill path?)")
@@ -507,6 +537,6 @@ def _logprob_command(target, args, scratch: Path) -> int:
 COMMANDS = {
     "prepare": ("write the synthetic GGUF and run every build into --scratch (the slow half of calibrate)",
                 _prepare_command),
-    "logprob": ("build ds4_test against --library and run the official logprob vectors on --model "
-                "(the user's real GGUF); stored as e2e evidence", _logprob_command),
+    "logprob": ("build porter's vector driver against --library, run ds4's official logprob vectors on --model "
+                "(the user's real GGUF) and judge its raw results here; stored as e2e evidence", _logprob_command),
 }
