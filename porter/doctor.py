@@ -311,7 +311,8 @@ def _specs(target) -> list[Check]:
     """Every parity spec built on the CPU (porter.gates.parity.spec_check): one line per broken spec and case."""
     from porter.gates.parity import spec_check
 
-    rep = spec_check.check(target, progress=lambda text: print(f"porter: {text}", file=sys.stderr, flush=True))
+    say = (lambda text: print(f"porter: {text}", file=sys.stderr, flush=True)) if sys.stderr.isatty() else None
+    rep = spec_check.check(target, progress=say)
     fix = f"fix it in this workspace's copy, targets/{target.name}/parity/ (porter init copied the target)"
     out = [Check("parity spec", False, p.line(), fix) for p in rep.problems]
     if not rep.problems:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import NO_DS4
 
 from porter import sandbox
 from porter.errors import PorterError
@@ -133,7 +134,7 @@ def test_a_broken_official_vec_is_an_error_not_a_pass(broken, why):
 def test_the_real_official_vec_parses_when_the_checkout_is_here():
     vec = Path(os.environ.get("PORTER_DS4_SOURCE", ROOT / "external" / "ds4")) / "tests" / "test-vectors" / "official.vec"
     if not vec.is_file():
-        pytest.skip("no ds4 checkout")
+        pytest.skip(NO_DS4)
     cases = lp.parse_official(vec.read_text(), str(vec))
     ids = [c.id for c in cases]
     assert "long_memory_archive" in ids and len(ids) >= 3
@@ -466,7 +467,7 @@ def test_the_driver_program_answers_a_job_through_ds4s_api(tmp_path):
 
     src = Path(os.environ.get("PORTER_DS4_SOURCE", ROOT / "external" / "ds4"))
     if not (src / "ds4.c").is_file():
-        pytest.skip("no ds4 checkout")
+        pytest.skip(NO_DS4)
     target = load_target(ROOT, "ds4", src)
     model = load_file(ROOT / "targets" / "ds4" / "e2e" / "gguf.py").write_gguf(tmp_path / "zero.gguf", 5,
                                                                               zero_weights=True)

@@ -458,7 +458,12 @@ def link_set(target, cache: Path, unit: str, obj: Path, sources: dict[str, bytes
     A unit it does not call has no way into its verdict; a called unit with load-time code (a file
     committed before that was refused) is linked as its placeholder and named in `refused`."""
     out = LinkSet()
-    out.glue = _compile_all(target, cache, [(f"glue:{g.name}", g.stem, g.read_bytes()) for g in target.glue_sources])
+    # the glue and every other unit's placeholder in one batch: a first build's objects (ds4: 81), with
+    # its progress bar, and cached after; which placeholders the library takes is known only below
+    glue = [(f"glue:{g.name}", g.stem, g.read_bytes()) for g in target.glue_sources]
+    others = [u for u in target.units if u != unit]
+    first = _compile_all(target, cache, glue + [(u, u, _placeholder(target, u)) for u in others], progress)
+    out.glue = {label: first[label] for label, _name, _data in glue}
     out.units[unit] = Member("candidate", sources[unit], obj)
     api = set(target.units)
     wanted = set(also) & api
@@ -474,10 +479,8 @@ def link_set(target, cache: Path, unit: str, obj: Path, sources: dict[str, bytes
             out.units[u] = Member("called", sources[u], built[u])
             wanted |= load_time.undefined_symbols(built[u]) & api
         wanted -= set(out.refused)
-    rest = [u for u in target.units if u not in out.units]
-    holders = _compile_all(target, cache, [(u, u, _placeholder(target, u)) for u in rest], progress)
-    for u in rest:
-        out.units[u] = Member("placeholder", _placeholder(target, u), holders[u])
+    for u in [u for u in target.units if u not in out.units]:
+        out.units[u] = Member("placeholder", _placeholder(target, u), first[u])
     return out
 
 

@@ -73,11 +73,15 @@ class GateContext:
             self.build_cache = build.cache_dir(self.workspace)
 
     def units_checks_call(self, unit: str) -> set[str]:
-        """The other units the gates after build call to judge `unit` (a runtime unit's scenario calls
-        the units it needs): the unit's library links their files, not placeholders."""
-        from porter.gates.parity import units_its_check_calls
-
-        return units_its_check_calls(self.target, unit)
+        """The other units the gates that run the candidate call to judge `unit` (parity's runtime
+        scenarios call the units they need; a gate says so with `units_it_calls`): the unit's library
+        links their files, not placeholders."""
+        out: set[str] = set()
+        for name in registry.names(registry.UNIT, runs_candidate=True):
+            calls = getattr(registry.get(name).load(), "units_it_calls", None)
+            if calls is not None:
+                out |= set(calls(self.target, unit))
+        return out
 
     @cached_property
     def history(self) -> History:

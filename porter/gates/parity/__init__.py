@@ -80,8 +80,9 @@ def waiting_on(target, spec, candidate) -> str | None:
     return None
 
 
-def units_its_check_calls(target, unit: str) -> set[str]:
-    """The other units parity calls to judge `unit` (a runtime scenario's), which its library must link."""
+def units_it_calls(target, unit: str) -> set[str]:
+    """The other units parity calls to judge `unit` (a runtime scenario's), which its library must link
+    (GateContext.units_checks_call asks every gate that runs the candidate)."""
     try:
         spec = load_spec(target, unit)
     except SpecError:

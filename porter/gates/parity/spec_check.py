@@ -232,7 +232,9 @@ def check(target, units: list[str] | None = None, *, cache: bool = True, progres
 
 def require(target, units: list[str] | None = None, *, quiet: bool = False) -> Report:
     """check(); a one-line PorterError (exit 2) naming the first broken spec, its case and its problem."""
-    say = None if quiet else (lambda text: print(f"porter: {text}", file=sys.stderr, flush=True))
+    # progress for a person at a terminal; a log or a caller parsing stderr gets only the error line
+    say = None if quiet or not sys.stderr.isatty() else (lambda text: print(f"porter: {text}", file=sys.stderr,
+                                                                            flush=True))
     rep = check(target, units, progress=say)
     if rep.problems:
         more = len(rep.problems) - 1
