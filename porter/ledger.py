@@ -135,10 +135,6 @@ def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
-def ledger_path(workspace: Path) -> Path:
-    return Path(workspace) / LEDGER_DIR / LEDGER_FILE
-
-
 def _inside(path: Path, root: Path) -> bool:
     try:
         path.resolve().relative_to(root.resolve())

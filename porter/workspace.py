@@ -237,7 +237,3 @@ def remember_sources(workspace: Path, sources: dict[str, Path]) -> Path:
     return path
 
 
-def runs_dir(workspace: Path) -> Path:
-    d = workspace / "runs"
-    d.mkdir(exist_ok=True)
-    return d

@@ -385,6 +385,9 @@ def test_the_launch_trace_runs_on_the_cluster(cluster, tmp_path, monkeypatch):
     monkeypatch.setenv("PORTER_PARITY_EXECUTOR", "ray")
     monkeypatch.setenv("PORTER_RAY_ADDRESS", cluster.address)
     monkeypatch.setenv("PORTER_LAUNCH_TRACE", "launch.trace")
+    # LD_PRELOAD reaches every process this test starts, each marking launch.trace in its own folder:
+    # started from the repository's root, they once left (and committed) one there
+    monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("LD_PRELOAD", str(tmp_path / "pre.so"))
     try:
         res = run_spec(target, load_spec(target, "mini_gpu_swiglu_tensor"), tmp_path / "lib.so", workspace=tmp_path,
