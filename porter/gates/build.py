@@ -220,12 +220,10 @@ def _nm_exported_symbols(library: Path) -> set[str]:
 def environment_sources(target) -> list[tuple[str, str, bytes]]:
     """(label, name, source) of what every build compiles besides the candidate and needs no answer: the
     glue and one placeholder (both read the conventions header, as every unit does)."""
-    jobs = [(f"glue:{g.name}", g.stem, g.read_bytes()) for g in target.glue_sources]
+    jobs = _glue_jobs(target)
     first = target.units[0] if target.units else None
     if first is not None:
-        jobs.append((f"placeholder:{first}", first,
-                     placeholder_source(target.api_function(first), target.conventions_header.name,
-                                        target.spec.cuda.rules.failure_return).encode()))
+        jobs.append((f"placeholder:{first}", first, _placeholder(target, first)))
     return jobs
 
 
@@ -269,8 +267,7 @@ def unit_sources(target, unit: str, source: str) -> dict[str, bytes]:
         if path.is_file():
             out[u] = path.read_bytes()
         else:  # a unit file someone deleted: link its placeholder so the others can still be judged
-            out[u] = placeholder_source(target.api_function(u), target.conventions_header.name,
-                                        target.spec.cuda.rules.failure_return).encode()
+            out[u] = _placeholder(target, u)
     return out
 
 
@@ -332,8 +329,8 @@ def _run(candidate, ctx, cache: Path) -> GateResult:
     # 3. the unit's own library: the glue, this unit, the units it (or the glue) calls, placeholders for the rest
     t1 = time.monotonic()
     try:
-        also = ctx.units_checks_call(unit) if hasattr(ctx, "units_checks_call") else set()
-        members = link_set(target, cache, unit, obj, unit_sources(target, unit, source), ctx.progress, also)
+        members = link_set(target, cache, unit, obj, unit_sources(target, unit, source), ctx.progress,
+                           ctx.units_checks_call(unit))
     except _ObjectFailures as exc:  # the glue, placeholders and committed units: nothing of the candidate's
         raise environment_fault(target, exc.failures, cache) from None
     ev["others_compile_seconds"] = round(time.monotonic() - t1, 2)
@@ -342,7 +339,8 @@ def _run(candidate, ctx, cache: Path) -> GateResult:
     if members.refused:
         ev["refused_load_time"] = members.refused
     t2 = time.monotonic()
-    link = link_library(target, cache, members.objects(target))
+    order = members.objects(target)
+    link = link_library(target, cache, order)
     if isinstance(link, str):
         diag = trim_diagnostics(link, own=own_files(target, f"{unit}.cu", cache), strip=strip + [cache / "objects"])
         return fail("link", f"link error: {first_error(diag)}" if link else
@@ -351,7 +349,6 @@ def _run(candidate, ctx, cache: Path) -> GateResult:
     ev["link_seconds"] = round(time.monotonic() - t2, 2)
     ev["library"] = str(library)
     ev["library_sha256"] = sha256_file(library)
-    order = members.objects(target)
 
     # 4. every API function exported under its C name.
     exported = exported_symbols(library)
@@ -416,6 +413,11 @@ def _placeholder(target, unit: str) -> bytes:
                               target.spec.cuda.rules.failure_return).encode()
 
 
+def _glue_jobs(target) -> list[tuple[str, str, bytes]]:
+    """(label, name, source) of the target's glue files, as _compile_all takes them."""
+    return [(f"glue:{g.name}", g.stem, g.read_bytes()) for g in target.glue_sources]
+
+
 def _compile_all(target, cache: Path, jobs: list[tuple[str, str, bytes]], progress=None) -> dict[str, Path]:
     """label -> object for (label, name, source) jobs, side by side; _ObjectFailures names those that failed."""
     failures: list[CompileFailure] = []
@@ -460,7 +462,7 @@ def link_set(target, cache: Path, unit: str, obj: Path, sources: dict[str, bytes
     out = LinkSet()
     # the glue and every other unit's placeholder in one batch: a first build's objects (ds4: 81), with
     # its progress bar, and cached after; which placeholders the library takes is known only below
-    glue = [(f"glue:{g.name}", g.stem, g.read_bytes()) for g in target.glue_sources]
+    glue = _glue_jobs(target)
     others = [u for u in target.units if u != unit]
     first = _compile_all(target, cache, glue + [(u, u, _placeholder(target, u)) for u in others], progress)
     out.glue = {label: first[label] for label, _name, _data in glue}
@@ -520,16 +522,17 @@ def link_library(target, cache: Path, objects: list[Path]) -> tuple[Path, bool] 
 def whole_backend(target, cache: Path, sources: dict[str, bytes]) -> Path:
     """The backend as the engine loads it: the glue and every unit's file (`sources`), each checked for
     load-time code as a unit's own build is; PorterError names what stops it."""
-    glue = _compile_all(target, cache, [(f"glue:{g.name}", g.stem, g.read_bytes()) for g in target.glue_sources])
+    glue = _glue_jobs(target)
     try:
-        units = _compile_all(target, cache, [(u, u, sources[u]) for u in target.units])
+        objects = _compile_all(target, cache, glue + [(u, u, sources[u]) for u in target.units])
     except _ObjectFailures as exc:
         raise PorterError(f"the backend does not build: {exc.failures[0].name} does not compile") from None
     for u in target.units:
-        found = load_time.problems(units[u])
+        found = load_time.problems(objects[u])
         if found:
             raise PorterError(f"the backend has load-time code in {u}: {found[0]}")
-    link = link_library(target, cache, [*glue.values(), *[units[u] for u in target.units]])
+    link = link_library(target, cache, [objects[label] for label, _name, _data in glue]
+                        + [objects[u] for u in target.units])
     if isinstance(link, str):
         raise PorterError(f"the whole backend does not link: {first_error(link) if link else 'timed out'}")
     return link[0]

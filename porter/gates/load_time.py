@@ -74,7 +74,8 @@ def problems(obj: Path) -> list[str]:
         return [f"cannot read {Path(obj).name} as an ELF object to check it for load-time code ({exc})"]
 
 
-def _check(data: bytes) -> list[str]:
+def _sections(data: bytes) -> tuple[list[tuple], int]:
+    """(section headers, index of the section-name table) of a 64-bit little-endian relocatable object."""
     if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
         raise NotReadable("not a 64-bit little-endian ELF file")
     e_type, = struct.unpack_from("<H", data, 0x10)
@@ -84,11 +85,16 @@ def _check(data: bytes) -> list[str]:
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
     if shoff == 0 or shentsize != _SECTION.size:
         raise NotReadable("no section headers of the 64-bit size")
-    if shnum == 0:
+    if shnum == 0:  # extended numbering: the count is in section 0's sh_size
         shnum = _SECTION.unpack_from(data, shoff)[5]
     sections = [_SECTION.unpack_from(data, shoff + i * shentsize) for i in range(shnum)]
     if shstrndx == 0xFFFF:
         shstrndx = sections[0][6]
+    return sections, shstrndx
+
+
+def _check(data: bytes) -> list[str]:
+    sections, shstrndx = _sections(data)
     names_off = sections[shstrndx][4]
     names = [_cstr(data, names_off + s[0]) for s in sections]
     symbols = _symbols(data, sections)
@@ -163,11 +169,5 @@ def _cstr(data: bytes, at: int) -> str:
 def undefined_symbols(obj: Path) -> set[str]:
     """The names `obj` uses and does not define (what the link must find in another object)."""
     data = Path(obj).read_bytes()
-    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
-        raise NotReadable("not a 64-bit little-endian ELF file")
-    shoff, = struct.unpack_from("<Q", data, 0x28)
-    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
-    if shnum == 0:
-        shnum = _SECTION.unpack_from(data, shoff)[5]
-    sections = [_SECTION.unpack_from(data, shoff + i * shentsize) for i in range(shnum)]
+    sections, _ = _sections(data)
     return {s.name for s in _symbols(data, sections) if s.shndx == SHN_UNDEF and s.bind != STB_LOCAL and s.name}
