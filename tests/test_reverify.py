@@ -204,3 +204,27 @@ def test_parity_waits_for_the_api_functions_a_candidate_calls(workspace):
     good = (target.scripted_dir / "good" / "mini_gpu_swiglu_tensor.md").read_text()
     target.unit_path("mini_gpu_swiglu_tensor").write_text(extract_unit_source(good, "mini_gpu_swiglu_tensor", target))
     assert parity.waiting_on(target, None, Candidate.of("mini_gpu_rms_norm_plain_rows_tensor", src)) is None
+
+
+def test_parity_waits_for_a_callee_the_library_linked_as_placeholder(workspace):
+    """--jobs N: a unit's library is linked, then a callee is committed, then parity checks.  ds4's
+    tensor_copy was linked while tensor_alloc was a placeholder and refused for alloc's NULL once alloc
+    had landed: the library's own record, not the workspace as it is now, says what was linked."""
+    from porter.gates import parity
+    from porter.gates.driver import Candidate, GateContext, ParityOptions
+
+    target = load_target(workspace, "minimoe")
+    src = 'extern "C" int mini_gpu_rms_norm_plain_rows_tensor(void *a) { return mini_gpu_swiglu_tensor(a, a, a, 4); }\n'
+    good = (target.scripted_dir / "good" / "mini_gpu_swiglu_tensor.md").read_text()
+    target.unit_path("mini_gpu_swiglu_tensor").write_text(extract_unit_source(good, "mini_gpu_swiglu_tensor", target))
+    cand = Candidate.of("mini_gpu_rms_norm_plain_rows_tensor", src)
+    assert parity.waiting_on(target, None, cand) is None  # the workspace has it now
+    linked_then = {"mini_gpu_swiglu_tensor": {"role": "called", "placeholder": True}}
+    assert parity.waiting_on(target, None, cand, linked_then) == (
+        "mini_gpu_rms_norm_plain_rows_tensor calls unported mini_gpu_swiglu_tensor")
+    ctx = GateContext(target, workspace, library=workspace / "lib.so", parity=ParityOptions(mode="host"))
+    ctx.results["build"] = GateResult("build", True, "built", evidence={"linked": linked_then})
+    res = parity.run(cand, ctx)
+    assert res.skipped and "calls unported mini_gpu_swiglu_tensor" in res.summary
+    # linked ported: nothing holds it back
+    assert parity.waiting_on(target, None, cand, {"mini_gpu_swiglu_tensor": {"placeholder": False}}) is None

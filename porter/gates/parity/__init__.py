@@ -67,14 +67,24 @@ def available() -> tuple[bool, str]:
     return cuda_device_here()
 
 
-def waiting_on(target, spec, candidate) -> str | None:
+def waiting_on(target, spec, candidate, linked: dict | None = None) -> str | None:
     """Why parity cannot judge this candidate on a library linked from the workspace yet, or None.
     A runtime scenario calls other units; a candidate may call other API functions (ds4's shared
-    gate/up calls matmul and swiglu): while one of them is a placeholder, a refusal would be its."""
-    waiting = blocked_by(target, spec)
+    gate/up calls matmul and swiglu): while one of them is a placeholder, a refusal would be its.
+    `linked` is the build gate's record of the library under test: with --jobs N a unit it calls can be
+    committed between that link and this check (ds4's tensor_copy, linked while tensor_alloc was still a
+    placeholder, was refused for alloc's NULL), so a placeholder in the library counts as unported too."""
+    in_library = {u for u, m in (linked or {}).items() if isinstance(m, dict) and m.get("placeholder")}
+
+    def unported(units) -> list[str]:
+        units = sorted(units)
+        return sorted(set(placeholders_among(target, units)) | (set(units) & in_library))
+
+    waiting = sorted(set(blocked_by(target, spec)) | (set(scenario_uses(target, spec)) & in_library)) \
+        if spec is not None else []
     if waiting:
         return f"the scenario for {candidate.unit} also calls unported {', '.join(waiting)}"
-    waiting = placeholders_among(target, sorted(calls_to(candidate.source, set(target.units) - {candidate.unit})))
+    waiting = unported(calls_to(candidate.source, set(target.units) - {candidate.unit}))
     if waiting:
         return f"{candidate.unit} calls unported {', '.join(waiting)}"
     return None
@@ -141,7 +151,8 @@ def run(candidate, ctx) -> GateResult:
                           skipped=True)
     # a runtime scenario calls other units: on a library the build gate linked from the workspace it cannot
     # judge this one while they are placeholders (calibration libraries hold every unit)
-    why = waiting_on(target, spec, candidate) if "build" in ctx.results else None
+    build = ctx.results.get("build")
+    why = waiting_on(target, spec, candidate, (build.evidence or {}).get("linked")) if build is not None else None
     if why:
         return GateResult("parity", False, f"parity skipped: {why}", skipped=True)
     sanitize = opts.sanitize
