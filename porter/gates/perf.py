@@ -22,7 +22,9 @@ the launches no roofline counts.
 
 Too fast is suspect: more than FAST_SUSPECT times faster than the known-good, or faster than the roofline,
 is refused unless a re-time in a fresh process, on fresh inputs, agrees (retime): a result that came from a
-warm worker's leftovers or from inputs the candidate had seen does not survive that.  The gate is skipped
+warm worker's leftovers or from inputs the candidate had seen does not survive that.  Too slow is confirmed
+the same way (confirm_slowdown): the re-time's verdict is the one kept, so one contended timing of a tiny
+case does not refuse a right answer, and a slow kernel, slow in both, is refused.  The gate is skipped
 only when it is off, or when parity recorded no timing or no roofline: status then says "verified (perf
 unmeasured)", never plain "verified".
 """
@@ -224,10 +226,15 @@ def decide(target, unit: str, parity: GateResult, base: dict | None, why: str, r
         why = comparable(base, mine, regime, (parity.evidence.get("device") or {}).get("name"),
                          arch_of(parity.evidence))
         base = None if why else base
-    res = against_floor(mine, facts, why, floor_fraction(target, unit, mine)) if base is None else \
-        against_known_good(mine, base, facts, cap, regime)
-    if not res.ok or res.skipped:
+    def judge(timing: dict) -> GateResult:
+        return against_floor(timing, facts, why, floor_fraction(target, unit, timing)) if base is None else \
+            against_known_good(timing, base, facts, cap, regime)
+
+    res = judge(mine)
+    if res.skipped:
         return res
+    if not res.ok:
+        return confirm_slowdown(res, judge, retime_fn())
     doubt = suspicion(mine, base)
     if doubt is None:
         return res
@@ -240,6 +247,34 @@ def decide(target, unit: str, parity: GateResult, base: dict | None, why: str, r
             "call, on the inputs of that call, on the unit's stream."), metrics=res.metrics, evidence=res.evidence)
     res.summary += f"; {doubt}, {how}"
     return res
+
+
+def confirm_slowdown(first: GateResult, judge, again: GateResult | None) -> GateResult:
+    """A slowdown stands once a re-time in a fresh process on fresh inputs is slow too.  With --jobs 8 on one
+    H200, upstream's own embed_token_hc (0.0147 ms, launch latency) was timed at 1.96x against a 1.56x limit
+    and verified on the next attempt: one measurement of a tiny case is not evidence of a slow kernel, and
+    each false refusal costs a paid answer.  A slow kernel is slow in both; the second verdict is the one
+    kept, with the first in its evidence.  A re-time that is not a clean parity pass keeps the refusal."""
+    ev = dict(first.evidence or {})
+    t2 = ((again.evidence or {}).get("timing") if again is not None and again.ok and not again.skipped else None)
+    case = (ev.get("candidate") or {}).get("case")
+    if not t2 or not t2.get("median_ms") or t2.get("case") != case:
+        why = (again.summary if again is not None else "no re-time could be made") if not t2 else \
+            f"it timed {t2.get('case')!r}, not {case!r}"
+        ev["confirmed"] = {"by": "none", "detail": f"the refusal stands: re-time impossible ({why})"[:300]}
+        return dataclasses.replace(first, evidence=ev)
+    second = judge(t2)
+    both = {"first": first.evidence.get("candidate"), "first_summary": first.summary[:300],
+            "retime": t2, "retime_ok": second.ok}
+    second.evidence = dict(second.evidence or {}, confirmed=both)
+    if second.ok:
+        second.summary += (f"; the first timing ({first.metrics.get('median_ms', 0):.4g} ms) was over the limit, "
+                           "a re-time in a fresh process on fresh inputs is not")
+        if suspicion(t2, first.evidence.get("baseline")) is not None:  # slow, then implausibly fast
+            return GateResult("perf", False, f"perf refused: the first timing was over the limit and the re-time "
+                              f"implausibly fast ({t2['median_ms']:.4g} ms): not the same kernel"[:400],
+                              check="retime", metrics=second.metrics, evidence=second.evidence)
+    return second
 
 
 def pct_of_roofline(timing: dict) -> float | None:
