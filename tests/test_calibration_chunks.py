@@ -126,7 +126,6 @@ def test_one_specs_mutants_spread_over_the_run_slots_and_never_more_runs_than_jo
     the known-good run comes before its unit's mutants (their perf baseline), and the rows are those of
     one run at a time."""
     import threading
-    import time as _time
 
     import porter.calibration.calibrator as calibrator
     from porter.calibration.calibrator import CalibrateOptions, calibrate
@@ -135,7 +134,9 @@ def test_one_specs_mutants_spread_over_the_run_slots_and_never_more_runs_than_jo
     from porter.target import load_target
 
     target = load_target(REPO, "minimoe")
-    lock, state = threading.Lock(), {"now": 0, "most": 0, "per_unit": {}, "good_done": set(), "order_bad": []}
+    lock = threading.Condition()
+    state = {"now": 0, "most": 0, "per_unit": {}, "good_done": set(), "order_bad": [], "jobs": 1, "calls": 0,
+             "total": None}
 
     def fake_parity(target, unit, lib, opts, timeout=None, env=None, seeds=None, fresh_process=False):
         mutant = Path(lib).name != "good.so"
@@ -147,7 +148,12 @@ def test_one_specs_mutants_spread_over_the_run_slots_and_never_more_runs_than_jo
             per = state["per_unit"].setdefault(unit, [0, 0])
             per[0] += 1
             per[1] = max(per[1], per[0])
-        _time.sleep(0.02)
+            state["calls"] += 1
+            lock.notify_all()
+            # hold the slot until every slot is taken (or no call is left to take one): overlap by
+            # construction, not by a sleep that a loaded machine may not honour; the timeout only ends a
+            # wait the order of the runs makes impossible
+            lock.wait_for(lambda: state["now"] >= state["jobs"] or state["calls"] == state["total"], timeout=2)
         with lock:
             state["now"] -= 1
             state["per_unit"][unit][0] -= 1
@@ -170,6 +176,7 @@ def test_one_specs_mutants_spread_over_the_run_slots_and_never_more_runs_than_jo
 
     one = rows(1)
     assert state["most"] == 1
+    state.update(jobs=3, total=state["calls"], calls=0)
     n_q8 = sum(1 for r in one if r[0] == "mini_gpu_matmul_q8_0_tensor")
     assert n_q8 > 3, "the heavy unit has too few mutants to show anything"
     state.update(most=0, per_unit={}, good_done=set())

@@ -7,7 +7,6 @@ import hashlib
 import importlib.util
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -90,14 +89,10 @@ def test_command_line_writes_the_same_file(fixture_path, tmp_path):
     assert sha(tmp_path / "s7.gguf") == sha(mf.write_fixture(tmp_path / "s7b.gguf", seed=7))
 
 
-def test_size_and_runtime(tmp_path):
-    t0 = time.perf_counter()
-    p = mf.write_fixture(tmp_path / "timed.gguf", seed=3)
-    seconds = time.perf_counter() - t0
-    size = p.stat().st_size
-    print(f"fixture: {size} bytes in {seconds:.2f} s")
+def test_size(tmp_path):
+    # small enough to make in every test session; how long it takes is a benchmark's figure, not a test's
+    size = mf.write_fixture(tmp_path / "sized.gguf", seed=3).stat().st_size
     assert 1_000_000 < size < 8_000_000
-    assert seconds < 10.0
 
 
 def test_census_matches_contract(fixture_path):

@@ -254,7 +254,6 @@ def test_runner_contains_the_child(tmp_path, tiny_lib, symbol, status, detail):
         assert o.results["rc"] == 7
     if status != "done":
         assert "step 'call'" in o.detail
-    assert o.elapsed_s < 30
 
 
 def test_runner_reports_a_missing_interpreter(tmp_path):

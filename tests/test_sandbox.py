@@ -66,17 +66,27 @@ def test_a_daemon_dies_with_the_sandbox(tmp_path, monkeypatch, unsafe):
     (and without the sandbox it outlives it: the sandbox is what stops it)."""
     if unsafe:
         monkeypatch.setenv(sandbox.UNSAFE_ENV, "1")
+    import select
+
     out = tmp_path / "plan"  # tmp_path itself holds the test's $PORTER_HOME (conftest)
     out.mkdir()
-    marker = out / "late"
-    p = _run("import os, time\n"
-             "if os.fork() == 0:\n    os.setsid()\n    time.sleep(1.5)\n"
-             f"    open({str(marker)!r}, 'w').write('x')\n    os._exit(0)\n", rw=[str(out)])
-    assert p.returncode == 0, p.stderr
-    import time
-
-    time.sleep(2.5)
-    assert marker.exists() == unsafe
+    alive = out / "alive"
+    os.mkfifo(alive)
+    os.chmod(alive, 0o666)  # the sandbox runs as an unprivileged uid of its own
+    # the daemon holds the FIFO's write end: reading sees EOF once it is gone, or its 'x' if it lived to
+    # write it -- no sleep to outwait it
+    rfd = os.open(alive, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        p = _run("import os, time\n"
+                 f"w = os.open({str(alive)!r}, os.O_WRONLY)\n"
+                 "if os.fork() == 0:\n    os.setsid()\n    time.sleep(1.5)\n    os.write(w, b'x')\n    os._exit(0)\n",
+                 rw=[str(out)])
+        assert p.returncode == 0, p.stderr
+        os.set_blocking(rfd, True)
+        assert select.select([rfd], [], [], 60)[0], "the daemon neither died nor wrote"  # a hang guard only
+        assert os.read(rfd, 1) == (b"x" if unsafe else b"")
+    finally:
+        os.close(rfd)
 
 
 def test_limits_are_hard_inside(tmp_path):
