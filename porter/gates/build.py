@@ -281,98 +281,141 @@ def run(candidate, ctx) -> GateResult:
         build_cache.maybe_prune(cache)
 
 
-def _run(candidate, ctx, cache: Path) -> GateResult:
-    target, unit, source = ctx.target, candidate.unit, candidate.source
+@dataclass
+class _Build:
+    """One build's evidence so far and its one way to fail: each stage below adds to `ev`, or returns the
+    failure that ends the build."""
+    target: object
+    unit: str
+    cache: Path
+    ev: dict
+    strip: list
+
+    def fail(self, stage: str, summary: str, diagnostics: str, **more) -> GateResult:
+        self.ev.update(ok=False, stage=stage, summary=summary, **more)
+        return GateResult(GATE, False, summary, diagnostics=diagnostics, metrics=dict(self.ev.get("metrics", {})),
+                          evidence=self.ev, check=stage)
+
+    def trim(self, output: str, extra_strip: list | None = None) -> str:
+        return trim_diagnostics(output, own=own_files(self.target, f"{self.unit}.cu", self.cache),
+                                strip=self.strip + (extra_strip or []))
+
+
+def _start(candidate, ctx, cache: Path) -> _Build:
+    target = ctx.target
     nvcc = nvcc_path()
-    cand_sha = candidate.sha256
-    strip = [cache / "tu", target.workspace, target.checkout, target.cuda_dir, target.dir, str(Path(nvcc).parent.parent)]
+    api_dir = target.api_header.parent
     ev: dict = gate_facts(
-        target, unit, GATE, cand_sha, toolchain(), nvcc_flags=list(target.nvcc_flags),
+        target, candidate.unit, GATE, candidate.sha256, toolchain(), nvcc_flags=list(target.nvcc_flags),
         arch=list(target.arch.archs), arch_from=target.arch.how,
-        include=[str(target.api_header.parent.relative_to(target.workspace)) if _inside(target.api_header.parent, target.workspace) else str(target.api_header.parent),
+        include=[str(api_dir.relative_to(target.workspace)) if _inside(api_dir, target.workspace) else str(api_dir),
                  str(target.cuda_dir.relative_to(target.workspace))],
         force_include=target.conventions_header.name,
         link_flags=list(target.spec.cuda.link_flags) + PORTER_LINK_FLAGS,
         api_header_sha256=sha256_file(target.api_header), conventions_sha256=sha256_file(target.conventions_header))
+    strip = [cache / "tu", target.workspace, target.checkout, target.cuda_dir, target.dir,
+             str(Path(nvcc).parent.parent)]
+    return _Build(target, candidate.unit, cache, ev, strip)
 
-    def fail(stage: str, summary: str, diagnostics: str, **more) -> GateResult:
-        ev.update(ok=False, stage=stage, summary=summary, **more)
-        return GateResult(GATE, False, summary, diagnostics=diagnostics, metrics=dict(ev.get("metrics", {})), evidence=ev,
-                          check=stage)
 
-    # 1. the candidate alone: its errors are what the next prompt needs.
+def _run(candidate, ctx, cache: Path) -> GateResult:
+    b = _start(candidate, ctx, cache)
+    obj = _compile_candidate(b, candidate.source)
+    if isinstance(obj, GateResult):
+        return obj
+    # what is checked on the object, not the text: no host code that runs when the library loads
+    found = load_time.problems(obj)
+    if found:
+        return b.fail("load-time", f"load-time code in {b.unit}.cu: {found[0]}",
+                      "\n".join(found) + "\n" + LOAD_TIME_HINT, load_time=found)
+    members = _unit_link_set(b, ctx, obj, candidate.source)
+    linked = _link(b, members)
+    if isinstance(linked, GateResult):
+        return linked
+    library, n_objects = linked
+    refused = _missing_exports(b, library)
+    if refused is not None:
+        return refused
+    b.ev["ok"] = True
+    b.ev["stage"] = "done"
+    called = sum(m.role == "called" for m in members.units.values())
+    cached, secs = b.ev["object_cached"], b.ev["compile_seconds"]
+    summary = (f"built: {b.unit}.cu compiled ({'cached' if cached else f'{secs:.1f} s'}), no load-time code; "
+               f"its {b.target.spec.cuda.library} linked from {n_objects} objects ({called} other unit(s) it calls, "
+               f"placeholders for the rest), all {len(b.target.units)} API symbols exported")
+    b.ev["summary"] = summary
+    ctx.library = library
+    # the whole backend (every unit's current file) only for a gate that runs the engine on it
+    ctx.whole_backend = lambda: whole_backend(b.target, cache, unit_sources(b.target, b.unit, candidate.source))
+    return GateResult(GATE, True, summary, evidence=b.ev,
+                      metrics={"compile_seconds": b.ev["compile_seconds"], "link_seconds": b.ev["link_seconds"]})
+
+
+def _compile_candidate(b: _Build, source: str) -> Path | GateResult:
+    """The candidate alone: its errors are what the next prompt needs."""
     t0 = time.monotonic()
     steps: dict[str, float] = {}
     try:
-        obj, secs, cached = compile_object(target, unit, source.encode(), cache, steps)
+        obj, secs, cached = compile_object(b.target, b.unit, source.encode(), b.cache, steps)
     except CompileFailure as exc:
         # an error the candidate did not write (a header the toolkit lacks) fails the glue as well
-        check_environment(target, cache)
-        diag = trim_diagnostics(exc.output, own=own_files(target, f"{unit}.cu", cache), strip=strip)
+        check_environment(b.target, b.cache)
+        diag = b.trim(exc.output)
         if exc.timed_out:
-            return fail("compile", f"nvcc timed out after {NVCC_TIMEOUT_S:.0f} s compiling {unit}.cu",
-                        diag, compile_seconds=round(time.monotonic() - t0, 2))
-        return fail("compile", f"compile error: {first_error(diag)}", diag,
-                    compile_seconds=round(time.monotonic() - t0, 2))
-    ev["object_sha256"] = sha256_file(obj)
-    ev["compile_seconds"] = round(secs, 2)
-    ev["object_cached"] = cached
+            return b.fail("compile", f"nvcc timed out after {NVCC_TIMEOUT_S:.0f} s compiling {b.unit}.cu",
+                          diag, compile_seconds=round(time.monotonic() - t0, 2))
+        return b.fail("compile", f"compile error: {first_error(diag)}", diag,
+                      compile_seconds=round(time.monotonic() - t0, 2))
+    b.ev.update(object_sha256=sha256_file(obj), compile_seconds=round(secs, 2), object_cached=cached)
     if steps:
-        ev["compile_steps_ms"] = steps
+        b.ev["compile_steps_ms"] = steps
+    return obj
 
-    # 2. what is checked on the object, not the text: no host code that runs when the library loads
-    found = load_time.problems(obj)
-    if found:
-        summary = f"load-time code in {unit}.cu: {found[0]}"
-        return fail("load-time", summary, "\n".join(found) + "\n" + LOAD_TIME_HINT, load_time=found)
 
-    # 3. the unit's own library: the glue, this unit, the units it (or the glue) calls, placeholders for the rest
+def _unit_link_set(b: _Build, ctx, obj: Path, source: str) -> LinkSet:
+    """The unit's own library: the glue, this unit, the units it (or the glue, or its checks) calls,
+    placeholders for the rest."""
     t1 = time.monotonic()
     try:
-        members = link_set(target, cache, unit, obj, unit_sources(target, unit, source), ctx.progress,
-                           ctx.units_checks_call(unit))
+        members = link_set(b.target, b.cache, b.unit, obj, unit_sources(b.target, b.unit, source), ctx.progress,
+                           ctx.units_checks_call(b.unit))
     except _ObjectFailures as exc:  # the glue, placeholders and committed units: nothing of the candidate's
-        raise environment_fault(target, exc.failures, cache) from None
-    ev["others_compile_seconds"] = round(time.monotonic() - t1, 2)
-    ev["linked"] = {u: m.facts() for u, m in sorted(members.units.items())}
-    ev["glue"] = {g.name: sha256_file(g) for g in target.glue_sources}
+        raise environment_fault(b.target, exc.failures, b.cache) from None
+    b.ev["others_compile_seconds"] = round(time.monotonic() - t1, 2)
+    b.ev["linked"] = {u: m.facts() for u, m in sorted(members.units.items())}
+    b.ev["glue"] = {g.name: sha256_file(g) for g in b.target.glue_sources}
     if members.refused:
-        ev["refused_load_time"] = members.refused
-    t2 = time.monotonic()
-    order = members.objects(target)
-    link = link_library(target, cache, order)
-    if isinstance(link, str):
-        diag = trim_diagnostics(link, own=own_files(target, f"{unit}.cu", cache), strip=strip + [cache / "objects"])
-        return fail("link", f"link error: {first_error(diag)}" if link else
-                    f"linking {target.spec.cuda.library} timed out", diag)
-    library, ev["host_link"] = link
-    ev["link_seconds"] = round(time.monotonic() - t2, 2)
-    ev["library"] = str(library)
-    ev["library_sha256"] = sha256_file(library)
+        b.ev["refused_load_time"] = members.refused
+    return members
 
-    # 4. every API function exported under its C name.
+
+def _link(b: _Build, members: LinkSet) -> tuple[Path, int] | GateResult:
+    t2 = time.monotonic()
+    order = members.objects(b.target)
+    link = link_library(b.target, b.cache, order)
+    if isinstance(link, str):
+        diag = b.trim(link, [b.cache / "objects"])
+        return b.fail("link", f"link error: {first_error(diag)}" if link else
+                      f"linking {b.target.spec.cuda.library} timed out", diag)
+    library, b.ev["host_link"] = link
+    b.ev.update(link_seconds=round(time.monotonic() - t2, 2), library=str(library),
+                library_sha256=sha256_file(library))
+    return library, len(order)
+
+
+def _missing_exports(b: _Build, library: Path) -> GateResult | None:
+    """Every API function exported under its C name, or the failure naming those that are not."""
     exported = exported_symbols(library)
-    missing = [u for u in target.units if u not in exported]
-    ev["exports_checked"] = len(target.units)
-    if missing:
-        mangled = sorted(s for s in exported if s.startswith("_Z") and any(m in s for m in missing))
-        hint = f"; found only C++-mangled {mangled[0]}" if mangled else ""
-        what = missing[0] if len(missing) == 1 else f"{len(missing)} API functions ({', '.join(missing[:4])})"
-        summary = (f"{target.spec.cuda.library} does not export {what} under its C name"
-                   f"{hint}: define it extern \"C\" with the header's exact signature")
-        return fail("exports", summary, summary, missing_exports=missing)
-    ev["ok"] = True
-    ev["stage"] = "done"
-    called = sum(m.role == "called" for m in members.units.values())
-    summary = (f"built: {unit}.cu compiled ({'cached' if cached else f'{secs:.1f} s'}), no load-time code; "
-               f"its {target.spec.cuda.library} linked from {len(order)} objects ({called} other unit(s) it calls, "
-               f"placeholders for the rest), all {len(target.units)} API symbols exported")
-    ev["summary"] = summary
-    metrics = {"compile_seconds": ev["compile_seconds"], "link_seconds": ev["link_seconds"]}
-    ctx.library = library
-    # the whole backend (every unit's current file) only for a gate that runs the engine on it
-    ctx.whole_backend = lambda: whole_backend(target, cache, unit_sources(target, unit, source))
-    return GateResult(GATE, True, summary, metrics=metrics, evidence=ev)
+    missing = [u for u in b.target.units if u not in exported]
+    b.ev["exports_checked"] = len(b.target.units)
+    if not missing:
+        return None
+    mangled = sorted(s for s in exported if s.startswith("_Z") and any(m in s for m in missing))
+    hint = f"; found only C++-mangled {mangled[0]}" if mangled else ""
+    what = missing[0] if len(missing) == 1 else f"{len(missing)} API functions ({', '.join(missing[:4])})"
+    summary = (f"{b.target.spec.cuda.library} does not export {what} under its C name"
+               f"{hint}: define it extern \"C\" with the header's exact signature")
+    return b.fail("exports", summary, summary, missing_exports=missing)
 
 
 LOAD_TIME_HINT = ("A unit's code runs only when its function is called: no constructor or destructor, no global "
