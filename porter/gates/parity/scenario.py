@@ -121,7 +121,7 @@ class ModelFd:
 
 @dataclass
 class Expect:
-    kind: str  # rc | bytes | value | ptr_delta | leak | floats | desc
+    kind: str  # rc | bytes | value | ptr_delta | leak | floats | desc | printed: _EXPECTATIONS judges each
     step: str
     check: str = ""
     why: str = ""
@@ -599,109 +599,140 @@ def judge(runs: list[PreparedRun], results: dict | None, outputs: dict, success:
         if crec is None:
             rep["passes"].append({"seed_index": r.pass_index, "steps": 0, "metrics": metrics})
             continue
-        recs = {s["id"]: s for s in crec.get("steps", [])}
-        steps = {s["id"]: s for s in r.script.steps}
+        j = _Judging(r, crec, {s["id"]: s for s in crec.get("steps", [])}, {s["id"]: s for s in r.script.steps},
+                     outputs, printed, success, metrics, failures)
         n_checked = 0
-
         for e in r.script.expects:
-            rec = recs.get(e.step)
+            rec = j.recs.get(e.step)
             if rec is None:
                 continue  # never reached: the outcome (crash, timeout) names it
-            label = _step_label(r.script, steps[e.step])
-
-            def add(check, detail):
-                failures.append(Failure(check, r.case.label, r.pass_index, detail))
-
             n_checked += 1
-            if e.kind == "rc":
-                rk = r.functions[r.script.calls[e.step][0]]["ret"]
-                ok = _succeeded(rk, rec.get("ret"), success)
-                why = f" ({e.why})" if e.why else ""
-                if e.params["want"] == "ok" and not ok:
-                    add("rc", f"{label} failed (returned {_ret_text(rk, rec.get('ret'))}) on a valid call{why}")
-                elif e.params["want"] == "error" and ok:
-                    add("error-return", f"{label} returned {_ret_text(rk, rec.get('ret'))} (success) on an "
-                                        f"invalid call{why}")
-                if e.params["want"] == "ok" and rec.get("err"):
-                    add("cuda-error", f"CUDA error left after {label}: {rec['err']}")
-            elif e.kind == "bytes":
-                if not _producer_ok(r, e.step, recs, success):
-                    continue  # the call itself failed: judged by rc
-                if rec.get("refused"):
-                    add("struct", f"{label}: {rec['refused']}")
-                    continue
-                key = f"{r.id}.{e.step}" + (f".out{e.params['arg']}" if "arg" in e.params else "")
-                if key not in outputs:
-                    add("crash", f"{label}: no bytes came back")
-                    continue
-                prefill = None
-                if "arg" in e.params:
-                    prefill = r.script.arrays.get(f"{e.step}.prefill{e.params['arg']}")
-                _bytes_failures(e, np.asarray(outputs[key], dtype=np.uint8), prefill, label, add)
-            elif e.kind == "floats":
-                if not _producer_ok(r, e.step, recs, success):
-                    continue
-                key = f"{r.id}.{e.step}.out{e.params['arg']}"
-                want = e.params["want"]
-                got = np.frombuffer(np.asarray(outputs.get(key, np.zeros(0, np.uint8))).tobytes(), dtype="<f4")
-                if got.size != want.size:
-                    add("values", f"{label}: {got.size} floats came back, {want.size} expected")
-                    continue
-                m = compare.float_metrics(got, want)
-                metrics[e.step] = {k: m[k] for k in ("max_abs", "nmse", "max_err_rms", "n_nonfinite")}
-                why = compare.tolerance_violations(m, e.params["nmse"], e.params["max_err_rms"], None)
-                if why:
-                    ex = compare.mismatch_examples(got, want, want.shape, limit=1)
-                    add("values", f"{label}: {'; '.join(why)}" + (f" (e.g. {ex[0]})" if ex else "")
-                        + (f" -- {e.why}" if e.why else ""))
-            elif e.kind == "value":
-                got = rec.get("ret")
-                if got != e.params["want"]:
-                    add(e.check or "exact", f"{label} returned {got}, want {e.params['want']}"
-                        + (f" ({e.why})" if e.why else ""))
-            elif e.kind == "printed":
-                if e.params["text"] not in printed:
-                    add("exact", f"{label} printed nothing with {e.params['text']!r} on stdout or stderr"
-                        + (f" ({e.why})" if e.why else ""))
-            elif e.kind == "ptr_delta":
-                a = recs.get(e.params["a"])
-                if a is None or not a.get("ret") or not rec.get("ret"):
-                    continue  # a NULL pointer is judged by its own rc expectation
-                d = int(rec["ret"]) - int(a["ret"])
-                if d != e.params["delta"]:
-                    add("exact", f"{label} is {d:+d} bytes from {_step_label(r.script, steps[e.params['a']])}, "
-                                 f"want {e.params['delta']:+d}" + (f" ({e.why})" if e.why else ""))
-            elif e.kind == "leak":
-                b = recs.get(e.params["before"])
-                if b is None or b.get("mem") is None or rec.get("mem") is None:
-                    continue
-                grown = int(rec["mem"]) - int(b["mem"])
-                metrics["mem_growth_bytes"] = grown
-                if grown > e.params["slack"]:
-                    add("leak", f"{grown / 2**20:.1f} MiB more memory in use after the free loop than before "
-                                f"(allowed {e.params['slack'] / 2**20:.0f} MiB)" + (f" -- {e.why}" if e.why else ""))
-            elif e.kind == "desc":
-                d = rec.get("desc")
-                if not d:
-                    continue
-                p = e.params
-                bad = []
-                if p.get("bytes") is not None and d["bytes"] != p["bytes"]:
-                    bad.append(f"bytes={d['bytes']} (want {p['bytes']})")
-                if p.get("owner") is not None and d["owner"] != p["owner"]:
-                    bad.append(f"owner={d['owner']} (want {p['owner']})")
-                if p.get("data_from"):
-                    src, off = p["data_from"]
-                    s = next((x for x in crec.get("steps", []) if x.get("op") == "desc" and x.get("tensor") == src),
-                             None)
-                    if s and s.get("desc") and d["data"] - s["desc"]["data"] != off:
-                        bad.append(f"data = {src}.data{d['data'] - s['desc']['data']:+d} (want {off:+d})")
-                if bad:
-                    add("struct", f"descriptor of {steps[e.step]['tensor']}: {', '.join(bad)}"
-                        + (f" ({e.why})" if e.why else ""))
+            _EXPECTATIONS[e.kind](j, e, rec, _step_label(r.script, j.steps[e.step]))
         rep["passes"].append({"seed_index": r.pass_index, "steps": len(crec.get("steps", [])),
                               "checked": n_checked, "metrics": metrics})
     return failures, reports
+
+
+@dataclass
+class _Judging:
+    """One pass of one case, as judge() reads it: the run, what each step recorded, the outputs."""
+    r: PreparedRun
+    crec: dict
+    recs: dict
+    steps: dict
+    outputs: dict
+    printed: str
+    success: str
+    metrics: dict
+    failures: list
+
+    def add(self, check: str, detail: str) -> None:
+        self.failures.append(Failure(check, self.r.case.label, self.r.pass_index, detail))
+
+
+def _why(e) -> str:
+    return f" ({e.why})" if e.why else ""
+
+
+def _expect_rc(j: _Judging, e, rec: dict, label: str) -> None:
+    rk = j.r.functions[j.r.script.calls[e.step][0]]["ret"]
+    ok = _succeeded(rk, rec.get("ret"), j.success)
+    if e.params["want"] == "ok" and not ok:
+        j.add("rc", f"{label} failed (returned {_ret_text(rk, rec.get('ret'))}) on a valid call{_why(e)}")
+    elif e.params["want"] == "error" and ok:
+        j.add("error-return", f"{label} returned {_ret_text(rk, rec.get('ret'))} (success) on an "
+                              f"invalid call{_why(e)}")
+    if e.params["want"] == "ok" and rec.get("err"):
+        j.add("cuda-error", f"CUDA error left after {label}: {rec['err']}")
+
+
+def _expect_bytes(j: _Judging, e, rec: dict, label: str) -> None:
+    if not _producer_ok(j.r, e.step, j.recs, j.success):
+        return  # the call itself failed: judged by rc
+    if rec.get("refused"):
+        j.add("struct", f"{label}: {rec['refused']}")
+        return
+    key = f"{j.r.id}.{e.step}" + (f".out{e.params['arg']}" if "arg" in e.params else "")
+    if key not in j.outputs:
+        j.add("crash", f"{label}: no bytes came back")
+        return
+    prefill = j.r.script.arrays.get(f"{e.step}.prefill{e.params['arg']}") if "arg" in e.params else None
+    _bytes_failures(e, np.asarray(j.outputs[key], dtype=np.uint8), prefill, label, j.add)
+
+
+def _expect_floats(j: _Judging, e, rec: dict, label: str) -> None:
+    if not _producer_ok(j.r, e.step, j.recs, j.success):
+        return
+    key = f"{j.r.id}.{e.step}.out{e.params['arg']}"
+    want = e.params["want"]
+    got = np.frombuffer(np.asarray(j.outputs.get(key, np.zeros(0, np.uint8))).tobytes(), dtype="<f4")
+    if got.size != want.size:
+        j.add("values", f"{label}: {got.size} floats came back, {want.size} expected")
+        return
+    m = compare.float_metrics(got, want)
+    j.metrics[e.step] = {k: m[k] for k in ("max_abs", "nmse", "max_err_rms", "n_nonfinite")}
+    why = compare.tolerance_violations(m, e.params["nmse"], e.params["max_err_rms"], None)
+    if why:
+        ex = compare.mismatch_examples(got, want, want.shape, limit=1)
+        j.add("values", f"{label}: {'; '.join(why)}" + (f" (e.g. {ex[0]})" if ex else "")
+              + (f" -- {e.why}" if e.why else ""))
+
+
+def _expect_value(j: _Judging, e, rec: dict, label: str) -> None:
+    got = rec.get("ret")
+    if got != e.params["want"]:
+        j.add(e.check or "exact", f"{label} returned {got}, want {e.params['want']}{_why(e)}")
+
+
+def _expect_printed(j: _Judging, e, rec: dict, label: str) -> None:
+    if e.params["text"] not in j.printed:
+        j.add("exact", f"{label} printed nothing with {e.params['text']!r} on stdout or stderr{_why(e)}")
+
+
+def _expect_ptr_delta(j: _Judging, e, rec: dict, label: str) -> None:
+    a = j.recs.get(e.params["a"])
+    if a is None or not a.get("ret") or not rec.get("ret"):
+        return  # a NULL pointer is judged by its own rc expectation
+    d = int(rec["ret"]) - int(a["ret"])
+    if d != e.params["delta"]:
+        j.add("exact", f"{label} is {d:+d} bytes from {_step_label(j.r.script, j.steps[e.params['a']])}, "
+                       f"want {e.params['delta']:+d}{_why(e)}")
+
+
+def _expect_leak(j: _Judging, e, rec: dict, label: str) -> None:
+    b = j.recs.get(e.params["before"])
+    if b is None or b.get("mem") is None or rec.get("mem") is None:
+        return
+    grown = int(rec["mem"]) - int(b["mem"])
+    j.metrics["mem_growth_bytes"] = grown
+    if grown > e.params["slack"]:
+        j.add("leak", f"{grown / 2**20:.1f} MiB more memory in use after the free loop than before "
+                      f"(allowed {e.params['slack'] / 2**20:.0f} MiB)" + (f" -- {e.why}" if e.why else ""))
+
+
+def _expect_desc(j: _Judging, e, rec: dict, label: str) -> None:
+    d = rec.get("desc")
+    if not d:
+        return
+    p = e.params
+    bad = []
+    if p.get("bytes") is not None and d["bytes"] != p["bytes"]:
+        bad.append(f"bytes={d['bytes']} (want {p['bytes']})")
+    if p.get("owner") is not None and d["owner"] != p["owner"]:
+        bad.append(f"owner={d['owner']} (want {p['owner']})")
+    if p.get("data_from"):
+        src, off = p["data_from"]
+        s = next((x for x in j.crec.get("steps", []) if x.get("op") == "desc" and x.get("tensor") == src), None)
+        if s and s.get("desc") and d["data"] - s["desc"]["data"] != off:
+            bad.append(f"data = {src}.data{d['data'] - s['desc']['data']:+d} (want {off:+d})")
+    if bad:
+        j.add("struct", f"descriptor of {j.steps[e.step]['tensor']}: {', '.join(bad)}{_why(e)}")
+
+
+# one judge per expectation kind a script can declare (Script.expect_*)
+_EXPECTATIONS = {"rc": _expect_rc, "bytes": _expect_bytes, "floats": _expect_floats, "value": _expect_value,
+                 "printed": _expect_printed, "ptr_delta": _expect_ptr_delta, "leak": _expect_leak,
+                 "desc": _expect_desc}
 
 
 def _producer_ok(r: PreparedRun, sid: str, recs: dict, success: str) -> bool:
