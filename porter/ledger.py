@@ -479,14 +479,43 @@ class Ledger:
 
 
 def scan_bytes(data: bytes, key: bytes | None, public=None) -> Scan:
+    lines, parsed, torn = _split_records(data)
+    w = _ChainWalk(all_seqs={r.get("seq") for r in parsed if r is not None})
+    for i, (line, rec) in enumerate(zip(lines, parsed), 1):
+        w.line(i, line, rec, key)
+    _hmac_verdict(w, key, public)
+    fp = _signature_verdict(w, public) if public is not None else None
+    if public is None and w.sig_lines:
+        w.problems.append(f"{len(w.sig_lines)} records are signed but the workspace names no signing key "
+                          "(ledger/signer.pub removed?)")
+    keyed = key is not None and not any("HMAC" in p for p in w.problems) and (w.signed > 0 or not w.entries)
+    integ = Integrity(
+        ok=not w.problems,
+        problems=w.problems,
+        keyed=keyed,
+        records=len(w.entries),
+        signed=w.signed,
+        key_given=key is not None,
+        notes=w.notes,
+        bad_lines=w.bad,
+        first_signed_line=w.first_signed,
+        fingerprint=fp,
+        sig_signed=len(w.sig_lines),
+        first_sig_line=w.sig_lines[0] if w.sig_lines else None,
+        torn=torn,
+    )
+    return Scan(w.entries, integ, data)
+
+
+def _split_records(data: bytes) -> tuple[list[bytes], list[dict | None], list[str]]:
+    """(lines, each line's record or None, what is torn): a tail without a newline, or an unreadable last
+    line, is what a crash mid-write leaves -- named, never read as a record."""
     lines = data.split(b"\n")
     tail = lines.pop()  # b"" when the file ends with a newline
-    notes: list[str] = []
     torn: list[str] = []
     if tail:
         torn.append(f"torn tail: {len(tail)} bytes after line {len(lines)} without a newline (never read as a "
                     "record; the next `porter run` or `porter repair` moves it aside)")
-
     parsed: list[dict | None] = []
     for line in lines:
         try:
@@ -495,43 +524,56 @@ def scan_bytes(data: bytes, key: bytes | None, public=None) -> Scan:
             rec = None
         parsed.append(rec if isinstance(rec, dict) else None)
     if parsed and parsed[-1] is None and not tail:
-        # An unreadable last line is what a crash mid-write leaves: torn, and never read as a record.
         torn.append(f"torn tail: line {len(lines)} is unreadable (the next `porter run` or `porter repair` "
                     "moves it aside)")
         lines.pop()
         parsed.pop()
+    return lines, parsed, torn
 
-    all_seqs = {r.get("seq") for r in parsed if r is not None}
-    problems: list[str] = []
-    bad: dict[int, str] = {}
 
-    def problem(lineno: int, text: str) -> None:
-        problems.append(text)
-        bad.setdefault(lineno, text)
-
-    entries: list[tuple[int, dict]] = []
-    chained: set[int] = set()  # lines whose prev is the sha256 of the line before
-    hmac_bad: list[tuple[int, str]] = []
-    sig_lines: list[int] = []
+@dataclass
+class _ChainWalk:
+    """The ledger read line by line: each line against the one before it (hash, chain, seq, HMAC chain,
+    signature presence), and what was found."""
+    all_seqs: set
+    problems: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+    bad: dict = field(default_factory=dict)
+    entries: list = field(default_factory=list)
+    chained: set = field(default_factory=set)  # lines whose prev is the sha256 of the line before
+    hmac_bad: list = field(default_factory=list)
+    sig_lines: list = field(default_factory=list)
     prev_line: bytes | None = None
-    prev_seq = 0
-    prev_hmac = ZERO
-    prev_edited = False
-    signed = 0
+    prev_seq: int = 0
+    prev_hmac: str = ZERO
+    prev_edited: bool = False
+    signed: int = 0
     first_signed: int | None = None
-    for i, (line, rec) in enumerate(zip(lines, parsed), 1):
+
+    def problem(self, lineno: int, text: str) -> None:
+        self.problems.append(text)
+        self.bad.setdefault(lineno, text)
+
+    def line(self, i: int, line: bytes, rec: dict | None, key: bytes | None) -> None:
         if rec is None:
-            problem(i, f"line {i} is not a ledger record (unreadable)")
-            prev_line, prev_edited = line, True
-            continue
-        entries.append((i, rec))
-        seq = rec.get("seq")
-        expected_prev = sha256_bytes(prev_line) if prev_line is not None else ZERO
-        rec_hash = rec.get("hash")
+            self.problem(i, f"line {i} is not a ledger record (unreadable)")
+            self.prev_line, self.prev_edited = line, True
+            return
+        self.entries.append((i, rec))
+        edited = self._hashed(i, line, rec)
+        self._chain(i, rec)
+        self._keyed(i, rec, key)
+        self.prev_hmac = rec.get("hmac") if isinstance(rec.get("hmac"), str) else ZERO
+        self.prev_line, self.prev_edited = line, edited
+        if isinstance(rec.get("seq"), int):
+            self.prev_seq = rec["seq"]
+
+    def _hashed(self, i: int, line: bytes, rec: dict) -> bool:
+        """Whether the line was edited (its hash no longer its own); a duplicated member is named too."""
         body = _line_body(line, rec)
-        edited = rec_hash != (sha256_bytes(body) if body is not None else record_hash(rec))
+        edited = rec.get("hash") != (sha256_bytes(body) if body is not None else record_hash(rec))
         if edited:
-            problem(i, f"line {i} edited (hash mismatch; {_describe(rec)})")
+            self.problem(i, f"line {i} edited (hash mismatch; {_describe(rec)})")
         elif body is None or (rec.get("sig") is None and rec.get("hmac") is None):
             # A line whose hash checks over its own bytes, cut once around hash/hmac/sig, and that carries a
             # signature, holds what porter's writer hashed: canonical JSON, no member twice. Only the others
@@ -539,97 +581,91 @@ def scan_bytes(data: bytes, key: bytes | None, public=None) -> Scan:
             try:
                 loads_strict(line)
             except DuplicateMember as exc:
-                problem(i, f"line {i} has a duplicated member {str(exc)!r} (JSON readers would disagree on its value)")
+                self.problem(i, f"line {i} has a duplicated member {str(exc)!r} (JSON readers would disagree on "
+                                "its value)")
+        return edited
+
+    def _chain(self, i: int, rec: dict) -> None:
+        seq, prev_seq = rec.get("seq"), self.prev_seq
+        expected_prev = sha256_bytes(self.prev_line) if self.prev_line is not None else ZERO
         if rec.get("prev") == expected_prev:
-            chained.add(i)
+            self.chained.add(i)
             if not isinstance(seq, int) or seq != prev_seq + 1:
-                problem(i, f"line {i} has seq {seq} after {prev_seq} (chain recomputed around a deleted or inserted line)")
-        elif prev_edited:
+                self.problem(i, f"line {i} has seq {seq} after {prev_seq} (chain recomputed around a deleted or "
+                                "inserted line)")
+        elif self.prev_edited:
             pass  # the previous line's edit already explains this break
         elif isinstance(seq, int) and seq > prev_seq + 1:
             missing = range(prev_seq + 1, seq)
-            if any(m in all_seqs for m in missing):
-                problem(i, f"line {i} out of order (seq {seq} after {prev_seq}: lines reordered)")
+            if any(m in self.all_seqs for m in missing):
+                self.problem(i, f"line {i} out of order (seq {seq} after {prev_seq}: lines reordered)")
             else:
                 span = f"{missing[0]}" if len(missing) == 1 else f"{missing[0]}-{missing[-1]}"
-                problem(i, f"record seq {span} deleted before line {i}")
+                self.problem(i, f"record seq {span} deleted before line {i}")
         elif isinstance(seq, int) and seq <= prev_seq:
-            problem(i, f"line {i} out of order (seq {seq} after {prev_seq}: lines reordered or inserted)")
+            self.problem(i, f"line {i} out of order (seq {seq} after {prev_seq}: lines reordered or inserted)")
         else:
-            problem(i, f"line {i} does not chain to line {i - 1} (line {i - 1} rewritten with a recomputed hash, or a line inserted; {_describe(rec)})")
-        rec_hmac = rec.get("hmac")
+            self.problem(i, f"line {i} does not chain to line {i - 1} (line {i - 1} rewritten with a recomputed "
+                            f"hash, or a line inserted; {_describe(rec)})")
+
+    def _keyed(self, i: int, rec: dict, key: bytes | None) -> None:
+        rec_hmac, rec_hash = rec.get("hmac"), rec.get("hash")
         if rec_hmac is not None:
-            signed += 1
-            if first_signed is None:
-                first_signed = i
-        if rec_hmac is None and first_signed is not None:
+            self.signed += 1
+            if self.first_signed is None:
+                self.first_signed = i
+        if rec_hmac is None and self.first_signed is not None:
             # visible without the key: a keyed ledger does not go back to unsigned lines
-            problem(i, f"line {i} has no HMAC after signed records (appended without the key; {_describe(rec)})")
+            self.problem(i, f"line {i} has no HMAC after signed records (appended without the key; {_describe(rec)})")
         elif key is not None and rec_hmac is not None:
             if not isinstance(rec_hash, str) or not hmac_mod.compare_digest(
-                str(rec_hmac), chain_hmac(key, prev_hmac, rec_hash)
+                str(rec_hmac), chain_hmac(key, self.prev_hmac, rec_hash)
             ):
-                hmac_bad.append((i, f"line {i} HMAC mismatch (written or altered without the key; {_describe(rec)})"))
+                self.hmac_bad.append((i, f"line {i} HMAC mismatch (written or altered without the key; "
+                                         f"{_describe(rec)})"))
         if rec.get("sig") is not None:
-            sig_lines.append(i)
-        elif sig_lines:
-            problem(i, f"line {i} is not signed after signed records (appended without the signing key, "
-                       f"or its signature stripped; {_describe(rec)})")
-        prev_hmac = rec_hmac if isinstance(rec_hmac, str) else ZERO
-        prev_line, prev_edited = line, edited
-        if isinstance(seq, int):
-            prev_seq = seq
+            self.sig_lines.append(i)
+        elif self.sig_lines:
+            self.problem(i, f"line {i} is not signed after signed records (appended without the signing key, "
+                            f"or its signature stripped; {_describe(rec)})")
 
-    if hmac_bad and len(hmac_bad) == signed:
-        problems.append(f"wrong HMAC key: none of the {signed} HMAC-signed records verifies with the key given "
-                        f"(check PORTER_LEDGER_KEY / the key file)")
+
+def _hmac_verdict(w: _ChainWalk, key: bytes | None, public) -> None:
+    if w.hmac_bad and len(w.hmac_bad) == w.signed:
+        w.problems.append(f"wrong HMAC key: none of the {w.signed} HMAC-signed records verifies with the key given "
+                          f"(check PORTER_LEDGER_KEY / the key file)")
     else:
-        for i, text in hmac_bad:
-            problem(i, text)
-    if key is not None and entries and signed == 0 and public is None:
-        problems.append(f"a ledger key is set but none of the {len(entries)} records carries an HMAC "
-                        "(HMACs stripped and the chain recomputed, or a key set for another ledger)")
-    if key is not None and first_signed is not None and first_signed > 1:
-        notes.append(f"lines 1-{first_signed - 1} predate the HMAC key (covered by the chain into line {first_signed})")
-    fp = None
-    by_line = dict(entries)
-    if public is not None:
-        from porter import signing
+        for i, text in w.hmac_bad:
+            w.problem(i, text)
+    if key is not None and w.entries and w.signed == 0 and public is None:
+        w.problems.append(f"a ledger key is set but none of the {len(w.entries)} records carries an HMAC "
+                          "(HMACs stripped and the chain recomputed, or a key set for another ledger)")
+    if key is not None and w.first_signed is not None and w.first_signed > 1:
+        w.notes.append(f"lines 1-{w.first_signed - 1} predate the HMAC key (covered by the chain into line "
+                       f"{w.first_signed})")
 
-        fp = signing.fingerprint(public)
-        if entries and not sig_lines:
-            problems.append(f"the workspace's signing key is {fp} but none of the {len(entries)} records is signed "
-                            "(signatures stripped and the chain recomputed?)")
-        elif sig_lines:
-            failed = _unverified(sig_lines, by_line, chained, public)
-            if len(failed) == len(sig_lines):
-                problems.append(f"no signed record verifies with the workspace's key {fp} "
-                                f"(ledger/signer.pub swapped, or every record forged)")
-            for i in failed if len(failed) < len(sig_lines) else []:
-                problem(i, f"line {i} signature does not verify with {fp} (forged, or signed with another key; "
-                           f"{_describe(by_line[i])})")
-            if sig_lines[0] > 1:
-                notes.append(f"lines 1-{sig_lines[0] - 1} predate the signing key (covered by the chain into line {sig_lines[0]})")
-    elif sig_lines:
-        problems.append(f"{len(sig_lines)} records are signed but the workspace names no signing key "
-                        "(ledger/signer.pub removed?)")
-    keyed = key is not None and not any("HMAC" in p for p in problems) and (signed > 0 or not entries)
-    integ = Integrity(
-        ok=not problems,
-        problems=problems,
-        keyed=keyed,
-        records=len(entries),
-        signed=signed,
-        key_given=key is not None,
-        notes=notes,
-        bad_lines=bad,
-        first_signed_line=first_signed,
-        fingerprint=fp,
-        sig_signed=len(sig_lines),
-        first_sig_line=sig_lines[0] if sig_lines else None,
-        torn=torn,
-    )
-    return Scan(entries, integ, data)
+
+def _signature_verdict(w: _ChainWalk, public) -> str:
+    """The signing key's fingerprint, with every signature problem added to the walk's."""
+    from porter import signing
+
+    fp = signing.fingerprint(public)
+    by_line = dict(w.entries)
+    if w.entries and not w.sig_lines:
+        w.problems.append(f"the workspace's signing key is {fp} but none of the {len(w.entries)} records is signed "
+                          "(signatures stripped and the chain recomputed?)")
+    elif w.sig_lines:
+        failed = _unverified(w.sig_lines, by_line, w.chained, public)
+        if len(failed) == len(w.sig_lines):
+            w.problems.append(f"no signed record verifies with the workspace's key {fp} "
+                              f"(ledger/signer.pub swapped, or every record forged)")
+        for i in failed if len(failed) < len(w.sig_lines) else []:
+            w.problem(i, f"line {i} signature does not verify with {fp} (forged, or signed with another key; "
+                         f"{_describe(by_line[i])})")
+        if w.sig_lines[0] > 1:
+            w.notes.append(f"lines 1-{w.sig_lines[0] - 1} predate the signing key (covered by the chain into line "
+                           f"{w.sig_lines[0]})")
+    return fp
 
 
 def _unverified(sig_lines: list[int], by_line: dict, chained: set[int], public) -> list[int]:
