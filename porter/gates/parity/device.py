@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import statistics
 import time
 
 import numpy as np
@@ -391,11 +390,6 @@ class CudaDevice(Device):
         }
 
 
-def median_p90(times: list[float]) -> tuple[float, float]:
-    s = sorted(times)
-    return statistics.median(s), s[min(len(s) - 1, int(round(0.9 * (len(s) - 1))))]
-
-
 def make_device(kind: str) -> Device:
     if kind == "cuda":
         return CudaDevice()
@@ -406,7 +400,3 @@ def make_device(kind: str) -> Device:
 
 def sleep_ms(ms: float) -> None:
     time.sleep(ms / 1e3)
-
-
-def urandom_seed() -> int:
-    return int.from_bytes(os.urandom(8), "little")
