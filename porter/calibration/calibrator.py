@@ -2,7 +2,9 @@
 
 For each spec of the target:
   1. the known-good library must PASS it (else the spec rejects correct code, and
-     a unit could never be verified against it);
+     a unit could never be verified against it), on every one of its seed sets
+     (seed_sweep.py: K fresh sets, more near the tolerance; the record keeps each
+     case's worst error/tolerance and the seeds that made it);
   2. every mutant of that unit must be REJECTED, by the check it names: a mutant
      caught by another check means the intended check is blind to what it is for.
 A spec is calibrated (its "calibration" record is ok) only when 1 holds, it has
@@ -20,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from porter.calibration import seed_sweep
 from porter.calibration.libraries import BuildError, UpstreamLibraries
 from porter.calibration.mutants import Mutant, digest_of, load_mutants
 from porter.calibration.variants import VariantPlan
@@ -49,6 +52,9 @@ class CalibrateOptions:
     jobs: int = field(default_factory=lambda: min(4, os.cpu_count() or 1))  # parity runs in flight at once
     progress: object = None  # (what, total) -> porter.term.Steps: the command's bar or log lines; None: silent
     slots: "RunSlots | None" = None  # calibrate() sets it: the runs in flight over every unit; None: one at a time
+    # seed sets the known-good runs on per spec (seed_sweep.py; `porter calibrate --seed-sets`, default 20
+    # there); 1: one run, as before the sweep (what a library caller gets unless it asks)
+    seed_sets: int = 1
 
 
 class RunSlots:
@@ -193,7 +199,8 @@ def calibrate(target, libs, opts: CalibrateOptions, out=print) -> dict:
     report = {"target": target.name, "known_good": libs.describe, "library": str(good),
               "rows": [asdict(r) for r in rows], "seconds": round(time.monotonic() - t0, 1),
               "build_seconds": round(build_s, 1),
-              "inputs": {u: inputs_facts(specs[u]) for u in units}}
+              "inputs": {u: inputs_facts(specs[u]) for u in units},
+              "seed_sweep": {u: rec["seed_sweep"] for u, rec in records.items() if rec.get("seed_sweep")}}
     if opts.ledger:
         record(target, opts.workspace, records, libs.describe, good)
     return report
@@ -272,7 +279,26 @@ def _unit_runs(target, libs, opts, good, plan, mutants, specs, unit, out) -> tup
         rejected += ok
         rows.append(_row(unit, m.origin, m.name, m.must_fail_check, r, ok, seconds, static_verdict))
         out(f"      {'ok ' if ok else 'BAD'} {m.name}: want {m.must_fail_check}, got {r.word}: {r.summary[:200]}")
+    # the known-good on more seed sets (seed_sweep.py): the run above is set 1; a refused or skipped set 1
+    # already decides, so only a passing spec is swept
+    k = max(1, opts.seed_sets) if res.ok else 1
+    sets = seed_sweep.sweep(lambda s: parity_on_library(target, unit, good, opts, seeds=s),
+                            dict(getattr(specs[unit], "outputs", None) or {}), k, first=(seeds, res),
+                            map_fn=slots.map if slots is not None else None)
+    sweep = seed_sweep.summary(sets, k)
+    if k > 1:
+        w = sweep["worst"]
+        said = (sweep["reason"] if not sweep["ok"] else
+                f"worst {seed_sweep.ratio_text(w['ratio'])} of tolerance ({w['output']} {w['metric']}, {w['case']!r})"
+                if w else "no toleranced output")
+        bad_set = seed_sweep.first_failure(sets)
+        rows.append(Row(unit, "seed-sets", f"{len(sets)} seed sets", "pass",
+                        "pass" if sweep["ok"] else (bad_set.check or ("skipped" if bad_set.skipped else "refused")),
+                        sweep["ok"], said[:300]))
+        out(f"      {'ok ' if sweep['ok'] else 'BAD'} {len(sets)} seed sets: {said[:200]}")
     summary = res.summary[:300] if mine else f"no mutant: nothing shows this spec rejects anything; {res.summary}"[:300]
+    if not sweep["ok"] and res.ok:
+        summary = f"{sweep['reason']}; {summary}"[:300]
     if variants_ok < len(variants):
         summary = f"refuses {len(variants) - variants_ok} of upstream's {len(variants)} env-knob variants; {summary}"[:300]
     blind = (res.evidence or {}).get("zero_answer_passes") or []
@@ -280,8 +306,9 @@ def _unit_runs(target, libs, opts, good, plan, mutants, specs, unit, out) -> tup
         summary = (f"an all-zero answer passes {len(blind)} case(s) (reference too small for the tolerance): "
                    f"{blind[0]}; {summary}")[:300]
         out(f"      BAD zero answer passes: {'; '.join(blind)[:300]}")
-    rec = {"ok": res.ok and variants_ok == len(variants) and bool(mine) and rejected == len(mine) and not blind,
-           "summary": summary, "known_good_ok": res.ok and variants_ok == len(variants),
+    good_everywhere = res.ok and variants_ok == len(variants) and sweep["ok"]
+    rec = {"ok": good_everywhere and bool(mine) and rejected == len(mine) and not blind,
+           "summary": summary, "known_good_ok": good_everywhere, "seed_sweep": sweep,
            "variants": len(variants), "variants_ok": variants_ok, "mutants": len(mine), "mutants_rejected": rejected,
            "mutant_digests": {m.name: digest_of(m) for m in mine},
            "mutant_scope": "rules" if isinstance(libs, UpstreamLibraries) else "all",
@@ -301,6 +328,8 @@ def record(target, workspace: Path, records: dict, describe: str, good_lib: Path
         if r.get("evidence"):
             ev = dict(r["evidence"], candidate_sha256=r["evidence"].get("candidate_sha256") or lib_sha,
                       calibration_role="known-good")
+            if r.get("seed_sweep"):  # per case: the worst error/tolerance over every seed set, and its seeds
+                ev["seed_sweep"] = r["seed_sweep"]
             if (ev.get("timing") or {}).get("median_ms"):
                 # the perf limit this known-good's own spread allows, kept with the calibration it came from
                 ev["perf_limit"] = calibrated_limit(ev["timing"])
@@ -311,7 +340,8 @@ def record(target, workspace: Path, records: dict, describe: str, good_lib: Path
                       known_good=describe, known_good_sha256=lib_sha, known_good_ok=r.get("known_good_ok"),
                       mutants=r.get("mutants", 0), mutants_rejected=r.get("mutants_rejected", 0),
                       mutant_digests=r.get("mutant_digests"), mutant_scope=r.get("mutant_scope"),
-                      summary=r.get("summary", ""), evidence=ev_sha)
+                      summary=r.get("summary", ""), evidence=ev_sha,
+                      **({"seed_sweep": seed_sweep.compact(r["seed_sweep"])} if r.get("seed_sweep") else {}))
 
 
 # ---------------------------------------------------------------------------
@@ -330,8 +360,11 @@ def table(report: dict, width: int | None = None) -> str:
     return t.text(width)
 
 
+# the rows of the known-good itself: its run, its env-knob variants, its other seed sets (seed_sweep.py)
+GOOD_KINDS = ("known-good", "variant", "seed-sets")
+
 MATRIX_LEGEND = ("cells: mutants rejected by that check (the first check that failed); '!' = not the check the "
-                 "mutant names; good: P = known-good (and each env-knob variant) passed, X = one was rejected "
+                 "mutant names; good: P = known-good (each env-knob variant, each seed set) passed, X = one was rejected "
                  "(broken spec)")
 
 
@@ -347,11 +380,11 @@ def matrix(report: dict, prefix: str = "", width: int | None = None) -> str:
     t = Table([Column("unit", key=True), Column("good", right=True)] + [Column(c, right=True) for c in used],
               rule=False)
     for u in units:
-        good = [r for r in rows if r["unit"] == u and r["kind"] in ("known-good", "variant")]
+        good = [r for r in rows if r["unit"] == u and r["kind"] in GOOD_KINDS]
         g = "P" if good and all(r["ok"] for r in good) else ("-" if not good else "X")
         cells = []
         for c in used:
-            hits = [r for r in rows if r["unit"] == u and r["kind"] not in ("known-good", "variant") and r["got"] == c]
+            hits = [r for r in rows if r["unit"] == u and r["kind"] not in GOOD_KINDS and r["got"] == c]
             cells.append((f"{len(hits)}" + ("!" if any(not r["ok"] for r in hits) else "")) if hits else ".")
         t.add_row(u.removeprefix(prefix).removesuffix("_tensor"), g, *cells)
     legend = textwrap.fill(MATRIX_LEGEND, width) if width else MATRIX_LEGEND

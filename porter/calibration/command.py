@@ -7,8 +7,11 @@
 
 Every mutant of the calibrated units runs (the adversarial corpus, scripted bad
 answers, mutants.toml rules) unless --mutant names some or --no-mutants skips
-them; without its mutants a spec is not recorded as calibrated.  Exit 0 when
-everything behaved, 1 otherwise, 2 when it cannot run here.
+them; without its mutants a spec is not recorded as calibrated.  The known-good
+runs on --seed-sets fresh seed sets per spec (seed_sweep.py): refused on any one,
+the spec is not calibrated; the margin table shows each spec's worst error as a
+fraction of its tolerance.  Exit 0 when everything behaved, 1 otherwise, 2 when
+it cannot run here.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import os
 import sys
 from pathlib import Path
 
+from porter.calibration import seed_sweep
 from porter.calibration.calibrator import CalibrateOptions, calibrate, inputs_table, matrix, table
 from porter.calibration.chunks import chunk_units
 from porter.calibration.libraries import libraries_for
@@ -44,6 +48,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-variants", dest="variants", action="store_false",
                    help="skip the known-good's env-knob variants (targets/<t>/known_good_variants.toml)")
     p.add_argument("--sanitize", action="store_true", help="also run each case under compute-sanitizer memcheck")
+    p.add_argument("--seed-sets", type=int, default=seed_sweep.DEFAULT_SETS, metavar="K",
+                   help=f"run each spec's known-good on K fresh seed sets (default {seed_sweep.DEFAULT_SETS}; "
+                        f"{seed_sweep.ESCALATE_FACTOR}K on a spec whose worst error passes "
+                        f"{seed_sweep.ESCALATE_ABOVE:g} of its tolerance): a spec it fails on any set is not "
+                        "calibrated; 1 = one run")
     p.add_argument("--jobs", type=int, default=None, metavar="N",
                    help="parity runs in flight at once, over all specs (default: min(4, CPUs)); "
                         "each GPU still runs one at a time")
@@ -86,7 +95,10 @@ def run(args) -> int:
                             ParityOptions(mode=args.mode, sanitize=args.sanitize, timeout=args.timeout,
                                           timing_reps=args.timing_reps),
                             show_static=args.static, ledger=not args.no_ledger and not args.no_mutants,
-                            variants=getattr(args, "variants", True))
+                            variants=getattr(args, "variants", True),
+                            seed_sets=getattr(args, "seed_sets", seed_sweep.DEFAULT_SETS))
+    if opts.seed_sets < 1:
+        raise PorterError(f"--seed-sets must be at least 1, not {opts.seed_sets}")
     if getattr(args, "jobs", None):
         if args.jobs < 1:
             raise PorterError(f"--jobs must be at least 1, not {args.jobs}")
@@ -109,6 +121,9 @@ def run(args) -> int:
 
         cols = width()
         print(f"\n{table(report, cols)}\n\n{matrix(report, target.symbol_prefix, cols)}")
+        margins = seed_sweep.margin_table(report, target.symbol_prefix, cols)  # the known-good's worst per spec
+        if margins:
+            print(f"\n{margins}")
         inputs = inputs_table(report, target.symbol_prefix, cols)
         if inputs:
             print(f"\n{inputs}")
