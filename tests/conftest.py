@@ -115,3 +115,38 @@ def gates_with(**modules):
     from porter.gates import registry
 
     return tuple(replace(g, module=modules.get(g.name, g.module)) for g in registry.ACTIVE)
+
+
+# ---- the suite leaves the repository as it found it -------------------------------------------------
+# Tests write under tmp_path only: a launch trace once landed in the repository's root and was committed.
+# Checked where nobody edits the tree meanwhile (CI, or PORTER_TREE_CHECK=1): a developer's edits during a
+# local run would read as the suite's.
+
+def tree_changes(repo: Path, before: str | None) -> list[str]:
+    """`git status --porcelain` lines of `repo` that were not there `before` (None: git could not say)."""
+    now = _tree_state(repo)
+    if before is None or now is None:
+        return []
+    return sorted(set(now.splitlines()) - set(before.splitlines()))
+
+
+def _tree_state(repo: Path) -> str | None:
+    r = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=repo, capture_output=True,
+                       text=True)
+    return r.stdout if r.returncode == 0 else None
+
+
+def _tree_check_on() -> bool:
+    return bool(os.environ.get("CI")) or os.environ.get("PORTER_TREE_CHECK") == "1"
+
+
+def pytest_sessionstart(session):
+    session.config._porter_tree = _tree_state(REPO) if _tree_check_on() else None
+
+
+def pytest_sessionfinish(session, exitstatus):
+    changed = tree_changes(REPO, getattr(session.config, "_porter_tree", None))
+    if changed:
+        sys.stderr.write("the test suite changed the repository (tests write under tmp_path only):\n  "
+                         + "\n  ".join(changed) + "\n")
+        session.exitstatus = 1
