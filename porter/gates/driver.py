@@ -4,11 +4,14 @@
     results = run_gates(Candidate.of(unit, source), ctx, on_result=record)
 
 Every gate module exposes `run(candidate, ctx) -> GateResult`; the list, the
-order and what each gate needs live in porter.gates.registry only (porter run,
-status --reverify, calibration and the benchmark all call run_gates).  e2e's
-candidate is the whole backend (E2E_UNIT) and its library the one the build gate
-linked.  A gate that could not run here (no GPU, no spec) is `skipped`: it does
-not stop the chain, and it never counts as passed.
+order and what each gate needs and makes live in porter.gates.registry only
+(porter run, status --reverify, calibration and the benchmark all call
+run_gates), and the driver knows no gate by name: it runs the chain in the
+registry's order, stops a gate whose `needs` did not pass, and starts the
+inputs of a gate declared `ahead` while the gate producing what it uses runs.
+A backend gate's candidate is the whole backend (E2E_UNIT) and its library the
+one the library gate linked.  A gate that could not run here (no GPU, no spec)
+is `skipped`: it does not stop the chain, and it never counts as passed.
 """
 
 from __future__ import annotations
@@ -61,7 +64,9 @@ class GateContext:
     # () -> the whole backend with this candidate (every unit's current file), linked when a gate asks
     whole_backend: Callable[[], Path] | None = None
     results: dict[str, GateResult] = field(default_factory=dict)  # gate -> result, for the gates after it
-    parity_ahead: object | None = None  # a Future of parity's inputs and references, made during the build
+    # gate -> a Future of the inputs its start_ahead began while the gate making what it uses ran
+    # (parity's inputs and references, made during the build)
+    ahead: dict[str, object] = field(default_factory=dict)
     candidate: object | None = None  # what the next gate judges (extract replaces the answer by its unit)
     # progress of a long job inside a gate (the first build of every placeholder object): a
     # factory (what, total) -> porter.term.Steps given by the command that owns the terminal; None: silent
@@ -83,6 +88,12 @@ class GateContext:
                 out |= set(calls(self.target, unit))
         return out
 
+    @property
+    def parity_ahead(self):
+        """The name porter.gates.parity reads its ahead work by (ahead[its name]); goes once it reads
+        ctx.ahead itself."""
+        return self.ahead.get("parity")
+
     @cached_property
     def history(self) -> History:
         """The workspace's ledger, read when a gate first needs calibration facts."""
@@ -93,19 +104,13 @@ def run_gates(candidate: Candidate, ctx: GateContext, gates=None,
               on_result: Callable[[GateResult], None] | None = None) -> list[GateResult]:
     """Run `gates` (default: the unit gates) in the registry's order until one refuses; returns
     every result, the refusal last."""
-    chain = [registry.get(g) for g in (registry.names(registry.UNIT) if gates is None else gates)]
-    order = registry.names()
-    chain.sort(key=lambda g: order.index(g.name))
-    names = {g.name for g in chain}
+    chain = [registry.get(g) for g in registry.ordered(registry.names(registry.UNIT) if gates is None else gates)]
     ctx.candidate = candidate
     out: list[GateResult] = []
-    for gate in chain:
+    for i, gate in enumerate(chain):
         if not all(passed(ctx.results.get(n)) for n in gate.needs):
             break  # e.g. perf with nothing measured to time
-        if gate.name == "build" and "parity" in names and ctx.parity_ahead is None:
-            # parity's inputs and references need no library: made while nvcc compiles
-            ahead = getattr(registry.get("parity").load(), "start_ahead", None)
-            ctx.parity_ahead = ahead(ctx.candidate, ctx) if ahead is not None else None
+        _start_ahead(gate, chain[i + 1:], ctx)
         judged = ctx.candidate
         res = gate.load().run(judged, ctx)
         res.evidence.setdefault("candidate_sha256", judged.sha256)
@@ -115,9 +120,19 @@ def run_gates(candidate: Candidate, ctx: GateContext, gates=None,
             on_result(res)
         if not res.ok and not res.skipped:
             break
-    if ctx.parity_ahead is not None and "parity" not in ctx.results:
-        ctx.parity_ahead.cancel()  # the build refused: not started yet, it never will be
+    for name, fut in ctx.ahead.items():
+        if fut is not None and name not in ctx.results:
+            fut.cancel()  # the chain stopped before it: not started yet, it never will be
     return out
+
+
+def _start_ahead(producer, later, ctx: GateContext) -> None:
+    """Before `producer` runs: the later gates of the chain declared `ahead` that use what it produces
+    begin their inputs now (parity's inputs and references need no library: made while nvcc compiles)."""
+    for gate in later:
+        if gate.ahead and gate.name not in ctx.ahead and set(gate.uses) & set(producer.produces):
+            start = getattr(gate.load(), "start_ahead", None)
+            ctx.ahead[gate.name] = start(ctx.candidate, ctx) if start is not None else None
 
 
 def passed(res: GateResult | None) -> bool:
