@@ -61,7 +61,7 @@ from pathlib import Path
 from porter import arch as gpu_arch, gitops, signing, witness
 from porter.errors import PorterError
 from porter.evidence import check_evidence, evidence_problem
-from porter.gates import archs as gate_archs, static
+from porter.gates import archs as gate_archs, registry, static
 from porter.gates.driver import Candidate, GateContext
 from porter.gates.e2e.state import E2E_UNIT, prefill_line, prefill_status
 from porter.gates.perf import speed, speed_cell, speed_line, speed_summary
@@ -80,8 +80,6 @@ UNSANDBOXED = "verified (unsandboxed)"
 VERIFIED_STATES = ("verified", PERF_UNMEASURED, UNSANDBOXED)  # where a unit's timing is its current file's
 STATES = ("verified", PERF_UNMEASURED, UNSANDBOXED, "built", "stale", "tampered", "failing", "exhausted", "unported")
 CRITICAL_TIERS = ("runtime", "prefill")
-# The gate whose passing evidence makes a step of each state true.
-STATE_GATE = {"verified": "parity", "built": "build"}
 _AUTO = object()
 EXIT_STALE = 4
 REVERIFY_SAYS = ("reverify: runs this workspace's parity specs (Python) in this process, and candidate code "
@@ -444,7 +442,8 @@ def check_integrity(target: Target, history: History, ledger_integrity, data: by
             ev, problem = evidence(sha)
             if problem:
                 flag(step.unit, problem)
-            elif ev.get("gate") == "e2e" and ev.get("unit") == E2E_UNIT and ev.get("target") == target.name:
+            elif ev.get("gate") in registry.names(registry.BACKEND) and ev.get("unit") == E2E_UNIT \
+                    and ev.get("target") == target.name:
                 # an optimize step carries the e2e run of the backend built with its candidate
                 ran = ev.get("with_candidate") or {}
                 if ran.get("unit") != step.unit or ran.get("candidate_sha256") != step.candidate_sha256:
@@ -532,8 +531,9 @@ def _incomplete(history: History, step: Step, index: dict) -> list[str]:
     refused = next((g for g in gates if not g.ok and not g.skipped), None)
     if refused is not None:
         out.append(f"{where} follows a failed {refused.gate} gate (line {refused.line})")
-    need = STATE_GATE.get(step.state)
-    if need and not any(g.gate == need and g.ok and not g.skipped for g in gates):
+    need = next((n for n in registry.proof_of(step.state)
+                 if not any(g.gate == n and g.ok and not g.skipped for g in gates)), None)
+    if need:
         out.append(f"{where} has no passing {need} gate record behind it")
     return out
 
@@ -604,7 +604,8 @@ def unit_state(uh: UnitHistory, f: UnitFile, tampered: list[str], evidence, comm
 def _from_step(uh: UnitHistory, step: Step, f: UnitFile, evidence, committed: set[str],
                required: tuple[str, ...] = ()) -> tuple[str, str]:
     state, cand, when = step.state, step.candidate_sha256, f"attempt {step.attempt}"
-    if state not in STATE_GATE:
+    proof_gates = registry.proof_of(state)  # the gates whose passing evidence this state stands on
+    if not proof_gates:
         return "tampered", f"step record at ledger line {step.line} has unknown state {state!r}"
     if f.sha256 is None:
         return "stale", f"unit file deleted after it was {state} ({when})"
@@ -617,14 +618,16 @@ def _from_step(uh: UnitHistory, step: Step, f: UnitFile, evidence, committed: se
         return "tampered", f"evidence says a placeholder was {state} ({when})"
     if f.static_problem:
         return "stale", f"the static gate now rejects the {state} candidate: {f.static_problem}"
-    gate = STATE_GATE[state]
-    proof = next((sha for sha in step.evidence if (ev := evidence(sha)[0]) and ev.get("gate") == gate
-                  and ev.get("ok") is True and ev.get("candidate_sha256") == f.sha256), None)
-    if proof is None:
+    proofs = {gate: _passing(step, gate, f.sha256, evidence) for gate in proof_gates}
+    gate = next((g for g, sha in proofs.items() if sha is None), None)
+    if gate is not None:
         return "tampered", f"step claims {state} ({when}) but none of its evidence is a passing {gate} gate for this file"
+    # the evidence the reason and the GPU kinds quote: a gate's that ran the candidate (parity), where one counts
+    gate = next((g for g in proof_gates if registry.get(g).runs_candidate), proof_gates[0])
+    proof = proofs[gate]
     reason = f"{gate} evidence {proof[:12]} matches the current file ({when})"
-    if state == "built":
-        reason += "; no parity evidence yet"
+    if state == registry.BUILT:
+        reason += f"; no {' / '.join(registry.proof_of(registry.VERIFIED))} evidence yet"
     later = [a for a in uh.attempts if a.line > step.line]
     if later:
         reason += f"; {len(later)} later attempt{'s' if len(later) != 1 else ''} without a step"
@@ -639,11 +642,16 @@ def _from_step(uh: UnitHistory, step: Step, f: UnitFile, evidence, committed: se
                              "GPU of that kind): not verified")
     if state == "verified" and evidence(proof)[0].get("sandbox") == "none":
         return UNSANDBOXED, reason + "; the candidate ran outside the sandbox (--unsafe-no-sandbox)"
-    if state == "verified" and not any((ev := evidence(sha)[0]) and ev.get("gate") == "perf" and ev.get("ok") is True
-                                       and not ev.get("skipped") and ev.get("candidate_sha256") == f.sha256
-                                       for sha in step.evidence):
+    if state == "verified" and not all(_passing(step, g, f.sha256, evidence)  # perf
+                                       for g in registry.names(registry.UNIT, role=registry.SPEED)):
         return PERF_UNMEASURED, reason + "; no passing perf evidence (perf skipped or off)"
     return state, reason
+
+
+def _passing(step: Step, gate: str, sha256: str, evidence) -> str | None:
+    """The step's first evidence record of a passing `gate` run on this file content, or None."""
+    return next((sha for sha in step.evidence if (ev := evidence(sha)[0]) and ev.get("gate") == gate
+                 and ev.get("ok") is True and not ev.get("skipped") and ev.get("candidate_sha256") == sha256), None)
 
 
 def unmeasured(parity_evidence: dict | None, required: tuple[str, ...]) -> list[str]:
@@ -771,8 +779,9 @@ def _judging_evidence(uh: UnitHistory, state: str, f: UnitFile, evidence) -> lis
     for the current file where it is verified or built; the refusing gate's where it is failing."""
     if state in VERIFIED_STATES or state == "built":
         step = uh.last_step
+        ran = registry.names(registry.UNIT, runs_candidate=True)  # parity and perf: they ran it on a GPU
         return [ev for sha in (step.evidence if step else []) if (ev := evidence(sha)[0])
-                and ev.get("gate") in ("parity", "perf") and ev.get("candidate_sha256") == f.sha256]
+                and ev.get("gate") in ran and ev.get("candidate_sha256") == f.sha256]
     if state in ("failing", "exhausted") and uh.failures:
         last = uh.refutation or uh.failures[-1]
         return [ev for g in uh.gates_of(last.attempt) if g.gate == last.gate and not g.ok and g.evidence
@@ -820,7 +829,8 @@ def unit_label(state: str, archs: dict[str, str]) -> str:
 
 def speedups_landed(uh, evidence) -> list[dict]:
     """The speedup gate's passing evidence among the live steps' own evidence (what was committed)."""
-    won = {g.attempt for g in uh.gates if g.gate == "speedup" and g.ok}
+    judges = registry.names(registry.SPEEDUP)
+    won = {g.attempt for g in uh.gates if g.gate in judges and g.ok}
     out = []
     for step in uh.steps:
         if step.attempt not in won:
@@ -828,7 +838,7 @@ def speedups_landed(uh, evidence) -> list[dict]:
         for sha in step.evidence:
             ev = evidence(sha)[0] or {}
             d = ev.get("decision") or {}
-            if ev.get("gate") == "speedup" and ev.get("ok") is True and d.get("new_median_ms"):
+            if ev.get("gate") in judges and ev.get("ok") is True and d.get("new_median_ms"):
                 out.append({"attempt": step.attempt, "x": d["old_median_ms"] / d["new_median_ms"],
                             "p_value": d.get("p_value"), "before_ms": d["old_median_ms"],
                             "after_ms": d["new_median_ms"], "evidence": sha})

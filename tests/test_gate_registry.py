@@ -1,11 +1,14 @@
 """One registry of gates: a gate only a test knows (one module, one registry entry, no other file
-changed) is run by run_gates and `status --reverify`, and ordered by `porter report`."""
+changed) is run by run_gates and `status --reverify`, ordered by `porter report`,
+and, declared as counting toward verified, is what a verified step must stand on."""
 
 from __future__ import annotations
 
 import json
 import re
 import textwrap
+import types
+from dataclasses import replace
 
 import pytest
 
@@ -13,18 +16,30 @@ from porter.cli import main
 from porter.gates import registry
 from porter.gates.driver import Candidate, GateContext, run_gates, verdict_word
 from porter.report import build
+from porter.gates.result import GateResult
+from porter.status import derive
 from ws_builder import SOURCES, TARGET, make_workspace
 
 LINT_MODULE = "porter_test_lint_gate"
 UNIT = "mini_gpu_add_tensor"
 OTHER = "mini_gpu_synchronize"
 REFUSE = "// lint: refuse me\n"
+REAL_GATES = registry.ACTIVE  # as porter has them, before a test sets its own
+STAND_INS_RAN: list[str] = []  # the gates after static, in this test registry stand-ins that pass
+
+
+def stand_in(name: str):
+    def run(candidate, ctx):
+        STAND_INS_RAN.append(name)
+        return GateResult(name, True, f"{name} ok (stand-in)")
+    return types.SimpleNamespace(run=run)
 
 
 @pytest.fixture
 def lint(tmp_path, monkeypatch):
-    """The test registry: extract, then 'lint' (refuses a source that asks it to), then static; the
-    gates that need nvcc or a GPU are left out so the test stays cheap."""
+    """The test registry: extract, then 'lint' (refuses a source that asks it to), then static, then
+    porter's other gates as they are registered, with stand-ins that pass for their modules (they need
+    nvcc or a GPU; the test stays cheap).  Nothing outside this file and the registry names lint."""
     monkeypatch.delenv("PORTER_LEDGER_KEY", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     mods = tmp_path / "mods"
@@ -40,16 +55,20 @@ def lint(tmp_path, monkeypatch):
             return GateResult("lint", ok, "lint ok" if ok else "lint: refused", check=None if ok else "lint")
     '''))
     monkeypatch.syspath_prepend(str(mods))
-    gates = (registry.get("extract"), registry.Gate("lint", LINT_MODULE), registry.get("static"))
+    after = [replace(g, module=stand_in(g.name)) for g in REAL_GATES if g.name not in ("extract", "static")]
+    gates = (registry.get("extract"), registry.Gate("lint", LINT_MODULE), registry.get("static"), *after)
     monkeypatch.setattr(registry, "ACTIVE", gates)  # the registry of this test only
-    return registry.get("lint").load()
+    STAND_INS_RAN.clear()
+    mod = registry.get("lint").load()
+    mod.seen.clear()  # one module for every test of this file
+    return mod
 
 
 def test_run_gates_runs_the_registered_gate_in_its_place(lint, tmp_path):
     ws = make_workspace(tmp_path / "ws")
     ctx = GateContext(ws.target, ws.root)
     results = run_gates(Candidate.of(UNIT, SOURCES[UNIT]), ctx)
-    assert [verdict_word(r) for r in results] == ["lint ok", "static ok"]
+    assert [verdict_word(r) for r in results] == ["lint ok", "static ok", "build ok", "parity ok", "perf ok"]
     refused = run_gates(Candidate.of(UNIT, REFUSE + SOURCES[UNIT]), GateContext(ws.target, ws.root))
     assert [verdict_word(r) for r in refused] == ["lint REFUSED"]  # its refusal ends the chain
     assert lint.seen == [UNIT, UNIT]
@@ -62,7 +81,7 @@ def test_status_reverify_runs_the_registered_gate(lint, tmp_path, capsys):
     assert main(["-C", str(ws.root), "status", "--reverify", "--json"]) == 1  # a recorded state contradicted
     fresh = json.loads(capsys.readouterr().out)["reverify"]
     units = {u["unit"]: u for u in fresh["units"]}
-    assert units[UNIT]["verdicts"] == ["lint ok", "static ok"]
+    assert units[UNIT]["verdicts"] == ["lint ok", "static ok", "build ok", "parity ok"]  # those rechecked
     assert units[OTHER]["verdicts"] == ["lint REFUSED"] and fresh["contradicted"] == [OTHER]
 
 
@@ -75,3 +94,36 @@ def test_report_orders_refusals_by_the_registry(lint, tmp_path):
     index = build(ws.root, TARGET, tmp_path / "site")
     text = " ".join(re.sub(r"<[^>]+>", " ", index.read_text()).split())
     assert "2 answers refused (1 by lint, 1 by static)" in text
+
+
+def test_the_registry_declares_a_consistent_chain():
+    """Every gate's needs come before it and what it uses is produced before it; a registry that breaks
+    that is named gate by gate."""
+    assert registry.problems() == []
+    broken = (registry.Gate("a", None, needs=("b",)), registry.Gate("b", None, uses=("thing",), ahead=True),
+              registry.Gate("b", None))
+    assert registry.problems(broken) == ["a needs b, which does not come before it",
+                                         "b uses thing, which no gate before it produces", "b: registered twice"]
+    assert registry.with_producers(registry.names(registry.UNIT, runs_candidate=True)) == registry.ordered(
+        registry.names(role=registry.LIBRARY) + registry.names(registry.UNIT, runs_candidate=True))
+
+
+def test_a_gate_that_counts_toward_verified_is_what_a_verified_step_stands_on(lint, tmp_path, monkeypatch):
+    """Declared `verifies` in the registry, lint is part of 'verified': a step lands verified only where it
+    passed, and status calls a verified step without a passing lint record behind it tampered."""
+    monkeypatch.setattr(registry, "ACTIVE", tuple(replace(g, verifies=True) if g.name == "lint" else g
+                                                  for g in registry.ACTIVE))
+    assert registry.step_state(lambda gate: gate != "lint") == registry.BUILT
+    assert registry.step_state(lambda gate: True) == registry.VERIFIED
+    ws = make_workspace(tmp_path / "ws")
+    ws.port(UNIT, 1, state="verified")  # static, build, parity and perf records: no lint
+    source = SOURCES[OTHER]
+    cand = ws.write_unit(OTHER, source)
+    ws.attempt(OTHER, 1, source)
+    evidence = [ws.gate(OTHER, 1, g, True, cand)[1] for g in ("lint", "static", "build", "parity", "perf")]
+    ws.commit_step(ws.ledger.append("step", target=TARGET, unit=OTHER, attempt=1, state="verified",
+                                    candidate_sha256=cand, unit_file=ws.rel(ws.unit_path(OTHER)), evidence=evidence))
+    rows = {u.unit: u for u in derive(ws.root, target=ws.target).units}
+    assert rows[UNIT].state == "tampered" and "lint" in rows[UNIT].reason, rows[UNIT].reason
+    assert rows[OTHER].state == "verified", rows[OTHER].reason
+    assert rows[OTHER].reason.startswith("parity evidence")  # the GPU gate's evidence is the one quoted

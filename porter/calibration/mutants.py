@@ -118,19 +118,20 @@ def scripted_answers(target) -> list[dict]:
 
 
 def scripted_bad(target, skip: set[str] = frozenset()) -> list[Mutant]:
-    """Scripted bad answers that reach parity: expect a gate that runs the candidate ('parity': fail it
-    somehow; 'perf': pass parity and be refused as slower than the known-good allows), except those the
-    adversarial manifest already names with a sharper check."""
+    """Scripted bad answers that reach parity: expect a gate that runs the candidate and names the check
+    its mutants must fail (the registry's mutant_check: 'parity': fail it somehow; 'perf': pass parity and
+    be refused as slower than the known-good allows), except those the adversarial manifest already
+    names with a sharper check."""
     out = []
     for a in scripted_answers(target):
-        if a.get("expect") not in registry.names(runs_candidate=True) or a["file"] in skip:
+        check = registry.mutant_check(a.get("expect"))
+        if check is None or a["file"] in skip:
             continue
         try:
             src = extract_unit_source((target.scripted_dir / a["file"]).read_text(), a["unit"], target)
         except PorterError:
             continue
-        out.append(Mutant(a["unit"], a["file"], "any" if a["expect"] == "parity" else "slowdown", a.get("why", ""),
-                          "scripted", source=src))
+        out.append(Mutant(a["unit"], a["file"], check, a.get("why", ""), "scripted", source=src))
     return out
 
 

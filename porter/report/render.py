@@ -12,6 +12,7 @@ from pygments.formatters import HtmlFormatter
 from pygments.lexers import get_lexer_by_name
 
 from porter.report.collect import SiteData, UnitPage, unit_page_name
+from porter.gates import registry
 from porter.gates.perf import speed, speed_line
 from porter.report.graph import critical_path_svg, legend_html
 from porter.status import CRITICAL_TIERS, STATES, counts_line, speedups_line, state_label
@@ -53,12 +54,14 @@ def case_metrics(case: dict) -> str:
 
 def perf_of(u: UnitPage) -> dict | None:
     """The latest step's timing (parity evidence) and its comparison with the known-good (perf evidence)."""
+    output = registry.names(registry.UNIT, role=registry.OUTPUT)  # parity: it times the calls it checks
+    timed = registry.names(registry.UNIT, role=registry.SPEED)  # perf
     perf: dict = {}
     for e in u.evidence:
         d = e["data"]
-        if d.get("gate") == "parity" and isinstance(d.get("timing"), dict):
+        if d.get("gate") in output and isinstance(d.get("timing"), dict):
             perf.update(d["timing"])
-        if d.get("gate") == "perf":
+        if d.get("gate") in timed:
             perf.update({"ratio": d.get("ratio"), "baseline_ms": (d.get("baseline") or {}).get("median_ms"),
                          "max_slowdown": d.get("limit") or d.get("max_slowdown"),
                          "limit_basis": d.get("limit_basis")})
@@ -66,7 +69,7 @@ def perf_of(u: UnitPage) -> dict | None:
     if s:
         perf.update(regime=s.get("regime"), pct_roofline=s.get("pct_roofline"), below_half=s.get("below_half"))
     if perf and not perf.get("ratio"):
-        gates = [g for a in u.audit["attempts"] for g in a["gates"] if g.get("gate") == "perf"]
+        gates = [g for a in u.audit["attempts"] for g in a["gates"] if g.get("gate") in timed]
         if gates:
             perf["perf_summary"] = gates[-1].get("summary")
     return perf or None

@@ -167,15 +167,17 @@ class Run:
                                     gates or registry.names(registry.ANSWER, registry.UNIT), opened, required)
 
     def reverify(self, step: Step) -> AttemptOutcome:
-        """Run parity (and perf) on a unit that was committed as 'built' before parity could run here.
+        """Run the gates that run the candidate (parity, perf) on a unit committed as 'built' before they
+        could run here.
 
         The candidate is the unit file as committed, which passed the gates before the build; the gate
         records carry the step's attempt number.  A pass lands a 'verified' step (a commit of the ledger
         only); a refusal is a failure record of that attempt, so the next attempt starts from its diagnostics.
         """
         candidate = Candidate.of(step.unit, self.target.unit_path(step.unit).read_text())
-        after_static = registry.names(registry.UNIT)[registry.names(registry.UNIT).index("build"):]
-        return self._gates_and_step(step.unit, int(step.attempt or 0), candidate, after_static)
+        # the gates that run the candidate, and those making what they use (the library)
+        again = registry.with_producers(registry.names(registry.UNIT, runs_candidate=True))
+        return self._gates_and_step(step.unit, int(step.attempt or 0), candidate, again)
 
     def _gates_and_step(self, unit: str, attempt: int, candidate: Candidate, gates, opened=None,
                         required: tuple[str, ...] = ()) -> AttemptOutcome:
@@ -218,7 +220,7 @@ class Run:
 
     def _land_step(self, unit, attempt, candidate, ctx, evidence, results, outcome) -> AttemptOutcome:
         target = self.target
-        state = "verified" if passed(ctx.results.get("parity")) else "built"
+        state = registry.step_state(lambda gate: passed(ctx.results.get(gate)))
         path = target.unit_path(unit)
         if not path.is_file() or sha256_bytes(path.read_bytes()) != candidate.sha256:
             write_atomic(path, candidate.source.encode())
@@ -233,8 +235,10 @@ class Run:
                 run=self.run_id,
             )
             kill_point("after-step")
-            speedup = ctx.results.get("speedup")
-            sha = commit_step(self.ws, typed(0, raw), speedup.summary if passed(speedup) else "")
+            # a speedup the gate measured is the commit's headline
+            headline = next((ctx.results[g].summary for g in registry.names(registry.SPEEDUP)
+                             if passed(ctx.results.get(g))), "")
+            sha = commit_step(self.ws, typed(0, raw), headline)
             kill_point("after-commit")
         self.commits.append(sha)
         outcome.ok, outcome.state, outcome.commit = True, state, sha
