@@ -1,5 +1,5 @@
 """One registry of gates: a gate only a test knows (one module, one registry entry, no other file
-changed) is run by run_gates and `status --reverify`, ordered by `porter report`,
+changed) is run by run_gates, `porter optimize` and `status --reverify`, ordered by `porter report`,
 and, declared as counting toward verified, is what a verified step must stand on."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from porter.gates import registry
 from porter.gates.driver import Candidate, GateContext, run_gates, verdict_word
 from porter.report import build
 from porter.gates.result import GateResult
+from porter.providers.base import Completion, Provider
 from porter.status import derive
 from ws_builder import SOURCES, TARGET, make_workspace
 
@@ -106,6 +107,45 @@ def test_the_registry_declares_a_consistent_chain():
                                          "b uses thing, which no gate before it produces", "b: registered twice"]
     assert registry.with_producers(registry.names(registry.UNIT, runs_candidate=True)) == registry.ordered(
         registry.names(role=registry.LIBRARY) + registry.names(registry.UNIT, runs_candidate=True))
+
+
+class Answers(Provider):
+    name, model = "fake", "fake-model"
+
+    def __init__(self, texts):
+        self.texts = list(texts)
+
+    def complete(self, req):
+        return Completion(self.texts.pop(0), self.name, self.model, usage={})
+
+
+def test_optimize_runs_the_registered_gate(lint, tmp_path, monkeypatch, capsys):
+    """`porter optimize` asks the registry for its gates: lint, registered after extract, judges each
+    optimisation answer, and its refusal is the answer's (nothing in porter/optimize names lint, or any
+    gate: tests/test_architecture.py)."""
+    from porter.gates import parity
+    from porter.optimize import command, profile
+
+    assert command.gates(engine=True) == registry.names()  # lint in its place, the backend gates last
+    chain = command.gates(engine=False)  # no proven engine: the backend gates left out
+    assert "lint" in chain and chain == tuple(g for g in registry.names() if g not in registry.names(registry.BACKEND))
+
+    ws = make_workspace(tmp_path / "ws")
+    ws.port(UNIT, 1, state="verified", timing={"case": "n=2^20", "median_ms": 0.5, "roofline_ms": 0.1})
+    monkeypatch.setattr(parity, "available", lambda: (True, "stand-in"))
+    monkeypatch.setattr(command, "preflight", lambda *a, **k: None)
+    monkeypatch.setattr(command, "engine_proven", lambda report: False)
+    monkeypatch.setattr(profile, "find_ncu", lambda: None)
+    answers = Answers([f"```cuda\n{REFUSE}{SOURCES[UNIT]}```\n", f"```cuda\n// faster\n{SOURCES[UNIT]}```\n"])
+    monkeypatch.setattr(command, "get_provider", lambda name, target, opts: answers)
+    assert main(["-C", str(ws.root), "optimize", "--target", TARGET, "--provider", "fake", "--unit", UNIT,
+                 "--json"]) == 0
+    out = capsys.readouterr().out
+    result = json.loads(out[out.index("{"):])["units"][0]
+    assert [r["gate"] for r in result["refused"]] == ["lint"]  # the first answer: lint's refusal is the answer's
+    assert result["outcome"] == "faster"  # the second passed every gate, lint too
+    assert lint.seen == [UNIT, UNIT]
+    assert STAND_INS_RAN == [g for g in chain if g not in ("extract", "lint", "static")]  # the second answer's
 
 
 def test_a_gate_that_counts_toward_verified_is_what_a_verified_step_stands_on(lint, tmp_path, monkeypatch):

@@ -21,6 +21,7 @@ from pathlib import Path
 from porter import gitops
 from porter.doctor import preflight
 from porter.errors import PorterError
+from porter.gates import registry
 from porter.ledger import load_key
 from porter.optimize.profile import profile_committed
 from porter.prompt.optimize import optimize_request
@@ -31,9 +32,6 @@ from porter.signing import signer_for
 from porter.status import VERIFIED_STATES, derive
 from porter.target import load_target
 
-# the unit gates again, then old against new, then the engine with the new unit
-GATES = ("extract", "static", "build", "parity", "perf", "speedup", "e2e")
-REQUIRED = ("speedup",)  # no step without a measured speedup
 TIER_ORDER = ("runtime", "prefill", "decode", "unreachable")
 DEFAULT_TARGET_FRACTION = 0.8
 
@@ -93,6 +91,18 @@ def engine_proven(report) -> bool:
     return report.prefill.get("state") == "verified"
 
 
+def gates(engine: bool) -> tuple[str, ...]:
+    """Every gate of the registry in its order: the unit gates again, then old against new (the speedup
+    gate), then the engine with the new unit, unless no engine was proven (`engine`: engine_proven)."""
+    backend = registry.names(registry.BACKEND)
+    return tuple(g for g in registry.names() if engine or g not in backend)
+
+
+def required() -> tuple[str, ...]:
+    """The gates that must have passed for a step to land: no step without a measured speedup."""
+    return registry.names(registry.SPEEDUP)
+
+
 def optimize(opts: OptimizeOptions) -> int:
     ws = opts.workspace
     target = load_target(ws, opts.target, opts.source)
@@ -121,10 +131,11 @@ def _optimize_locked(opts: OptimizeOptions, target, key, provider, signer, budge
             raise PorterError(f"porter optimize needs the parity gate on a GPU: {r.parity_reason}", exit_code=2)
         report = derive(ws, target=target)
         picked, passed_over = choose(report, opts.units, opts.target_fraction)
-        gates = GATES if engine_proven(report) else tuple(g for g in GATES if g != "e2e")
-        if "e2e" not in gates and picked:
-            out.line(f"e2e: not run (prefill is {report.prefill.get('state')} at HEAD: no proven engine to keep "
-                     "unchanged); the unit gates and the speedup gate still decide", "yellow")
+        chain = gates(engine_proven(report))
+        left_out = [g for g in registry.names() if g not in chain]
+        if left_out and picked:
+            out.line(f"{', '.join(left_out)}: not run (prefill is {report.prefill.get('state')} at HEAD: no proven "
+                     "engine to keep unchanged); the unit gates and the speedup gate still decide", "yellow")
         for unit, why in passed_over:
             out.line(f"{unit}: {why}", "dim")
             results.append({"unit": unit, "outcome": "skipped", "why": why})
@@ -134,7 +145,7 @@ def _optimize_locked(opts: OptimizeOptions, target, key, provider, signer, budge
         for row in picked:
             if stop:
                 break
-            stop = _optimize_unit(r, row, opts, gates, results, lambda: budget_s is not None
+            stop = _optimize_unit(r, row, opts, chain, results, lambda: budget_s is not None
                                   and time.monotonic() - started > budget_s)
         if gitops.dirty_paths(ws, "ledger"):
             refused = sum(len(x.get("refused", [])) for x in results)
@@ -151,7 +162,7 @@ def _optimize_locked(opts: OptimizeOptions, target, key, provider, signer, budge
     return 1 if stop and stop.startswith("provider") else 0
 
 
-def _optimize_unit(r: Run, row, opts: OptimizeOptions, gates, results: list[dict], out_of_time) -> str | None:
+def _optimize_unit(r: Run, row, opts: OptimizeOptions, chain, results: list[dict], out_of_time) -> str | None:
     """Attempts at one unit until a speedup lands or its attempts are used; why the run stops, or None."""
     unit, target = row.unit, r.target
     committed = target.unit_path(unit).read_text()
@@ -165,8 +176,8 @@ def _optimize_unit(r: Run, row, opts: OptimizeOptions, gates, results: list[dict
             return f"time budget {opts.time_budget} spent"
         uh = r.history().unit(unit)
         try:
-            o = r.attempt(unit, uh.next_attempt, uh.failures_since_step, request=request, gates=gates,
-                          purpose="optimize", required=REQUIRED)
+            o = r.attempt(unit, uh.next_attempt, uh.failures_since_step, request=request, gates=chain,
+                          purpose="optimize", required=required())
         except ProviderError as exc:
             if getattr(exc, "usage", None):
                 r._usage(unit, exc)
