@@ -158,3 +158,89 @@ def test_a_renamed_test_is_caught():
     assert missing_tests({("test_architecture.py", "test_no_such_test"), ("test_no_such_file.py", "test_x")}) == [
         "test_architecture.py::test_no_such_test", "test_no_such_file.py::test_x"]
     assert named_tests("`test_a.py::test_b[x-Y]`, `test_c.py::test_d`") == {("test_a.py", "test_b"), ("test_c.py", "test_d")}
+
+
+# ---- gate names mean something in the registry only -------------------------------------------
+
+# porter.gates.registry declares every gate (its role, what it needs and makes, whether it counts toward
+# verified); every other module asks it.  A gate's own module (the module the registry names, what is
+# under it, and a package named for the gate, e.g. porter.gates.e2e) may name gates: it is the gate.
+REGISTRY_MODULE = "porter.gates.registry"
+# (module, gate name) still written out elsewhere, each with why:
+GATE_NAMES_ALLOWED = {
+    # not a gate's meaning: the same word as a name of something else
+    ("porter.cli", "e2e"): "the `porter e2e` command's name",
+    ("porter.workspace", "build"): "a folder name (build outputs are not copied into a new workspace)",
+    ("porter.calibration.trace", "parity"): "runs/parity, the folder the parity gate's runs are kept in",
+    ("porter.calibration.command", "static"): "the --no-static option's dest",
+    ("porter.calibration.perf_table", "perf"): "a column of the perf table and its rows' key",
+    # a compatibility name, going once its reader changes
+    ("porter.gates.driver", "parity"): "GateContext.parity_ahead, the name porter.gates.parity reads its "
+                                       "ahead work by; goes when parity reads ctx.ahead itself",
+    ("porter.gates.archs", "parity"): "the default gate name of archs.across's result (parity's helper)",
+    # still to move onto the registry (owned by other changes when the registry became the only list)
+    ("porter.run", "build"): "end_to_end builds the backend: registry.names(role=LIBRARY)",
+    ("porter.run", "e2e"): "end_to_end runs the backend gates: registry.names(BACKEND)",
+    ("porter.calibration.calibrator", "parity"): "parity_on_library: registry.names(UNIT, role=OUTPUT)",
+    ("porter.prompt", "build"): "a build failure quotes the candidate's own lines: the role LIBRARY",
+    ("porter.bench_status", "static"): "a synthetic ledger's gates: the registry's UNIT gates",
+    ("porter.bench_status", "build"): "a synthetic ledger's gates: the registry's UNIT gates",
+    ("porter.bench_status", "parity"): "a synthetic ledger's gates: the registry's UNIT gates",
+}
+
+
+def gate_modules() -> dict[str, str]:
+    """{module prefix: gate name} of each registered gate's own modules."""
+    from porter.gates import registry
+
+    out = {}
+    for g in registry.ACTIVE:
+        if isinstance(g.module, str):
+            out[g.module] = g.name
+            package = g.module.rpartition(".")[0]
+            if package.rpartition(".")[2] == g.name:
+                out[package] = g.name
+    return out
+
+
+def gate_name_uses(tree: ast.AST, names: set[str]) -> list[tuple[int, str]]:
+    """(line, name) of each string literal in `tree` that is a gate's name, wherever it stands (compared
+    with, indexed by, looked up, listed, mapped, passed, a default): only docstrings and other bare string
+    statements are left out (text, not meaning; an f-string's pieces never equal a bare name)."""
+    prose = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+    return sorted((n.lineno, n.value) for n in ast.walk(tree)
+                  if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in names and id(n) not in prose)
+
+
+def test_gate_names_mean_something_in_the_registry_only():
+    from porter.gates import registry
+
+    names, own, sources = set(registry.names()), gate_modules(), porter_sources()
+    assert gate_name_uses(sources[REGISTRY_MODULE], names), "the walk sees the registry's own names"
+    found = {}
+    for m, tree in sources.items():
+        if m == REGISTRY_MODULE or _allowed(m, own):
+            continue
+        uses = [f"line {line}: {name!r}" for line, name in gate_name_uses(tree, names) if (m, name) not in GATE_NAMES_ALLOWED]
+        if uses:
+            found[m] = uses
+    assert not found, ("a gate named outside porter.gates.registry (ask the registry by role, judges or flag, "
+                       f"e.g. registry.names(registry.UNIT, role=registry.SPEED), registry.proof_of(state)): {found}")
+    stale = {(m, name) for m, name in GATE_NAMES_ALLOWED if m not in sources or not gate_name_uses(sources[m], {name})}
+    assert not stale, f"allowed uses no longer there (drop them from GATE_NAMES_ALLOWED): {sorted(stale)}"
+
+
+def test_the_gate_name_walk_catches_each_way_in():
+    names = {"parity", "build", "lint"}
+    for code in ('if res.gate == "parity": pass\n', 'x = "build" in names\n', 'r = ctx.results["parity"]\n',
+                 'r = ctx.results.get("parity")\n', 'GATES = ("static", "build")\n', 'M = {"verified": "parity"}\n',
+                 'run_gates(c, ctx, gates=("build",))\n', 'def f(gate="parity"): pass\n',
+                 'ok = g.gate != "lint"\n'):
+        assert gate_name_uses(ast.parse(code), names), code
+    for code in ('"""Runs parity after build."""\n', 'def f():\n    """parity"""\n', 'x = f"{g} build"\n',
+                 'print("parity skipped: no GPU")\n', 'x = registry.names(registry.UNIT, role=registry.SPEED)\n',
+                 '# "parity" in a comment\nx = 1\n'):
+        assert not gate_name_uses(ast.parse(code), names), code
+    own = gate_modules()
+    assert _allowed("porter.gates.parity.gate", own) and _allowed("porter.gates.e2e.state", own)
+    assert not _allowed("porter.gates.driver", own) and not _allowed("porter.status", own)
