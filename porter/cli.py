@@ -350,10 +350,11 @@ def _dispatch(args) -> int:
             raise
         args.workspace = None
     if args.command in WRITE_COMMANDS and not (args.command == "calibrate" and (
-            getattr(args, "no_ledger", False) or getattr(args, "no_mutants", False))):
+            getattr(args, "no_ledger", False) or getattr(args, "no_mutants", False) or getattr(args, "mutate", False))):
         from porter.workspace import require_made_by_porter
 
-        require_made_by_porter(args.workspace)  # calibrate without ledger records writes nothing there
+        # calibrate without ledger records writes nothing there (--mutate: no record; --write one target file)
+        require_made_by_porter(args.workspace)
     if args.workspace is not None and not getattr(args, "target", None):
         try:
             args.target = default_target(args.workspace)

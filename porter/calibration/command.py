@@ -26,6 +26,7 @@ from porter.calibration import seed_sweep
 from porter.calibration.calibrator import CalibrateOptions, calibrate, inputs_table, matrix, table
 from porter.calibration.chunks import chunk_units
 from porter.calibration.libraries import libraries_for
+from porter.calibration.mutate import command as mutate
 from porter.errors import PorterError
 from porter.gguf_file import check_model_file
 from porter.gates import parity
@@ -69,9 +70,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "tensors by name (default: $PORTER_PARITY_MODEL, else synthetic tensors of the census types)")
     p.add_argument("--mode", choices=("cuda", "host"), default="cuda", help=argparse.SUPPRESS)
     executor_arguments(p)
+    mutate.add_arguments(p)
 
 
 def run(args) -> int:
+    if getattr(args, "mutate", False):
+        return mutate.run(args)
+    stray = mutate.stray_options(args)
+    if stray:
+        raise PorterError(f"{', '.join(stray)}: only with --mutate")
     ws = Path(args.workspace)
     if getattr(args, "model", None):  # read by porter.gates.parity.spec.Context.for_target
         os.environ[MODEL_ENV] = str(check_model_file(args.model).resolve())
@@ -115,6 +122,7 @@ def run(args) -> int:
         Path(args.report).write_text(json.dumps(report, indent=1, default=str))
     bad = [r for r in report["rows"] if not r["ok"]]
     if args.json:
+        report["mutation"] = mutate.recorded_scores(target, report)
         print(json.dumps(report, indent=1, default=str))
     else:
         from porter.term import width
@@ -127,6 +135,9 @@ def run(args) -> int:
         inputs = inputs_table(report, target.symbol_prefix, cols)
         if inputs:
             print(f"\n{inputs}")
+        scores = mutate.recorded_table(target, report, cols)
+        if scores:
+            print(f"\n{scores}")
         print(f"\n{len(report['rows']) - len(bad)} of {len(report['rows'])} behaved as they must"
               + (f"; {len(bad)} did not" if bad else "") + f" ({report['seconds']} s)")
     return 1 if bad else 0
