@@ -657,7 +657,7 @@ class OpKind:
     def describe(self, target, spec, prepared: Prepared, failures, reports, dev: dict, mode: str,
                  env: dict | None) -> Description:
         cases = prepared.cases
-        timing = _timing(spec, cases, reports, dev)
+        timing, timed_cases = _timing(spec, cases, reports, dev)
         worst = _worst(spec, reports)
         n_ok = sum(1 for c in cases if c.shape.expect == "ok")
         w = f"; worst NMSE {worst[0]:.1e} ({worst[1]})" if worst else ""
@@ -690,6 +690,7 @@ class OpKind:
                     "repeat", "timing", "impossible"] + (["stream"] if mode == "cuda" else []),
             len(cases), target.spec.cuda.stream, _impossible(reports, dev), worst_nmse=worst[0] if worst else None,
             evidence={"env": dict(env or {}), "zero_answer_passes": zero_answer_passes(spec, cases), "timing": timing,
+                      "timed_cases": timed_cases,
                       "weights": {"model": str(mp), "bytes": mp.stat().st_size} if mp else {"model": None}},
             metrics={k: timing[k] for k in ("median_ms", "p90_ms", "gbps", "pct_of_peak")} if timing else {})
 
@@ -861,9 +862,11 @@ def _outcome_failures(o: runner.ChildOutcome, labels: dict | None = None) -> lis
     return [Failure("crash", case, None, f"parity child failed: {o.detail}")]
 
 
-def _timing(spec, cases, reports, dev) -> dict | None:
-    """Per timed case: bytes, GB/s and the roofline; returns the case with the most bytes (what perf judges)."""
-    timing = None
+def _timing(spec, cases, reports, dev) -> tuple[dict | None, list[dict]]:
+    """(the timed case with the most bytes, every timed case): each with its bytes, GB/s and roofline.
+    perf judges every one (a prefill case as well as the decode one); the first is what a one-line
+    summary names."""
+    every: list[dict] = []
     peak, tflops = dev.get("peak_gbps"), dev.get("peak_fp32_tflops")
     for c, rep in zip(cases, reports):
         t = rep.get("timing")
@@ -875,16 +878,16 @@ def _timing(spec, cases, reports, dev) -> dict | None:
         roof_ms = max(nbytes / (peak * 1e9) * 1e3 if peak else 0.0,
                       flops / (tflops * 1e12) * 1e3 if flops and tflops else 0.0) or None
         rep["timing"] = dict(t, bytes=nbytes, flops=flops, gbps=gbps, roofline_ms=roof_ms)
-        if timing is None or nbytes > timing["bytes"]:
-            timing = {"case": c.shape.label, "bytes": nbytes, "flops": flops, "median_ms": t["median_ms"],
+        every.append({"case": c.shape.label, "bytes": nbytes, "flops": flops, "median_ms": t["median_ms"],
                       "p90_ms": t["p90_ms"], "min_ms": t.get("min_ms"), "reps": t["reps"], "gbps": gbps,
                       "times_ms": t.get("times_ms"), "input_sets": len(c.timing_sets),
                       "tail_median_ms": t.get("tail_median_ms"),
                       "l2_persisting_reset": t.get("l2_persisting_reset"),
                       "peak_gbps": peak, "peak_fp32_tflops": tflops, "roofline_ms": roof_ms,
                       "perf_floor": spec.perf_floor, "l2_flushed": t.get("l2_flushed"),
-                      "pct_of_peak": (100.0 * gbps / peak) if gbps and peak else None, "clock": t.get("clock")}
-    return timing
+                      "pct_of_peak": (100.0 * gbps / peak) if gbps and peak else None, "clock": t.get("clock")})
+    primary = max(every, key=lambda t: t["bytes"], default=None)
+    return primary, every
 
 
 def _impossible(reports, dev) -> list[Failure]:
