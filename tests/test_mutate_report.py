@@ -104,8 +104,8 @@ def test_the_record_keeps_what_was_measured_and_shows_todays_declarations_and_st
     target = SimpleNamespace(dir=tmp_path, name="t")
     run = {"target": "t", "known_good": "k", "seed": 0, "budget": 8, "ops": ["arith"], "seconds": 1.0,
            "units": {"u": {"spec_sha256": "s1"}, "v": {"spec_sha256": "s2"}}, "mutants": MUTANTS, "summary": {}}
-    path = report.write_record(target, run)
-    assert path == tmp_path / "mutation.json"
+    path, what = report.write_record(target, run)
+    assert path == tmp_path / "mutation.json" and what == "new table"
     data = json.loads(path.read_text())
     assert data["format"] == report.FORMAT and "summary" not in data and len(data["mutants"]) == len(MUTANTS)
     before = report.recorded_scores(target, {"u": "s1", "v": "s2"}, {})
@@ -115,6 +115,28 @@ def test_the_record_keeps_what_was_measured_and_shows_todays_declarations_and_st
     assert after["units"]["u"] == "80.0% (stale)" and after["stale"] == ["u"]
     text = report.recorded_text(after, ["u", "w"], "", "targets/t/mutation.json")
     assert "80.0% (stale)" in text and "not measured" in text and "targets/t/mutation.json" in text
+
+
+def test_chunks_of_one_draw_merge_into_one_table_and_another_draw_replaces_it(tmp_path):
+    target = SimpleNamespace(dir=tmp_path, name="t")
+    draw = {"target": "t", "known_good": "k", "seed": 0, "budget": 8, "ops": ["arith", "constant"]}
+    first = [m for m in MUTANTS if m["unit"] == "u"]
+    first = [dict(m, diff="d") for m in first]
+    report.write_record(target, {**draw, "units": {"u": {}}, "mutants": first, "devices": ["A"], "seconds": 2.0})
+    kept = report.read_record(target)["mutants"]
+    assert [m["id"] for m in kept if "diff" in m] == ["d" * 12, "1" * 12], "only the survivors keep their diff"
+    second = [m for m in MUTANTS if m["unit"] == "v"]
+    _p, what = report.write_record(target, {**draw, "units": {"v": {}}, "mutants": second, "devices": ["B"],
+                                            "seconds": 3.0})
+    rec = report.read_record(target)
+    assert what == "merged with the 1 other unit(s) of the same draw"
+    assert sorted(rec["units"]) == ["u", "v"] and len(rec["mutants"]) == len(MUTANTS)
+    assert rec["devices"] == ["A", "B"] and rec["seconds"] == 5.0
+    # the same unit again replaces its own rows, not adds to them
+    report.write_record(target, {**draw, "units": {"v": {}}, "mutants": second})
+    assert len(report.read_record(target)["mutants"]) == len(MUTANTS)
+    _p, what = report.write_record(target, {**draw, "seed": 1, "units": {"v": {}}, "mutants": second})
+    assert what.startswith("replaced") and sorted(report.read_record(target)["units"]) == ["v"]
 
 
 def test_a_record_that_does_not_read_is_one_line(tmp_path):

@@ -4,6 +4,7 @@
     porter calibrate --target minimoe --known-good DIR     # DIR/<unit>.cu or DIR/<unit>.md
     porter calibrate --target ds4 --known-good upstream    # the checkout's own backend, and mutants.toml
     porter calibrate --target ds4 --known-good lib.so      # a prebuilt known-good (mutants built from the checkout)
+    porter calibrate --target minimoe --mutate             # generated mutants: what the specs miss (mutate/)
 
 Every mutant of the calibrated units runs (the adversarial corpus, scripted bad
 answers, mutants.toml rules) unless --mutant names some or --no-mutants skips

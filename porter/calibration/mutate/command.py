@@ -75,7 +75,7 @@ def generate(target, sources: dict[str, str], units: list[str], ops, budget: int
 
 
 def outcomes(built: list[Built], results: dict[str, dict], sources: dict[str, str], why_not_run: str) -> list[dict]:
-    """One record per mutant: what it is, and what became of it (survivors carry their diff)."""
+    """One record per mutant: what it is, its diff against the known-good, and what became of it."""
     out = []
     for b in built:
         m = b.mutation
@@ -90,8 +90,7 @@ def outcomes(built: list[Built], results: dict[str, dict], sources: dict[str, st
         else:
             r = results.get(m.id) or {"outcome": "not-run", "error": why_not_run}
             rec.update({k: v for k, v in r.items() if k != "id" and v is not None})
-        if rec["outcome"] == "survived":
-            rec["diff"] = m.diff(sources[m.unit])
+        rec["diff"] = m.diff(sources[m.unit])  # the recorded table keeps the survivors' only
         out.append(rec)
     return out
 
@@ -141,7 +140,7 @@ def run(args) -> int:
         raise PorterError("no unit to mutate: none of them has a known-good source")
     progress = steps_factory(console(file=sys.stderr if args.json else None), plain=log)
     drawn, possible = generate(target, sources, units, ops, args.budget, args.seed)
-    cache = Path(args.build_dir) if args.build_dir else build_gate.cache_dir(ws)
+    cache = (Path(args.build_dir).expanduser() if args.build_dir else build_gate.cache_dir(ws)).resolve()
     log(f"mutating {len(units)} unit(s) of {target.name} ({describe}): {len(drawn)} mutants "
         f"(budget {args.budget} per operator and unit, seed {args.seed})")
     built = build_all(target, sources, drawn, cache, progress)
@@ -181,8 +180,8 @@ def run(args) -> int:
         "seconds": round(time.monotonic() - t0, 1),
     }
     if args.write:
-        path = rep.write_record(target, report)
-        log(f"recorded {path}")
+        path, what = rep.write_record(target, report)
+        log(f"recorded {path} ({what})")
     if getattr(args, "report", None):
         Path(args.report).write_text(json.dumps(report, indent=1, default=str))
     if args.json:

@@ -84,16 +84,37 @@ def record_path(target) -> Path:
     return Path(target.dir) / RECORD
 
 
-def write_record(target, report: dict) -> Path:
-    """targets/<t>/mutation.json: the measured outcomes (declarations are applied when read)."""
+SAME_RUN = ("target", "known_good", "seed", "budget", "ops")  # records with these equal are parts of one table
+
+
+def write_record(target, report: dict) -> tuple[Path, str]:
+    """targets/<t>/mutation.json: the measured outcomes (declarations are applied when read), survivors with
+    their diffs.  A table drawn the same way (same known-good, seed, budget and operators: e.g. another
+    --chunk of the units) is merged, this run's units replacing theirs; any other is replaced.
+    Returns the path and what became of the table there before."""
     path = record_path(target)
-    keep = {k: report[k] for k in ("target", "known_good", "seed", "budget", "ops", "toolchain", "devices", "seconds",
-                                    "units", "mutants") if k in report}
+    keep = {k: report[k] for k in (*SAME_RUN, "toolchain", "devices", "seconds", "units", "mutants") if k in report}
+    keep["mutants"] = [m if m.get("outcome") == "survived" else {k: v for k, v in m.items() if k != "diff"}
+                       for m in keep.get("mutants", [])]
+    try:
+        old = read_record(target)
+    except PorterError:
+        old = None
+    what = "new table"
+    if old is not None and all(old.get(k) == keep.get(k) for k in SAME_RUN):
+        mine = set(keep.get("units") or {})
+        keep["units"] = {**{u: f for u, f in (old.get("units") or {}).items() if u not in mine}, **keep["units"]}
+        keep["mutants"] = [m for m in old["mutants"] if m.get("unit") not in mine] + keep["mutants"]
+        keep["devices"] = sorted(set(old.get("devices") or []) | set(keep.get("devices") or []))
+        keep["seconds"] = round((old.get("seconds") or 0) + (keep.get("seconds") or 0), 1)
+        what = f"merged with the {len(set(old.get('units') or {}) - mine)} other unit(s) of the same draw"
+    elif old is not None:
+        what = "replaced a table drawn otherwise (known-good, seed, budget or operators)"
     data = {"format": FORMAT, "recorded": time.strftime("%Y-%m-%d %H:%M:%S %Z"), **keep}
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
     tmp.replace(path)
-    return path
+    return path, what
 
 
 def read_record(target) -> dict | None:
