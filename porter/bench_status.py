@@ -36,6 +36,7 @@ from unittest import mock
 from porter.evidence import store_evidence
 from porter.digest import sha256_bytes
 from porter import gitops, signing
+from porter.gates import registry
 from porter.ledger import Ledger
 from porter.status import derive
 from porter.target import load_target
@@ -44,6 +45,10 @@ from porter.term import command_steps
 
 TARGET = example_target()
 STALE_EXIT = 4  # the two hand-edited units are stale, by design
+# the unit gates a synthetic attempt meets, cheapest first, up to the one judging its output (pass rates
+# 0.9, 0.5, 0.3 below): the source's, the library's, the output's
+SYNTHETIC_GATES = tuple(registry.names(registry.UNIT, role=r)[0]
+                        for r in (registry.SOURCE, registry.LIBRARY, registry.OUTPUT))
 
 
 def _repo_targets() -> Path:
@@ -150,11 +155,11 @@ def build_workspace(root: Path, records: int = 10_000, seed: int = 7) -> dict:
                        input_tokens=9000, output_tokens=2500, cost_usd=0.06)["seq"]
             evidence = []
             failed = None
-            for gate, p_ok in (("static", 0.9), ("build", 0.5), ("parity", 0.3)):
+            for gate, p_ok in zip(SYNTHETIC_GATES, (0.9, 0.5, 0.3)):
                 ok = rng.random() < p_ok
                 facts = {"target": TARGET, "unit": unit, "gate": gate, "ok": ok, "candidate_sha256": cand,
                          "toolchain": toolchain, "summary": f"{gate} {'ok' if ok else 'failed'}"}
-                if gate == "parity":
+                if gate == SYNTHETIC_GATES[-1]:
                     facts.update(seeds=[rng.randrange(1 << 30), rng.randrange(1 << 30)], metrics={"nmse": 1e-9})
                 sha = store_evidence(root, facts)
                 pending[f"ledger/evidence/{sha}.json"] = (root / f"ledger/evidence/{sha}.json").read_bytes()

@@ -186,7 +186,7 @@ def _parity_on(arch_seen, ok=True):
 def test_parity_across_required_archs_refuses_on_the_one_that_fails():
     from porter.gates import archs
 
-    res = archs.across(("sm_90", "sm_121"), ("sm_90", "sm_121"), lambda a: _parity_on(a, ok=a != "sm_121"))
+    res = archs.across(("sm_90", "sm_121"), ("sm_90", "sm_121"), lambda a: _parity_on(a, ok=a != "sm_121"), gate="parity")
     assert not res.ok and not res.skipped and res.check == "values"
     assert res.summary.startswith("[sm_121] parity failed") and "failing on sm_121; passed on sm_90" in res.summary
     assert archs.verdicts(res.evidence) == {"sm_90": True, "sm_121": False}
@@ -197,12 +197,12 @@ def test_parity_across_required_archs_never_takes_one_kind_for_another():
     reachable GPU has is not measured; with none measured the gate is skipped, never passed."""
     from porter.gates import archs
 
-    res = archs.across(("sm_90", "sm_121"), ("sm_90", "sm_121"), lambda a: _parity_on("sm_90"))
+    res = archs.across(("sm_90", "sm_121"), ("sm_90", "sm_121"), lambda a: _parity_on("sm_90"), gate="parity")
     assert archs.verdicts(res.evidence) == {"sm_90": True}
     assert "sm_121 not measured: parity skipped: placed on sm_121 but the run saw sm_90" in res.summary
-    only_90 = archs.across(("sm_90", "sm_121"), ("sm_90",), _parity_on)
+    only_90 = archs.across(("sm_90", "sm_121"), ("sm_90",), _parity_on, gate="parity")
     # passing where it ran, yet no pass: the run commits it built, never verified
     assert not only_90.ok and only_90.skipped and archs.verdicts(only_90.evidence) == {"sm_90": True}
     assert "sm_121 not measured: no GPU of sm_121 reachable (GPUs here: sm_90)" in only_90.summary
-    none = archs.across(("sm_121",), (), _parity_on)
+    none = archs.across(("sm_121",), (), _parity_on, gate="parity")
     assert none.skipped and not none.ok and archs.verdicts(none.evidence) == {}

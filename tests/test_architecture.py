@@ -174,18 +174,6 @@ GATE_NAMES_ALLOWED = {
     ("porter.calibration.trace", "parity"): "runs/parity, the folder the parity gate's runs are kept in",
     ("porter.calibration.command", "static"): "the --no-static option's dest",
     ("porter.calibration.perf_table", "perf"): "a column of the perf table and its rows' key",
-    # a compatibility name, going once its reader changes
-    ("porter.gates.driver", "parity"): "GateContext.parity_ahead, the name porter.gates.parity reads its "
-                                       "ahead work by; goes when parity reads ctx.ahead itself",
-    ("porter.gates.archs", "parity"): "the default gate name of archs.across's result (parity's helper)",
-    # still to move onto the registry (owned by other changes when the registry became the only list)
-    ("porter.run", "build"): "end_to_end builds the backend: registry.names(role=LIBRARY)",
-    ("porter.run", "e2e"): "end_to_end runs the backend gates: registry.names(BACKEND)",
-    ("porter.calibration.calibrator", "parity"): "parity_on_library: registry.names(UNIT, role=OUTPUT)",
-    ("porter.prompt", "build"): "a build failure quotes the candidate's own lines: the role LIBRARY",
-    ("porter.bench_status", "static"): "a synthetic ledger's gates: the registry's UNIT gates",
-    ("porter.bench_status", "build"): "a synthetic ledger's gates: the registry's UNIT gates",
-    ("porter.bench_status", "parity"): "a synthetic ledger's gates: the registry's UNIT gates",
 }
 
 

@@ -307,20 +307,20 @@ def test_parity_on_several_architectures_is_timed_against_each_ones_own_baseline
     kg = {"sm_90": _parity(1.0, arch="sm_90"), "sm_121": _parity(2.0, gpu="NVIDIA GB10", arch="sm_121")}
     for r in kg.values():
         r.evidence["timing"]["times_ms"] = [r.evidence["timing"]["median_ms"]] * 3
-    known_good = archs.across(("sm_90", "sm_121"), ("sm_90", "sm_121"), kg.__getitem__)
+    known_good = archs.across(("sm_90", "sm_121"), ("sm_90", "sm_121"), kg.__getitem__, gate="parity")
     ev = store_evidence(workspace, dict(known_good.evidence, target="minimoe", unit=UNIT, gate="parity",
                                         candidate_sha256=None))
     Ledger(workspace).append("calibration", target="minimoe", unit=UNIT, ok=True, spec_sha256=SPEC_SHA,
                              known_good="scripted good answers", evidence=ev, summary="")
     runs = {"sm_90": _parity(1.05, arch="sm_90"), "sm_121": _parity(30.0, gpu="NVIDIA GB10", arch="sm_121")}
-    parity = archs.across(("sm_90", "sm_121"), ("sm_90", "sm_121"), runs.__getitem__)
+    parity = archs.across(("sm_90", "sm_121"), ("sm_90", "sm_121"), runs.__getitem__, gate="parity")
     res = _perf(workspace, parity)
     assert not res.ok and res.check == "slowdown" and res.summary.startswith("[sm_121] perf failed"), res.summary
     per = res.evidence["archs"]
     assert per["sm_90"]["ok"] and per["sm_90"]["evidence"]["baseline"]["median_ms"] == 1.0
     assert per["sm_121"]["evidence"]["baseline"]["median_ms"] == 2.0
     runs["sm_121"] = _parity(2.1, gpu="NVIDIA GB10", arch="sm_121")
-    ok = _perf(workspace, archs.across(("sm_90", "sm_121"), ("sm_90", "sm_121"), runs.__getitem__))
+    ok = _perf(workspace, archs.across(("sm_90", "sm_121"), ("sm_90", "sm_121"), runs.__getitem__, gate="parity"))
     assert ok.ok and archs.verdicts(ok.evidence) == {"sm_90": True, "sm_121": True}, ok.summary
 
 

@@ -219,11 +219,11 @@ def test_parity_inputs_are_started_before_the_build_and_dropped_when_it_refuses(
     order, fut = [], Future()
 
     def build_run(candidate, ctx):
-        order.append(("build", ctx.parity_ahead is fut))
+        order.append(("build", ctx.ahead.get("parity") is fut))
         return GateResult("build", build_ok, "built" if build_ok else "no", check=None if build_ok else "build")
 
     def parity_run(candidate, ctx):
-        order.append(("parity", ctx.parity_ahead is fut))
+        order.append(("parity", ctx.ahead.get("parity") is fut))
         return GateResult("parity", True, "ok")
 
     rec = Recorder({})

@@ -620,7 +620,7 @@ def test_required_architectures_run_on_their_own_nodes_of_the_cluster(cluster, t
     monkeypatch.setattr(ex, "run", run)
     res = archs.across(("sm_90", "sm_120", "sm_121"), executors.served_archs("host"),
                        lambda a: run_spec(target, spec, tmp_path / "lib.so", workspace=tmp_path, mode="host",
-                                          timing_reps=0, ctx=Context(None), arch=a))
+                                          timing_reps=0, ctx=Context(None), arch=a), gate="parity")
     executors.shutdown()
     assert placed == {"sm_90": node_of["sm_90"], "sm_121": node_of["sm_121"]}
     # both reachable kinds passed, the third has no GPU: not a pass (the run commits it built)

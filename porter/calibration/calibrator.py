@@ -29,7 +29,7 @@ from porter.calibration.variants import VariantPlan
 from porter.digest import sha256_file
 from porter.errors import PorterError
 from porter.evidence import store_evidence
-from porter.gates import perf, static
+from porter.gates import perf, registry, static
 from porter.gates.driver import Candidate, GateContext, ParityOptions, run_gates
 from porter.gates.parity.compare import CHECK_ORDER
 from porter.gates.parity.gate import fresh_seeds
@@ -116,7 +116,8 @@ def parity_on_library(target, unit: str, lib: Path, opts: CalibrateOptions, time
                               **({"env": env} if env else {}), **({"seeds": seeds} if seeds else {}),
                               "fresh_process": fresh_process})
     ctx = GateContext(target, opts.workspace, parity=parity, library=Path(lib))
-    return run_gates(Candidate(unit, "", sha256_file(lib)), ctx, gates=("parity",))[0]
+    return run_gates(Candidate(unit, "", sha256_file(lib)), ctx,
+                     gates=registry.names(registry.UNIT, role=registry.OUTPUT))[0]
 
 
 def perf_on_mutant(target, unit: str, parity, known_good, retime_fn):

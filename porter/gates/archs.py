@@ -1,6 +1,6 @@
 """Gates on every required GPU architecture, and the per-architecture verdicts their evidence holds.
 
-    across(required, served, run_one) -> GateResult   one parity run per required kind, one gate result
+    across(required, served, run_one, gate) -> GateResult   one run per required kind, one gate result
     verdicts(evidence) -> {arch: True | False}         what a parity evidence record says per kind
 
 A unit verified on sm_90 can fail on sm_121 (warp-size assumptions, shared-memory limits, tensor-core
@@ -26,7 +26,7 @@ def arch_of(evidence: dict | None) -> str | None:
 
 
 def across(required: tuple[str, ...], served: tuple[str, ...], run_one: Callable[[str], GateResult],
-           gate: str = "parity") -> GateResult:
+           gate: str) -> GateResult:
     """`gate` (parity; perf judges each kind's timing alike) on a GPU of each `required` architecture
     that `served` (the executor's GPU kinds) holds."""
     runs: dict[str, GateResult] = {}

@@ -88,12 +88,6 @@ class GateContext:
                 out |= set(calls(self.target, unit))
         return out
 
-    @property
-    def parity_ahead(self):
-        """The name porter.gates.parity reads its ahead work by (ahead[its name]); goes once it reads
-        ctx.ahead itself."""
-        return self.ahead.get("parity")
-
     @cached_property
     def history(self) -> History:
         """The workspace's ledger, read when a gate first needs calibration facts."""

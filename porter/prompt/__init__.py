@@ -35,6 +35,7 @@ from pathlib import Path
 import jinja2
 
 from porter.diagnostics import own_by_name, trim_diagnostics
+from porter.gates import registry
 from porter.prompt.context import Failure, Section, UnitContext, gather
 from porter.providers.base import PromptRequest
 
@@ -55,6 +56,12 @@ class RenderedPrompt:
     budget_chars: int = DEFAULT_PROMPT_CHARS
     quant_types: list[str] = field(default_factory=list)
     sections: dict = field(default_factory=dict)  # name -> count, for the ledger / --json
+
+
+def _makes_library(gate: str) -> bool:
+    """Whether a recorded gate is the one that compiles and links (its diagnostics quote the unit's files)."""
+    g = registry.known(gate)
+    return g is not None and g.role == registry.LIBRARY
 
 
 def _env() -> jinja2.Environment:
@@ -126,7 +133,7 @@ class _State:
         self.detailed = [
             Failure(f.attempt, f.gate, f.summary,
                     trim_diagnostics(f.diagnostics, LATEST_DIAG_CHARS if i == 0 else OLDER_DIAG_CHARS,
-                                     own=own if f.gate == "build" else None, max_errors=None))
+                                     own=own if _makes_library(f.gate) else None, max_errors=None))
             for i, f in enumerate(reversed(fails[-DETAILED_FAILURES:]))
         ][::-1]  # oldest first, latest last
         self.brief = fails[:-DETAILED_FAILURES] if len(fails) > DETAILED_FAILURES else []

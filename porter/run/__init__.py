@@ -54,6 +54,7 @@ from porter.doctor import preflight
 from porter.gates.build import cache_dir, check_environment
 from porter.errors import PorterError
 from porter.toolchain import nvcc_path
+from porter.gates import registry
 from porter.gates.driver import Candidate, GateContext, run_gates
 from porter.gates.e2e.state import E2E_UNIT, head_backend_tree, run_e2e_if_due
 from porter.gates.result import GateResult
@@ -218,10 +219,13 @@ def end_to_end(ws: Path, target, r: Run) -> None:
     def build_and_run() -> GateResult:
         unit = (prefill_units or target.units)[0]  # any unit's current file: the build links them all
         ctx = GateContext(target, ws, progress=getattr(r.out, "steps", None))
-        built = run_gates(Candidate.of(unit, target.unit_path(unit).read_text()), ctx, gates=("build",))[-1]
+        library = registry.names(registry.UNIT, role=registry.LIBRARY)
+        built = run_gates(Candidate.of(unit, target.unit_path(unit).read_text()), ctx, gates=library)[-1]
+        backend = registry.names(registry.BACKEND)
         if not built.ok:
-            return GateResult("e2e", False, f"e2e: the backend does not build: {built.summary}", check="build")
-        return run_gates(Candidate(E2E_UNIT, "", head_backend_tree(ws, target) or ""), ctx, gates=("e2e",))[-1]
+            return GateResult(backend[0], False, f"{backend[0]}: the backend does not build: {built.summary}",
+                              check=built.gate)
+        return run_gates(Candidate(E2E_UNIT, "", head_backend_tree(ws, target) or ""), ctx, gates=backend)[-1]
 
     def record(res: GateResult) -> None:
         r._record_gate(E2E_UNIT, 0, res)

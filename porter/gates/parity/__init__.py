@@ -159,7 +159,7 @@ def run(candidate, ctx) -> GateResult:
     if sanitize is None:
         sanitize = os.environ.get("PORTER_PARITY_SANITIZE", "") not in ("", "0", "off")
     extra = {}  # only a unit spec's run takes `prepared` (start_ahead makes none for a scenario)
-    ahead = ctx.parity_ahead
+    ahead = ctx.ahead.get("parity")  # what the driver started for this gate while the library was made
     if ahead is not None:
         try:
             prepared = ahead.result()
@@ -181,4 +181,4 @@ def run(candidate, ctx) -> GateResult:
     required = getattr(target, "required_archs", ())
     if not required:
         return on(None)  # a verdict for the GPU it runs on, which its evidence names
-    return archs.across(required, executors.served_archs(opts.mode), on)
+    return archs.across(required, executors.served_archs(opts.mode), on, gate="parity")
