@@ -132,6 +132,7 @@ def test_chunks_of_one_draw_merge_into_one_table_and_another_draw_replaces_it(tm
     assert what == "merged with the 1 other unit(s) of the same draw"
     assert sorted(rec["units"]) == ["u", "v"] and len(rec["mutants"]) == len(MUTANTS)
     assert rec["devices"] == ["A", "B"] and rec["seconds"] == 5.0
+    assert rec["measured"]["overall"] == report.summarize(MUTANTS)["overall"]  # the merged table's, as measured
     # the same unit again replaces its own rows, not adds to them
     report.write_record(target, {**draw, "units": {"v": {}}, "mutants": second})
     assert len(report.read_record(target)["mutants"]) == len(MUTANTS)

@@ -110,7 +110,9 @@ def write_record(target, report: dict) -> tuple[Path, str]:
         what = f"merged with the {len(set(old.get('units') or {}) - mine)} other unit(s) of the same draw"
     elif old is not None:
         what = "replaced a table drawn otherwise (known-good, seed, budget or operators)"
-    data = {"format": FORMAT, "recorded": time.strftime("%Y-%m-%d %H:%M:%S %Z"), **keep}
+    measured = summarize(keep["mutants"])  # for a reader of the file; a table shown applies the declarations
+    data = {"format": FORMAT, "recorded": time.strftime("%Y-%m-%d %H:%M:%S %Z"), **keep,
+            "measured": {"overall": measured["overall"], "units": measured["units"], "ops": measured["ops"]}}
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(data, indent=1) + "\n")
     tmp.replace(path)
