@@ -58,6 +58,9 @@ def test_the_module_id_is_masked_keeping_every_offset():
     b = b"head _00ff00ff_25_mini_gpu_swiglu_tensor_cu_12345678 tail"
     assert a != b and fingerprint.mask(a, UNIT) == fingerprint.mask(b, UNIT)
     assert len(fingerprint.mask(a, UNIT)) == len(a)
+    # a mangled name follows the id directly: its length digits are code (nvcc without the split compile)
+    k13 = b"_1a2b3c4d_25_mini_gpu_swiglu_tensor_cu_9f8e7d6c13swiglu_kernel"
+    assert fingerprint.mask(k13, UNIT) != fingerprint.mask(k13.replace(b"c13s", b"c14s"), UNIT)
     other = b"head _1a2b3c4d_25_mini_gpu_add_tensor_cu_9f8e7d6c tail"
     assert fingerprint.mask(other, UNIT) == other  # another unit's id is code, not noise
     assert fingerprint.digest_bytes(a, UNIT) == fingerprint.digest_bytes(b, UNIT)

@@ -35,8 +35,10 @@ SHT_SYMTAB, SHT_NOBITS = 2, 8
 
 
 def module_id_pattern(unit: str) -> re.Pattern:
-    return re.compile(rb"_[0-9A-Fa-f]+_[0-9]+_" + re.escape(re.sub(r"[^A-Za-z0-9_]", "_", unit).encode())
-                      + rb"_cu_[0-9A-Fa-f]+")
+    """nvcc's module id of a file named `unit`.cu: `_<8 hex>_<len>_<stem>_cu_<8 hex>` (a mangled name may follow
+    it directly with its length's digits, which are code, not id)."""
+    return re.compile(rb"_[0-9a-f]{8}_[0-9]+_" + re.escape(re.sub(r"[^A-Za-z0-9_]", "_", unit).encode())
+                      + rb"_cu_[0-9a-f]{8}")
 
 
 def mask(data: bytes, unit: str) -> bytes:
