@@ -288,8 +288,10 @@ def sweep(run: Callable[[list[int]], object], tolerances: dict, k: int, first: t
     run(seeds) -> a parity GateResult on exactly those seeds; `first`: (seeds, result) of a run already
     made (the calibration's own known-good run, set 1); fresh() -> a new seed pair (default: the parity
     gate's os.urandom seeds); map_fn: runs a list of thunks side by side (the calibration's run slots)."""
-    if fresh is None:
-        from porter.gates.parity.gate import fresh_seeds as fresh  # noqa: N811 - the gate's own seeds
+    if fresh is None:  # the parity gate's own: os.urandom, never a seed anyone saw
+        from porter.gates.parity.gate import fresh_seeds
+
+        fresh = fresh_seeds
     mapper = map_fn or (lambda fns: [f() for f in fns])
     sets: list[SeedSet] = []
     if first is not None:
