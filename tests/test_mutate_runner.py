@@ -108,3 +108,32 @@ def test_the_calibration_mutant_is_the_whole_mutated_file_refused_by_any_check()
     m = runner.as_mutant(built("u", "wrong"))
     assert (m.unit, m.source, m.must_fail_check, m.origin) == ("u", "// wrong\n", "any", "mutation")
     assert m.rejected_by("nmse") and not m.rejected_by("pass") and not m.rejected_by("skipped")
+
+
+def test_a_judged_mutants_library_is_removed_and_the_known_goods_kept(calls, tmp_path):
+    cache = tmp_path / "cache"
+    good = cache / "lib" / "k0" / "good.so"
+    good.parent.mkdir(parents=True)
+    good.write_text("")
+    elsewhere = tmp_path / "kept" / "same.so"
+    elsewhere.parent.mkdir()
+    elsewhere.write_text("")
+
+    class CachedLibs(Libs):
+        def __init__(self):
+            self.cache = cache
+
+        def known_good(self):
+            return good
+
+        def mutant(self, m):
+            if m.why == "same":  # not in the builder's layout: never removed
+                return elsewhere
+            lib = cache / "lib" / f"k-{m.why}" / f"{m.why}.so"
+            lib.parent.mkdir(parents=True, exist_ok=True)
+            lib.write_text("")
+            return lib
+
+    runner.run_all(None, CachedLibs(), [built("u", "wrong"), built("u", "slow"), built("u", "same")], ["u"],
+                   opts(tmp_path), out=lambda *a: None)
+    assert sorted(p.name for p in (cache / "lib").iterdir()) == ["k0"] and good.is_file() and elsewhere.is_file()

@@ -22,6 +22,7 @@ from porter.calibration.mutate import fingerprint
 from porter.calibration.mutate.generate import Mutation
 from porter.errors import PorterError
 from porter.gates import build as build_gate
+from porter.gates import build_cache
 
 DID_NOT_BUILD, EQUIVALENT, DUPLICATE, DISTINCT = "did-not-build", "equivalent", "duplicate", "distinct"
 
@@ -82,6 +83,7 @@ def build_all(target, known_good: dict[str, str], mutations: list[Mutation], cac
 
     def one(m: Mutation):
         try:
+            build_cache.maybe_prune(Path(cache))  # thousands of objects: the cache's bound holds (at most once a minute)
             return compile_digest(target, m.unit, m.source, cache)
         except build_gate.CompileFailure as exc:
             return exc

@@ -6,13 +6,16 @@ source of every unit, this unit's mutated).
 Per unit, the known-good runs first on the seeds all its mutants then share: it must pass (else the
 spec refuses correct code and no kill of that spec means anything: its mutants are not-run), and its
 timing is the perf baseline.  A mutant's time limit is a few known-good runs' worth (MUTANT_TIMEOUT),
-not the spec's full limit: a mutant that loops forever is common and is killed by `timeout`.
+not the spec's full limit: a mutant that loops forever is common and is killed by `timeout`.  A judged
+mutant's library is removed (drop_library): none is loaded twice.
 """
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import replace
+from pathlib import Path
 
 from porter.calibration import calibrator
 from porter.calibration.libraries import BuildError
@@ -36,6 +39,19 @@ def as_mutant(b: Built) -> Mutant:
 def mutant_timeout(known_good_seconds: float, limit: float | None) -> float:
     t = max(MIN_TIMEOUT_S, MUTANT_TIMEOUT * known_good_seconds)
     return min(t, limit) if limit else t
+
+
+def drop_library(libs, lib, good) -> None:
+    """Remove a judged mutant's library from the calibration builder's cache (cache/lib/<key>/): thousands of
+    mutants would each leave a whole backend there (ds4: every unit linked), and none is loaded twice.
+    Anything not laid out that way, and the known-good's, is left alone."""
+    cache = getattr(libs, "cache", None)
+    lib = Path(lib)
+    if cache is None or lib == Path(good):
+        return
+    folder = lib.resolve().parent
+    if folder.parent == (Path(cache) / "lib").resolve() and lib.resolve() != Path(good).resolve():
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def judge(parity, perf=None) -> tuple[str, str | None, str]:
@@ -78,6 +94,7 @@ def run_unit(target, libs, good, unit: str, built: list[Built], opts, run=None) 
         if r.ok:  # judged against this run's known-good, as a hand-written perf mutant is
             p = calibrator.perf_on_mutant(target, unit, r, res, lambda: calibrator.parity_on_library(
                 target, unit, lib, opts, timeout=timeout, fresh_process=True))
+        drop_library(libs, lib, good)
         outcome, check, summary = judge(r, p)
         return {"id": b.mutation.id, "outcome": outcome, "check": check, "summary": summary[:300],
                 "seconds": round(time.monotonic() - t1, 2)}
