@@ -82,7 +82,8 @@ def test_a_declaration_for_a_killed_mutant_changes_nothing():
     ("[[equivalent]]\nunit = 'u'\nop = 'arith'\nid = 'aaaaaaaaaaaa'\nreason = ''\n", r"reason must be non-empty"),
     ("[[equivalent]]\nunit = 'u'\nop = 'swap'\nid = 'aaaaaaaaaaaa'\nreason = 'r'\n", r"no operator 'swap' \(known: "),
     ("[[equivalent]]\nunit = 'u'\nop = 'arith'\nid = 'AAAA'\nreason = 'r'\n", r"id 'AAAA' is not a mutant id"),
-    ("[[equivalent]]\nunit = 'u'\nop = 'arith'\nid = 'aaaaaaaaaaaa'\nreason = 'r'\nwhy = 'x'\n", r"unknown key\(s\) why"),
+    ("[[equivalent]]\nunit = 'u'\nop = 'arith'\nid = 'aaaaaaaaaaaa'\nreason = 'r'\nwhy = 'x'\n",
+     r"unknown key\(s\) why"),
     ("[[equivalent]]\nunit = 'u'\nop = 'arith'\nid = 'aaaaaaaaaaaa'\nreason = 'r'\n" * 2, r"equivalent #2: mutant "
      r"aaaaaaaaaaaa is declared twice"),
     ("[[survivor]]\nid = 1\n", r"unknown table\(s\) survivor"),

@@ -55,7 +55,8 @@ def calls(monkeypatch):
 
     def perf(target, unit, parity_res, known_good, retime):
         slow = parity_res.evidence["timing"]["median_ms"] > 2 * known_good.evidence["timing"]["median_ms"]
-        return GateResult("perf", not slow, "perf refused: 9x" if slow else "perf ok", check="slowdown" if slow else None)
+        return GateResult("perf", not slow, "perf refused: 9x" if slow else "perf ok",
+                          check="slowdown" if slow else None)
 
     monkeypatch.setattr(calibrator, "parity_on_library", parity)
     monkeypatch.setattr(calibrator, "perf_on_mutant", perf)

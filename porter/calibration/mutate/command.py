@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from porter.calibration.mutate import declared as declared_mod
@@ -95,19 +96,34 @@ def outcomes(built: list[Built], results: dict[str, dict], sources: dict[str, st
     return out
 
 
-def run(args) -> int:
-    from porter.calibration.calibrator import CalibrateOptions
+@dataclass
+class Plan:
+    """What one --mutate run works on, settled before any compile."""
+    target: object
+    workspace: Path
+    units: list[str]
+    specs: dict
+    sources: dict[str, str]  # unit -> known-good source (every unit that has one: the libraries link them)
+    describe: str
+    missing: dict[str, str]  # a unit asked for without a known-good -> why
+    declared: dict
+    ops: tuple
+    gpu: bool
+    why: str  # why parity cannot run here ("" when it can)
+    workers: int | None
+    log: object
+
+
+def plan(args) -> Plan:
+    """The run's units, sources and declarations; PorterError (one line, exit 2) on anything that stops it."""
     from porter.calibration.chunks import chunk_units
     from porter.calibration.mutate.known_good import known_good_sources
-    from porter.gates import build as build_gate
+    from porter.doctor import preflight
     from porter.gates import parity
-    from porter.gates.driver import ParityOptions
     from porter.gates.parity.executors import use_executor
     from porter.gates.parity.spec import load_specs
     from porter.target import load_target
-    from porter.term import console, steps_factory
 
-    t0 = time.monotonic()
     ws = Path(args.workspace)
     target = load_target(ws, args.target, getattr(args, "source", None))
     workers = use_executor(args, args.mode)
@@ -129,8 +145,6 @@ def run(args) -> int:
     if args.write and (args.builds_only or not gpu):
         raise PorterError("--write records a judged table: " + ("--builds-only judges nothing" if args.builds_only
                                                                  else f"parity cannot run here ({why})"))
-    from porter.doctor import preflight
-
     preflight(ws, target, "calibrate")  # nvcc, the toolkit, the sandbox: one line, exit 2
     sources, describe, missing = known_good_sources(target, args.known_good, units)
     for u, m in missing.items():
@@ -138,58 +152,81 @@ def run(args) -> int:
     units = [u for u in units if u in sources]
     if not units:
         raise PorterError("no unit to mutate: none of them has a known-good source")
-    progress = steps_factory(console(file=sys.stderr if args.json else None), plain=log)
-    drawn, possible = generate(target, sources, units, ops, args.budget, args.seed)
-    cache = (Path(args.build_dir).expanduser() if args.build_dir else build_gate.cache_dir(ws)).resolve()
-    log(f"mutating {len(units)} unit(s) of {target.name} ({describe}): {len(drawn)} mutants "
-        f"(budget {args.budget} per operator and unit, seed {args.seed})")
-    built = build_all(target, sources, drawn, cache, progress)
-    judged = gpu and not args.builds_only
-    facts, results = {}, {}
-    if judged:
-        from porter.calibration.libraries import SourceLibraries
+    return Plan(target, ws, units, specs, sources, describe, missing, declared, ops, gpu, "" if gpu else why,
+                workers, log)
 
-        opts = CalibrateOptions(ws, units, None, True, ParityOptions(mode=args.mode, sanitize=args.sanitize,
-                                                                     timeout=args.timeout,
-                                                                     timing_reps=args.timing_reps),
-                                show_static=False, ledger=False, variants=False)
-        if getattr(args, "jobs", None):
-            if args.jobs < 1:
-                raise PorterError(f"--jobs must be at least 1, not {args.jobs}")
-            opts.jobs = args.jobs
-        elif workers:
-            opts.jobs = workers
-        libs = SourceLibraries(target, cache, sources, describe)
-        todo = [u for u in units if any(b.mutation.unit == u and b.status == DISTINCT for b in built)]
-        from porter.calibration.mutate.runner import run_all
 
-        facts, results = run_all(target, libs, built, todo, opts, out=log)
-    not_run = "--builds-only" if args.builds_only else f"parity needs a GPU: {why}"
-    mutants = outcomes(built, results, sources, not_run)
-    shown, unmatched = rep.declared_outcomes(mutants, declared)
-    summary = rep.summarize(shown)
+def judge_all(args, p: Plan, built: list[Built], cache: Path) -> tuple[dict, dict]:
+    """Every distinct mutant through parity (and perf) on the calibration's path: (known-good facts per unit,
+    result per mutant id)."""
+    from porter.calibration.calibrator import CalibrateOptions
+    from porter.calibration.libraries import SourceLibraries
+    from porter.calibration.mutate.runner import run_all
+    from porter.gates.driver import ParityOptions
+
+    opts = CalibrateOptions(p.workspace, p.units, None, True,
+                            ParityOptions(mode=args.mode, sanitize=args.sanitize, timeout=args.timeout,
+                                          timing_reps=args.timing_reps),
+                            show_static=False, ledger=False, variants=False)
+    if getattr(args, "jobs", None):
+        if args.jobs < 1:
+            raise PorterError(f"--jobs must be at least 1, not {args.jobs}")
+        opts.jobs = args.jobs
+    elif p.workers:
+        opts.jobs = p.workers  # one unit per cluster worker
+    libs = SourceLibraries(p.target, cache, p.sources, p.describe)
+    todo = [u for u in p.units if any(b.mutation.unit == u and b.status == DISTINCT for b in built)]
+    return run_all(p.target, libs, built, todo, opts, out=p.log)
+
+
+def make_report(args, p: Plan, built: list[Built], possible: dict, facts: dict, results: dict, judged: bool,
+                seconds: float) -> tuple[dict, list[dict], list]:
+    """(the report, the mutants with today's declarations applied, the declarations no mutant matched)."""
+    from porter.gates import build as build_gate
+
+    not_run = "--builds-only" if args.builds_only else f"parity needs a GPU: {p.why}"
+    mutants = outcomes(built, results, p.sources, not_run)
+    shown, unmatched = rep.declared_outcomes(mutants, p.declared)
     report = {
-        "target": target.name, "known_good": describe, "seed": args.seed, "budget": args.budget,
-        "ops": [o.name for o in ops], "judged": judged, "not_judged_because": None if judged else not_run,
-        "toolchain": {"nvcc_version": build_gate.toolchain()["nvcc_version"], "nvcc_flags": list(target.nvcc_flags)},
+        "target": p.target.name, "known_good": p.describe, "seed": args.seed, "budget": args.budget,
+        "ops": [o.name for o in p.ops], "judged": judged, "not_judged_because": None if judged else not_run,
+        "toolchain": {"nvcc_version": build_gate.toolchain()["nvcc_version"],
+                      "nvcc_flags": list(p.target.nvcc_flags)},
         "devices": sorted({f["device"] for f in facts.values() if f.get("device")}),
-        "units": {u: {"spec_sha256": specs[u].sha256, "known_good_sha256": sha256_bytes(sources[u].encode()),
-                      "candidates": possible[u], "known_good": facts.get(u)} for u in units},
-        "missing_known_good": missing, "mutants": mutants, "summary": summary,
-        "declared_unmatched": [d.__dict__ for d in unmatched],
-        "seconds": round(time.monotonic() - t0, 1),
+        "units": {u: {"spec_sha256": p.specs[u].sha256, "known_good_sha256": sha256_bytes(p.sources[u].encode()),
+                      "candidates": possible[u], "known_good": facts.get(u)} for u in p.units},
+        "missing_known_good": p.missing, "mutants": mutants, "summary": rep.summarize(shown),
+        "declared_unmatched": [asdict(d) for d in unmatched], "seconds": round(seconds, 1),
     }
+    return report, shown, unmatched
+
+
+def run(args) -> int:
+    from porter.gates import build as build_gate
+    from porter.term import console, steps_factory
+
+    t0 = time.monotonic()
+    p = plan(args)
+    drawn, possible = generate(p.target, p.sources, p.units, p.ops, args.budget, args.seed)
+    cache = (Path(args.build_dir).expanduser() if args.build_dir else build_gate.cache_dir(p.workspace)).resolve()
+    p.log(f"mutating {len(p.units)} unit(s) of {p.target.name} ({p.describe}): {len(drawn)} mutants "
+          f"(budget {args.budget} per operator and unit, seed {args.seed})")
+    progress = steps_factory(console(file=sys.stderr if args.json else None), plain=p.log)
+    built = build_all(p.target, p.sources, drawn, cache, progress)
+    judged = p.gpu and not args.builds_only
+    facts, results = judge_all(args, p, built, cache) if judged else ({}, {})
+    report, shown, unmatched = make_report(args, p, built, possible, facts, results, judged, time.monotonic() - t0)
     if args.write:
-        path, what = rep.write_record(target, report)
-        log(f"recorded {path} ({what})")
+        path, what = rep.write_record(p.target, report)
+        p.log(f"recorded {path} ({what})")
     if getattr(args, "report", None):
         Path(args.report).write_text(json.dumps(report, indent=1, default=str))
     if args.json:
         print(json.dumps(report, indent=1, default=str))
     else:
-        possible_by_op = {o.name: sum(possible[u][o.name] for u in units) for o in ops}
-        _print(report, summary, possible_by_op, shown, unmatched, target.symbol_prefix, judged)
-    return _exit(args, report, summary, gpu, why)
+        by_op = {o.name: sum(possible[u][o.name] for u in p.units) for o in p.ops}
+        _print(report, report["summary"], by_op, shown, unmatched, p.target.symbol_prefix, judged)
+    return _exit(args, report, report["summary"], p.gpu, p.why)
 
 
 def _print(report: dict, summary: dict, possible: dict[str, int], shown: list[dict], unmatched, prefix: str,

@@ -83,7 +83,7 @@ def build_all(target, known_good: dict[str, str], mutations: list[Mutation], cac
 
     def one(m: Mutation):
         try:
-            build_cache.maybe_prune(Path(cache))  # thousands of objects: the cache's bound holds (at most once a minute)
+            build_cache.maybe_prune(Path(cache))  # thousands of objects: the cache's bound holds (once a minute)
             return compile_digest(target, m.unit, m.source, cache)
         except build_gate.CompileFailure as exc:
             return exc
