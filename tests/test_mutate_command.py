@@ -109,3 +109,38 @@ def test_on_a_gpu_every_mutant_is_judged_and_a_dropped_store_is_killed(porter_cl
     assert store and all(m["outcome"] == "killed" for m in store), store
     assert not [m for m in rep["mutants"] if m["outcome"] == "not-run"]
     assert r.returncode == (1 if rep["summary"]["overall"]["survived"] else 0)
+
+
+@needs_nvcc
+def test_the_judged_path_writes_the_table_shows_survivors_and_a_declared_one_clears_the_exit(
+        workspace, build_cache, monkeypatch, capsys):
+    """The GPU path on stand-in parity runs (the real ones are the GPU test's): the table, the survivor's diff,
+    --write, exit 1 while a survivor is left and 0 once it is declared equivalent."""
+    import porter.calibration.mutate.runner as runner
+    import porter.gates.parity as parity
+    from porter.cli import main
+
+    monkeypatch.setattr(parity, "available", lambda: (True, "stand-in"))
+
+    def stand_in(target, libs, built, units, opts, out=print):
+        distinct = [b for b in built if b.status == "distinct"]
+        facts = {u: {"ok": True, "word": "pass", "summary": "ok", "seconds": 1.0, "device": "Stand-in GPU"}
+                 for u in units}
+        return facts, {b.mutation.id: {"id": b.mutation.id, "outcome": "survived" if i == 0 else "killed",
+                                       "check": None if i == 0 else "sentinel", "summary": "stand-in"}
+                       for i, b in enumerate(distinct)}
+
+    monkeypatch.setattr(runner, "run_all", stand_in)
+    args = ["-C", str(workspace), "calibrate", "--mutate", "--unit", UNIT, "--op", "drop_guard", "--budget", "2"]
+    assert main([*args, "--write"]) == 1
+    out = capsys.readouterr().out
+    rec = json.loads((workspace / "targets" / "minimoe" / "mutation.json").read_text())
+    survivor = next(m for m in rec["mutants"] if m["outcome"] == "survived")
+    assert rec["devices"] == ["Stand-in GPU"] and rec["measured"]["overall"]["score"] == 0.5
+    assert f"survived {UNIT} drop_guard {survivor['id']}" in out and survivor["diff"].splitlines()[0] in out
+    assert "score 50.0%" in out.splitlines()[-1]
+    (workspace / "targets" / "minimoe" / "equivalent_mutants.toml").write_text(
+        f"[[equivalent]]\nunit = '{UNIT}'\nop = 'drop_guard'\nid = '{survivor['id']}'\nreason = 'stand-in review'\n")
+    assert main(args) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "1 equivalent" in last and "0 survived, score 100.0%" in last
