@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import tree_sitter as ts
 
-from porter.calibration.mutate.scope import Body, in_preprocessor, inside_nested_function, text
+from porter.calibration.mutate.scope import Body, in_preprocessor, inside_nested_function, text, walk
 
 
 @dataclass(frozen=True)
@@ -157,7 +157,7 @@ def perturbed(literal: str) -> list[str]:
         out = [value + 1] + ([value - 1] if value - 1 >= 0 or not unsigned else [])
         return [("-" + _format_int(-v, digits) if v < 0 else _format_int(v, digits)) + suffix for v in out]
     m = _FLOAT.match(literal)
-    if m and any(c in m.group(2) for c in ".eE") or (m and m.group(3).lower() == "f"):
+    if m and (any(c in m.group(2) for c in ".eE") or m.group(3).lower() == "f"):
         sign, digits, suffix = m.groups()
         value = float(digits)
         if value == 0.0:
@@ -270,8 +270,6 @@ def _is_float_type(decl: ts.Node) -> bool:
 
 def float_names(body: Body, params: ts.Node | None) -> set[str]:
     """The float scalars of a function: its `float x` parameters and locals (not pointers or arrays)."""
-    from porter.calibration.mutate.scope import walk
-
     names = set()
     decls = [n for n in walk(body.node) if n.type == "declaration"]
     decls += [n for n in (params.named_children if params is not None else []) if n.type == "parameter_declaration"]
@@ -341,8 +339,6 @@ BY_NAME = {o.name: o for o in OPERATORS}
 
 def edits_in(body: Body, data: bytes, ops: tuple[Operator, ...] = OPERATORS) -> list[tuple[Operator, Edit]]:
     """Every edit each operator proposes in one function body, in source order."""
-    from porter.calibration.mutate.scope import walk
-
     fn = body.node.parent
     declarator = fn.child_by_field_name("declarator") if fn is not None else None
     while declarator is not None and declarator.type != "function_declarator":
