@@ -39,17 +39,17 @@ exit codes: 0 ok, 1 a run ended with units failing (or --reverify contradicted a
 
 # name -> (module, one-line description); owned by other modules, imported lazily.
 DELEGATED = {
-    "status": ("porter.status", "per-unit state (unported/failing/built/verified/stale/tampered), derived, never stored"),
-    "audit": ("porter.audit", "one unit's chain of evidence: ledger records, evidence hashes, commits, the current file"),
-    "plan": ("porter.plan", "the order units are ported in: runtime, prefill path, decode path, unreachable"),
+    "status": ("porter.commands.status", "per-unit state (unported/failing/built/verified/stale/tampered), derived, never stored"),
+    "audit": ("porter.commands.audit", "one unit's chain of evidence: ledger records, evidence hashes, commits, the current file"),
+    "plan": ("porter.target.plan", "the order units are ported in: runtime, prefill path, decode path, unreachable"),
     "prompt": ("porter.prompt.cli", "show the prompt porter would send for a unit (nothing is sent)"),
     "report": ("porter.report", "write the reviewer's view as a static HTML site: overview, critical-path graph, a page per unit"),
     "calibrate": ("porter.calibration.command", "check that each parity spec accepts a known-good build and rejects mutants"),
-    "trust": ("porter.trust", "pin the ledger signing key you trust (a key swapped in the repository is then tampered)"),
-    "repair": ("porter.repair", "accept a tampered tail or a rollback explicitly (recorded, signed), so runs can go on"),
+    "trust": ("porter.records.trust", "pin the ledger signing key you trust (a key swapped in the repository is then tampered)"),
+    "repair": ("porter.commands.repair", "accept a tampered tail or a rollback explicitly (recorded, signed), so runs can go on"),
     "optimize": ("porter.optimize.command", "ask for faster versions of verified units; keep one only when a "
                  "rank test on interleaved timings proves it faster and every gate passes again"),
-    "doctor": ("porter.doctor", "can this machine port this target? nvcc, toolkit headers and libraries, GPU and "
+    "doctor": ("porter.commands.doctor", "can this machine port this target? nvcc, toolkit headers and libraries, GPU and "
                "architecture, cupy, sandbox, signing key, provider key; one line per check with what to do"),
 }
 READ_COMMANDS = {"units", "status", "audit", "plan", "prompt", "doctor"}
@@ -57,15 +57,15 @@ READ_COMMANDS = {"units", "status", "audit", "plan", "prompt", "doctor"}
 WRITE_COMMANDS = {"run", "optimize", "repair", "calibrate"}
 # `porter dev TOOL ...`: each module's main(argv) parses the tool's own options (`python -m MODULE` runs it too)
 DEV = {
-    "e2e": ("porter.gates.e2e.__main__", "the e2e gate by hand: prepare, calibrate (--write stores the rule), run, logprob"),
+    "e2e": ("porter.commands.e2e", "the e2e gate by hand: prepare, calibrate (--write stores the rule), run, logprob"),
     "trace": ("porter.calibration.trace", "which known-good kernels each spec's cases launch (GPU; checkout)"),
     "chunks": ("porter.calibration.chunks", "a target's specs in n chunks of equal calibration work (--chunk i/n)"),
     "perf-table": ("porter.calibration.perf_table", "the known-good's time and % of roofline per op in each regime, "
                    "its own perf verdict re-timed, and every perf mutant's (GPU; checkout)"),
-    "parity-bench": ("porter.gates.parity.bench", "time from answer text to parity verdict, fresh child vs warm worker (GPU)"),
-    "run-bench": ("porter.run_bench", "units per hour of `porter run` at --jobs 1 and N with a slow scripted provider"),
-    "status-bench": ("porter.bench_status", "time of `porter status` over a 10,000-record signed ledger"),
-    "scan-bench": ("porter.scan.bench", "time of a full and a cached scan of a target's sources"),
+    "parity-bench": ("porter.bench.parity", "time from answer text to parity verdict, fresh child vs warm worker (GPU)"),
+    "run-bench": ("porter.bench.run", "units per hour of `porter run` at --jobs 1 and N with a slow scripted provider"),
+    "status-bench": ("porter.bench.status", "time of `porter status` over a 10,000-record signed ledger"),
+    "scan-bench": ("porter.bench.scan", "time of a full and a cached scan of a target's sources"),
 }
 DEV_LIST = "".join(f"  {name:<14}{help_}\n" for name, (_, help_) in DEV.items())
 
@@ -80,7 +80,7 @@ def porter_version() -> str:
         v = "unknown"
     repo = Path(__file__).resolve().parents[1]
     if (repo / ".git").exists():
-        from porter import gitops
+        from porter.records import gitops
 
         sha = gitops.commit_of(repo)
         if sha:
@@ -223,7 +223,7 @@ def _cmd_init(args) -> int:
         print(f"porter: {existing} is already a workspace with target {args.target}; left as it is "
               f"(`porter -C {existing} status` says where it stands)")
         return 0
-    from porter import signing
+    from porter.records import signing
 
     key = signing.private_key_path()
     had_key = key.is_file()
@@ -244,8 +244,8 @@ def _cmd_init(args) -> int:
 def units_table(workspace: Path, target_name: str, source: str | None) -> list[dict]:
     """Each API function the target ports: its signature, its file, and its state as `porter status`
     derives it (unported, failing, built, verified, ...); `file_state` says only what the file is."""
-    from porter.placeholder import is_placeholder
-    from porter.status import derive
+    from porter.target.placeholder import is_placeholder
+    from porter.commands.status import derive
     from porter.target import load_target
     import hashlib
 
@@ -284,7 +284,7 @@ def _cmd_units(args) -> int:
         return 0
     from rich.text import Text
 
-    from porter.status import STATE_STYLE, counts_line, state_label
+    from porter.commands.status import STATE_STYLE, counts_line, state_label
     from porter.term import console
 
     con = console()
@@ -330,17 +330,17 @@ def _dispatch(args) -> int:
         args.workspace = Path(args.directory).expanduser().resolve()
         return _cmd_init(args)
 
-    from porter import sandbox
+    from porter.host import sandbox
     from porter.workspace import default_target, find_workspace
 
     sandbox.allow_unsafe(getattr(args, "unsafe_no_sandbox", False))
 
     if getattr(args, "arch", None):  # every build of this command, and of its children, is for these
-        from porter.arch import ENV, normalize
+        from porter.host.arch import ENV, normalize
 
         os.environ[ENV] = ",".join(normalize(a) for a in args.arch.split(",") if a.strip())
     if getattr(args, "require_arch", None):  # validated here: a bad name stops the command in one line
-        from porter.arch import REQUIRE_ENV, required
+        from porter.host.arch import REQUIRE_ENV, required
 
         os.environ[REQUIRE_ENV] = ",".join(required(args.require_arch, named=""))
     try:
@@ -388,7 +388,7 @@ def _dispatch(args) -> int:
 def _check_target(args) -> None:
     """What `porter plan` says of the target before its table: a broken parity spec is one error line (exit 2,
     porter.gates.parity.spec_check), a kernel name no .metal source defines a warning on stderr."""
-    from porter.doctor import _kernels
+    from porter.commands.doctor import _kernels
     from porter.gates.parity import spec_check
     from porter.target import load_target
 

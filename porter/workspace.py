@@ -12,9 +12,11 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from porter import gitops, signing, witness
+from porter.records import gitops
+from porter.records import signing
+from porter.records import witness
 from porter.errors import PorterError
-from porter.placeholder import placeholder_source
+from porter.target.placeholder import placeholder_source
 
 GITIGNORE = """\
 # porter: per-run artifacts (prompts, responses, build cache, lock) are never committed

@@ -119,7 +119,7 @@ def wrong_answer(upstream: str, unit: str, first_param: str) -> str:
 
 
 def perf_mutants(target, unit: str) -> list:
-    from porter.calibration.mutants import perf_rule_mutants
+    from porter.gates.mutants import perf_rule_mutants
 
     return [m for m in perf_rule_mutants(target) if m.unit == unit]
 
@@ -199,7 +199,7 @@ def status(ws: Path) -> dict:
 
 def answer_files(ws: Path, unit: str) -> dict[int, str]:
     """attempt number -> the scripted file it was answered with (the ledger's attempt records)."""
-    from porter.history import History
+    from porter.records.history import History
 
     return {a.attempt: (a.model or "").removeprefix("scripted:")
             for a in History.read(ws, TARGET).unit(unit).attempts if a.provider == "scripted"}
@@ -208,8 +208,8 @@ def answer_files(ws: Path, unit: str) -> dict[int, str]:
 def perf_limits(ws: Path, unit: str) -> dict[int, dict]:
     """attempt number -> what its perf gate judged by: the ratio to the known-good, the limit and its basis
     (the calibrated spread, or "[perf] max_slowdown = ..." while the starting limit was set)."""
-    from porter.evidence import load_evidence
-    from porter.history import History
+    from porter.records.evidence import load_evidence
+    from porter.records.history import History
 
     out = {}
     for g in History.read(ws, TARGET).unit(unit).gates:

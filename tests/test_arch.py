@@ -1,4 +1,4 @@
-"""Builds target the GPU that runs them (porter/arch.py): named, else detected, else the target's default."""
+"""Builds target the GPU that runs them (porter/host/arch.py): named, else detected, else the target's default."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import needs_nvcc
-from porter import arch
+from porter.host import arch
 from porter.errors import PorterError
 from porter.gates import build
 from porter.target import load_target

@@ -1,7 +1,7 @@
 """Architecture rules, checked by walking porter's code (ast), each beside a test that shows the walk
 catching the thing it forbids:
-- git is reached through porter.gitops only (one client, the command line);
-- the ledger's records are read through porter.history only (the rules of what the past means live
+- git is reached through porter.records.gitops only (one client, the command line);
+- the ledger's records are read through porter.records.history only (the rules of what the past means live
   there once); import cycles and command modules are test_pipeline.py's."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def _allowed(module: str, allowed: dict[str, str]) -> bool:
 
 # ---- git through gitops -----------------------------------------------------------------
 
-GIT_MODULE = "porter.gitops"
+GIT_MODULE = "porter.records.gitops"
 PROCESS_CALLS = {"run", "Popen", "call", "check_call", "check_output", "system", "popen"}
 
 
@@ -54,7 +54,7 @@ def test_only_gitops_reaches_git():
     sources = porter_sources()
     assert git_reaches(sources[GIT_MODULE]), "the walk sees gitops' own git calls"
     found = {m: r for m, t in sources.items() if m != GIT_MODULE and (r := git_reaches(t))}
-    assert not found, f"git reached outside porter.gitops (add a gitops function instead): {found}"
+    assert not found, f"git reached outside porter.records.gitops (add a gitops function instead): {found}"
 
 
 def test_the_git_walk_catches_each_way_in():
@@ -70,31 +70,31 @@ def test_the_git_walk_catches_each_way_in():
 
 # ---- ledger records through history -------------------------------------------------------
 
-# porter.ledger writes and verifies the file; porter.history types its records (History.read,
+# porter.records.ledger writes and verifies the file; porter.records.history types its records (History.read,
 # History.from_scan).  Everything else asks history, and may use the ledger only to append, to
 # repair it, or for its integrity verdict (Ledger.verify(): counts and problems, no records).
-LEDGER_READERS = {"porter.ledger", "porter.history"}
+LEDGER_READERS = {"porter.records.ledger", "porter.records.history"}
 # Modules that still read raw records, each with why:
 RAW_READERS_ALLOWED = {
     # derive() makes the one pass (Ledger.scan()) that gives History.from_scan its records, the
     # integrity verdict, the bytes compared with HEAD's ledger and the raw hash chain the witness
     # checks: integrity is judged on the lines as written, which typed history records drop.
-    "porter.status": "integrity of the raw lines (chain, witness, committed prefix)",
+    "porter.commands.status": "integrity of the raw lines (chain, witness, committed prefix)",
 }
 RAW_METHODS = {"records", "scan"}  # Ledger.records(), Ledger.scan() (Scan.entries are raw dicts)
-RAW_NAMES = {"scan_bytes", "Scan", "_complete_lines"}  # porter.ledger's raw parsing, by name
+RAW_NAMES = {"scan_bytes", "Scan", "_complete_lines"}  # porter.records.ledger's raw parsing, by name
 
 
 def raw_ledger_reads(tree: ast.AST) -> list[str]:
     """Each place `tree` reads ledger records itself: a call `x.records()` or `x.scan(...)` on
-    something other than a module called scan, or porter.ledger's raw parsers imported or named."""
+    something other than a module called scan, or porter.records.ledger's raw parsers imported or named."""
     out = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in RAW_METHODS \
                 and not node.args[1:] and not node.keywords \
                 and not (isinstance(node.func.value, ast.Name) and node.func.value.id == "scan"):
             out.append(f"line {node.lineno}: {ast.unparse(node)[:60]}")
-        elif isinstance(node, ast.ImportFrom) and node.module == "porter.ledger":
+        elif isinstance(node, ast.ImportFrom) and node.module == "porter.records.ledger":
             out += [f"line {node.lineno}: imports {a.name}" for a in node.names if a.name in RAW_NAMES]
         elif isinstance(node, ast.Attribute) and node.attr in RAW_NAMES and isinstance(node.value, ast.Name) \
                 and node.value.id == "ledger":
@@ -104,20 +104,20 @@ def raw_ledger_reads(tree: ast.AST) -> list[str]:
 
 def test_only_history_reads_ledger_records():
     sources = porter_sources()
-    assert raw_ledger_reads(sources["porter.history"]), "the walk sees history's own read"
+    assert raw_ledger_reads(sources["porter.records.history"]), "the walk sees history's own read"
     found = {m: r for m, t in sources.items()
              if m not in LEDGER_READERS and not _allowed(m, RAW_READERS_ALLOWED) and (r := raw_ledger_reads(t))}
-    assert not found, f"ledger records read outside porter.history (use History.read / UnitHistory): {found}"
+    assert not found, f"ledger records read outside porter.records.history (use History.read / UnitHistory): {found}"
 
 
 def test_the_ledger_walk_catches_each_way_in():
     for code in ("recs = Ledger(ws).records()\n", "for line, rec in ledger.scan().entries: pass\n",
-                 "from porter.ledger import scan_bytes\n", "from porter import ledger\nledger.scan_bytes(b'', None)\n",
+                 "from porter.records.ledger import scan_bytes\n", "from porter import ledger\nledger.scan_bytes(b'', None)\n",
                  "entries = Ledger(ws, key).scan(data).entries\n"):
         assert raw_ledger_reads(ast.parse(code)), code
-    for code in ("from porter.history import History\nHistory.read(ws, t).unit(u).attempts\n",
+    for code in ("from porter.records.history import History\nHistory.read(ws, t).unit(u).attempts\n",
                  "Ledger(ws).verify().records\n", "ledger.append('gate', ok=True)\n",
-                 "from porter.scan import scan\nscan.scan(target)\n", "result = scan(target)\n"):
+                 "from porter.target.scan import scan\nscan.scan(target)\n", "result = scan(target)\n"):
         assert not raw_ledger_reads(ast.parse(code)), code
 
 
@@ -174,6 +174,12 @@ GATE_NAMES_ALLOWED = {
     ("porter.calibration.trace", "parity"): "runs/parity, the folder the parity gate's runs are kept in",
     ("porter.calibration.command", "static"): "the --no-static option's dest",
     ("porter.calibration.perf_table", "perf"): "a column of the perf table and its rows' key",
+    ("porter.spec", "parity"): "targets/<t>/parity/, the folder a target's specs live in",
+    # a benchmark that times the chain stage by stage: its stages' names are its table's labels
+    ("porter.bench.parity", "extract"): "the parity bench's stage label",
+    ("porter.bench.parity", "static"): "the parity bench's stage label",
+    ("porter.bench.parity", "build"): "the parity bench's stage label",
+    ("porter.bench.parity", "parity"): "the parity bench's stage label",
 }
 
 
@@ -231,4 +237,4 @@ def test_the_gate_name_walk_catches_each_way_in():
         assert not gate_name_uses(ast.parse(code), names), code
     own = gate_modules()
     assert _allowed("porter.gates.parity.gate", own) and _allowed("porter.gates.e2e.state", own)
-    assert not _allowed("porter.gates.driver", own) and not _allowed("porter.status", own)
+    assert not _allowed("porter.gates.driver", own) and not _allowed("porter.commands.status", own)

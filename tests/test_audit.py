@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from porter import audit as audit_mod
+from porter.commands import audit as audit_mod
 from porter.errors import PorterError
 from ws_builder import TARGET, make_workspace
 
@@ -117,7 +117,7 @@ def test_unknown_unit(ws):
 
 
 def test_tampered_unit_exits_3(ws, capsys):
-    from porter.evidence import evidence_path
+    from porter.records.evidence import evidence_path
 
     data = audit_mod.audit(ws.root, TARGET, UNIT)
     p = evidence_path(ws.root, data["evidence"][-1])

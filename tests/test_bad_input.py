@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from porter.ledger import Ledger
+from porter.records.ledger import Ledger
 
 HAVE_NVCC = shutil.which("nvcc") is not None
 needs_nvcc = pytest.mark.skipif(not HAVE_NVCC, reason="nvcc not on PATH: porter run needs the CUDA toolkit")
@@ -40,7 +40,7 @@ def one_line_error(r, *needles: str, code: int = 2) -> str:
 
 
 def snapshot(ws: Path) -> tuple[bytes, str]:
-    from porter import gitops
+    from porter.records import gitops
 
     return Ledger(ws).read_bytes(), gitops.git(ws, "rev-parse", "HEAD")
 

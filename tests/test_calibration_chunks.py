@@ -41,7 +41,7 @@ def test_the_command_gives_one_line_and_exit_2_on_a_bad_chunk(capsys):
 
 
 def test_the_command_prints_unit_flags_for_minimoe(capsys):
-    from porter.gates.parity.spec import load_specs
+    from porter.spec import load_specs
     from porter.target import load_target
 
     outs = []
@@ -109,7 +109,7 @@ def test_calibrate_starts_the_heaviest_units_first_and_reports_in_the_units_orde
         return [Row(unit, "known-good", "-", "pass", "pass", True, "")], {"ok": True}
 
     monkeypatch.setattr(calibrator, "_calibrate_unit", fake_unit)
-    units = sorted(__import__("porter.gates.parity.spec", fromlist=["load_specs"]).load_specs(target))
+    units = sorted(__import__("porter.spec", fromlist=["load_specs"]).load_specs(target))
     opts = CalibrateOptions(tmp_path, units, None, True, ParityOptions(mode="host"), ledger=False, jobs=1)
     report = calibrate(target, StandInLibs(tmp_path), opts, out=lambda *a: None)
     mutants = select_mutants(target, StandInLibs(tmp_path), units, opts)

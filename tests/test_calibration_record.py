@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 from porter.calibration import calibrator
 from porter.gates.result import GateResult
-from porter.history import History
-from porter.ledger import Ledger
+from porter.records.history import History
+from porter.records.ledger import Ledger
 from porter.target import load_target
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,7 +42,7 @@ def _timed(median_ms: float, times: list[float]) -> GateResult:
 def _perf_mutant_rows(tmp_path, monkeypatch, mutant_ms: float, retimed_ms: float | None = None):
     """A perf mutant through calibration: the known-good timed once (tight spread), the mutant passing parity
     at `mutant_ms`, its fresh-process re-time (if asked) at `retimed_ms`."""
-    from porter.calibration.mutants import Mutant
+    from porter.gates.mutants import Mutant
 
     target = load_target(REPO, "minimoe")
     calls = []
@@ -75,7 +75,7 @@ def test_a_correct_but_slow_perf_mutant_is_refused_by_the_perf_gate(tmp_path, mo
 
 
 def test_a_timing_hack_too_fast_to_believe_is_retimed_in_a_fresh_process(tmp_path, monkeypatch):
-    from porter.calibration.mutants import Mutant
+    from porter.gates.mutants import Mutant
 
     rows, _, calls = _perf_mutant_rows(tmp_path, monkeypatch, mutant_ms=0.01, retimed_ms=3.0)
     assert rows[-1].got == "retime" and ("mutant.so", True) in calls
@@ -86,8 +86,8 @@ def test_a_timing_hack_too_fast_to_believe_is_retimed_in_a_fresh_process(tmp_pat
 
 def _record_calibration(ws: Path, ran) -> str:
     """A passing calibration of UNIT's current spec that ran the mutants `ran`, as calibrate records it."""
-    from porter.calibration.mutants import digest_of
-    from porter.gates.parity.spec import load_spec
+    from porter.gates.mutants import digest_of
+    from porter.spec import load_spec
 
     target = load_target(ws, "minimoe")
     spec = load_spec(target, UNIT)
@@ -100,24 +100,24 @@ def _record_calibration(ws: Path, ran) -> str:
 
 
 def _status(ws: Path, sha: str) -> dict:
-    from porter.calibration.mutants import current_digests
+    from porter.gates.mutants import current_digests
 
     target = load_target(ws, "minimoe")
     return History.read(ws, "minimoe").calibration_status(UNIT, sha, current_digests(target, UNIT))
 
 
 def test_calibrate_records_the_mutants_it_ran(tmp_path, monkeypatch):
-    from porter.calibration.mutants import digest_of
+    from porter.gates.mutants import digest_of
 
     rows, rec, _ = _perf_mutant_rows(tmp_path, monkeypatch, mutant_ms=3.0)
     (m_name, digest), = rec["mutant_digests"].items()
     assert m_name == "serial" and len(digest) == 64 and rec["mutant_scope"] == "all"
-    from porter.calibration.mutants import Mutant
+    from porter.gates.mutants import Mutant
     assert digest == digest_of(Mutant(UNIT, "serial", "slowdown", "one thread does everything", "rules", file="x.cu"))
 
 
 def test_a_mutant_added_after_calibration_leaves_the_spec_uncalibrated(workspace):
-    from porter.calibration.mutants import load_mutants
+    from porter.gates.mutants import load_mutants
 
     target = load_target(workspace, "minimoe")
     mine = [m for m in load_mutants(target) if m.unit == UNIT]
@@ -133,7 +133,7 @@ def test_a_mutant_added_after_calibration_leaves_the_spec_uncalibrated(workspace
 
 
 def test_a_changed_mutant_or_a_subset_run_is_no_calibration(workspace):
-    from porter.calibration.mutants import load_mutants
+    from porter.gates.mutants import load_mutants
 
     target = load_target(workspace, "minimoe")
     mine = [m for m in load_mutants(target) if m.unit == UNIT]

@@ -21,7 +21,7 @@ import pytest
 from conftest import NO_DS4
 
 from porter.errors import PorterError
-from porter.scan.census import census, load_rules, quant_types_in, read_header
+from porter.target.scan.census import census, load_rules, quant_types_in, read_header
 
 REPO = Path(__file__).resolve().parents[1]
 DS4 = Path(os.environ.get("PORTER_DS4_SOURCE") or REPO / "external" / "ds4")
@@ -151,7 +151,7 @@ def test_ds4_census_needs_iq2_xxs_and_q2_k_experts(ds4_file, ds4_rules):
 def test_ds4_census_with_kernel_variants(ds4_file, ds4_rules):
     if not (DS4 / "ds4_gpu.h").is_file():
         pytest.skip(NO_DS4)
-    from porter.scan import scan
+    from porter.target.scan import scan
     from porter.target import load_target
 
     s = scan(load_target(REPO, "ds4", DS4), cache=False)
@@ -255,7 +255,7 @@ def test_compressor_ape_is_read_by_every_compressor_unit(ds4_file, ds4_rules):
 
 
 def test_q4_k_expert_file_is_the_q4_variant(tmp_path, ds4_rules):
-    from porter.scan.census import load_variants
+    from porter.target.scan.census import load_variants
 
     variants = load_variants(DS4_TARGET)
     assert [v.name for v in variants] == ["q2", "q4", "mtp"]
@@ -269,7 +269,7 @@ def test_q4_k_expert_file_is_the_q4_variant(tmp_path, ds4_rules):
 
 
 def test_a_mixed_expert_file_is_no_variant_and_says_why(tmp_path, ds4_rules):
-    from porter.scan.census import load_variants
+    from porter.target.scan.census import load_variants
 
     # gate Q4_K with up IQ2_XXS: ds4.c refuses it ("routed gate/up experts use different quant types")
     mixed = write_header_only(tmp_path / "mixed.gguf", ds4_tensors(), overrides={"blk.*.ffn_gate_exps.weight": "Q4_K"})

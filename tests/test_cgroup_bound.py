@@ -1,4 +1,4 @@
-"""The per-sandbox cgroup (porter.cgroup_bound) on a hierarchy laid out in a folder: what it writes, when
+"""The per-sandbox cgroup (porter.host.cgroup_bound) on a hierarchy laid out in a folder: what it writes, when
 it declines, and the shim that joins it before the sandbox's first instruction.  The bound itself is
 shown on a real cgroup v2 host by tests/test_sandbox_root.py."""
 
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from porter import cgroup_bound
+from porter.host import cgroup_bound
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ import pytest
 
 from porter.gates.parity import merge, runner
 from porter.gates.parity.gate import run_spec
-from porter.gates.parity.spec import load_spec
+from porter.spec import load_spec
 
 from tests.test_parity_compare import FAKE_BACKEND, fixture_ctx, target  # noqa: F401  (fixtures)
 

@@ -20,7 +20,7 @@ import pytest
 
 from porter.gates.parity import available
 from porter.gates.parity.gate import run_spec
-from porter.gates.parity.spec import load_spec
+from porter.spec import load_spec
 
 from tests.test_checker_verdict import CONSTRUCTOR, PATCHES, _c_string
 from tests.test_parity_compare import fixture_ctx, target  # noqa: F401  (fixtures)

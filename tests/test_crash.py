@@ -15,8 +15,8 @@ import signal
 
 import pytest
 
-from porter import gitops
-from porter.ledger import Ledger
+from porter.records import gitops
+from porter.records.ledger import Ledger
 from porter.run.kill import KILL_POINTS
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None,
@@ -143,7 +143,7 @@ def test_every_kill_point_is_exercised():
 
 
 def test_a_second_concurrent_run_exits_zero(workspace, porter_cli):
-    from porter.lock import RunLock
+    from porter.records.lock import RunLock
 
     lock = RunLock(workspace)
     assert lock.acquire()

@@ -9,7 +9,8 @@ import types
 import pytest
 
 from conftest import needs_nvcc
-from porter import arch, doctor
+from porter.host import arch
+from porter.commands import doctor
 
 SECRET = "sk-ant-api03-" + "Qx7" * 20
 

@@ -455,7 +455,7 @@ SLOW = pytest.mark.slow
 ])
 def test_host_stand_in_passes_and_each_fault_is_named(target, tmp_path, unit, fault, check):
     from porter.gates.parity.gate import run_spec
-    from porter.gates.parity.spec import load_spec
+    from porter.spec import load_spec
 
     lib = _stand_in(tmp_path, *([fault] if fault else []))
     res = run_spec(target, load_spec(target, unit), lib, workspace=tmp_path, mode="host", timing_reps=0)

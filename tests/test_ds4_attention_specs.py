@@ -55,7 +55,7 @@ def cuda_source():
 
 
 def _module(unit):
-    from porter.gates.parity.spec import load_spec  # noqa: F401 - the loader registers the module by name
+    from porter.spec import load_spec  # noqa: F401 - the loader registers the module by name
 
     return sys.modules[f"porter_parity_spec_ds4_{unit}"]
 
@@ -63,7 +63,7 @@ def _module(unit):
 @pytest.mark.parametrize("unit", UNITS)
 def test_spec_validates_and_builds_two_seeds(target, unit):
     from porter.gates.parity.gate import prepare
-    from porter.gates.parity.spec import Context, load_spec
+    from porter.spec import Context, load_spec
 
     spec = load_spec(target, unit)
     assert spec is not None and spec.unit == unit
@@ -83,7 +83,7 @@ def test_spec_validates_and_builds_two_seeds(target, unit):
 
 @pytest.mark.parametrize("unit", UNITS)
 def test_dispatch_map_names_upstream_kernels_knobs_and_our_shapes(target, unit, cuda_source):
-    from porter.gates.parity.spec import load_spec
+    from porter.spec import load_spec
 
     spec = load_spec(target, unit)
     mod = _module(unit)
@@ -106,7 +106,7 @@ def test_dispatch_map_names_upstream_kernels_knobs_and_our_shapes(target, unit, 
 
 
 def test_every_unit_has_two_mutants_that_apply_once(target, cuda_source):
-    from porter.calibration.mutants import rule_mutants
+    from porter.gates.mutants import rule_mutants
 
     by_unit = {}
     for m in rule_mutants(target):
@@ -121,7 +121,7 @@ def test_every_unit_has_two_mutants_that_apply_once(target, cuda_source):
 
 def test_a_search_text_that_is_not_unique_is_refused(target, cuda_source):
     from porter.errors import PorterError
-    from porter.calibration.mutants import Mutant, Rule
+    from porter.gates.mutants import Mutant, Rule
 
     twice = "for (uint32_t off = 4u; off > 0u; off >>= 1u) {"  # two kernels share this reduction
     assert cuda_source.count(twice) == 2

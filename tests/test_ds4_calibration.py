@@ -29,7 +29,7 @@ from conftest import NO_DS4
 from porter.errors import PorterError
 from porter.calibration.calibrator import CalibrateOptions, calibrate, table
 from porter.calibration.libraries import UpstreamLibraries, build_upstream, libraries_for
-from porter.calibration.mutants import Mutant, Rule, rule_mutants
+from porter.gates.mutants import Mutant, Rule, rule_mutants
 from porter.gates.driver import ParityOptions
 
 REPO = Path(__file__).resolve().parents[1]
@@ -140,7 +140,7 @@ def test_porter_calibrate_known_good_upstream_builds_from_the_checkout_and_runs_
 @needs_checkout
 def test_ds4_specs_validate_and_build_both_seeds(target):
     from porter.gates.parity.gate import prepare, zero_answer_passes
-    from porter.gates.parity.spec import Context, load_specs
+    from porter.spec import Context, load_specs
     from porter.gates.parity.scenario import is_scenario
 
     specs = {u: s for u, s in load_specs(target).items() if not is_scenario(s)}  # runtime: test_runtime_scenarios
@@ -166,7 +166,7 @@ def test_rope_binds_inverse_as_a_c_bool(target):
     accepts True/False (or 0/1) only."""
     import numpy as np
 
-    from porter.gates.parity.spec import Call, InOut, SpecError, header_params, load_spec, validate_call
+    from porter.spec import Call, InOut, SpecError, header_params, load_spec, validate_call
 
     fn = target.api_function("ds4_gpu_rope_tail_tensor")
     assert {p["name"]: p["kind"] for p in header_params(fn)}["inverse"] == "bool"
@@ -278,7 +278,7 @@ def _stand_in(tmp_path, *defines) -> Path:
 ])
 def test_specs_in_host_mode_accept_a_right_stand_in_and_name_the_fault(target, tmp_path, unit, fault, check):
     from porter.gates.parity.gate import run_spec
-    from porter.gates.parity.spec import load_spec
+    from porter.spec import load_spec
     lib = _stand_in(tmp_path, *([fault] if fault else []))
     res = run_spec(target, load_spec(target, unit), lib, workspace=tmp_path, mode="host", timing_reps=0)
     assert res.word == check, res.summary
@@ -310,8 +310,8 @@ def test_calibrate_records_a_spec_calibrated_only_with_its_mutants_rejected(targ
     """The calibrator end to end in host mode: a spec whose known-good passed and whose mutant was
     rejected by its check is calibrated; one with no mutant is not; one never run is 'never calibrated'."""
     import porter.calibration.calibrator as cal
-    from porter.gates.parity.spec import load_spec
-    from porter.history import History
+    from porter.spec import load_spec
+    from porter.records.history import History
 
     topk, swiglu = "ds4_gpu_indexer_topk_tensor", "ds4_gpu_swiglu_tensor"
     ties = Mutant(topk, "ties-high", "tie-rule", "ties rank the higher index first", "rules",
@@ -390,8 +390,8 @@ def test_a_spec_refusing_an_env_knob_variant_of_the_known_good_is_not_calibrated
     spec uncalibrated, since such a spec would refuse a correct port that took upstream's other path."""
     import porter.calibration.calibrator as cal
     from porter.calibration.variants import Variant
-    from porter.gates.parity.spec import load_spec
-    from porter.history import History
+    from porter.spec import load_spec
+    from porter.records.history import History
 
     swiglu = "ds4_gpu_swiglu_tensor"
     no_weight = Mutant(swiglu, "no-weight", "values", "weight ignored", "rules", file="FAULT_WEIGHT_IGNORED")

@@ -141,7 +141,7 @@ def _ds4_checkout() -> Path | None:
 @pytest.mark.skipif(_ds4_checkout() is None, reason=NO_DS4)
 def test_placeholders_of_every_unit_link_with_the_glue_and_cublas(tmp_path, build_cache, monkeypatch):
     from porter.gates import build
-    from porter.placeholder import is_placeholder
+    from porter.target.placeholder import is_placeholder
     from porter.target import load_target
     from porter.workspace import init_workspace
 

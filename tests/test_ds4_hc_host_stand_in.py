@@ -271,7 +271,7 @@ def _stand_in(tmp_path, *defines) -> Path:
 ])
 def test_hc_specs_in_host_mode_accept_a_right_stand_in_and_name_the_fault(target, tmp_path, unit, fault, check):
     from porter.gates.parity.gate import run_spec
-    from porter.gates.parity.spec import load_spec
+    from porter.spec import load_spec
 
     lib = _stand_in(tmp_path, *([fault] if fault else []))
     res = run_spec(target, load_spec(target, unit), lib, workspace=tmp_path, mode="host", timing_reps=0)

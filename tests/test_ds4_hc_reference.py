@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from porter.gates.parity.compare import compare_exact, float_metrics, tolerance_violations
-from porter.gates.parity.spec import _load_module
+from porter.spec import _load_module
 from reference import ds4_hc_ops as ref
 
 SPECS = Path(__file__).resolve().parents[1] / "targets" / "ds4" / "parity"

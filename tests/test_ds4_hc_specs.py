@@ -55,7 +55,7 @@ def cuda_src():
 
 
 def _module(target, unit):
-    from porter.gates.parity.spec import _load_module
+    from porter.spec import _load_module
 
     return _load_module(target.dir / "parity" / f"{unit}.py", "ds4hc")
 
@@ -126,7 +126,7 @@ def test_dispatch_lists_every_upstream_kernel_and_real_shapes(target, cuda_src, 
 @pytest.mark.parametrize("unit", HC_UNITS)
 def test_spec_validates_and_builds_two_seeds(target, unit):
     from porter.gates.parity.gate import prepare
-    from porter.gates.parity.spec import Context, Exact, load_spec
+    from porter.spec import Context, Exact, load_spec
 
     spec = load_spec(target, unit)
     assert spec is not None and spec.unit == unit
@@ -152,7 +152,7 @@ def test_spec_validates_and_builds_two_seeds(target, unit):
 
 
 def test_real_ds4_sizes_are_in_the_specs(target):
-    from porter.gates.parity.spec import load_spec
+    from porter.spec import load_spec
 
     dims = {u: [s.dims for s in load_spec(target, u).shapes] for u in HC_UNITS}
     assert any(d.get("n_embd") == 4096 and d.get("n_hc") == 4 for d in dims["ds4_gpu_embed_token_hc_tensor"])
@@ -171,7 +171,7 @@ def test_real_ds4_sizes_are_in_the_specs(target):
 # ---------------------------------------------------------------------------
 
 def _family_mutants(target):
-    from porter.calibration.mutants import rule_mutants
+    from porter.gates.mutants import rule_mutants
 
     text = (target.dir / "mutants.toml").read_text()
     assert text.count(FAMILY_HEADER) == 1

@@ -18,7 +18,7 @@ import pytest
 from conftest import NO_DS4
 
 from porter.gates.parity.compare import float_metrics, tolerance_violations
-from porter.gates.parity.spec import Context
+from porter.spec import Context
 from reference import ds4_matmul_ops as mo
 from reference import ds4_ops as ops
 from reference import quant
@@ -411,7 +411,7 @@ def test_routed_moe_refuses_what_the_call_refuses():
 def test_routed_moe_reference_is_the_same_to_the_bit_for_any_thread_count(monkeypatch):
     """The experts run in threads (their dequantisation is most of a prefill reference's time); their
     rows are summed in expert order, so the reference does not depend on the thread count."""
-    from porter.gates.parity.spec import Context, load_spec
+    from porter.spec import Context, load_spec
     from porter.gates.parity.gate import prepare
     from porter.target import load_target
     from reference import ds4_matmul_ops as M

@@ -5,7 +5,7 @@
   header, so these skip without it);
 * every DISPATCH entry names a shape that exists (or a knob of
   KNOWN_GOOD_ENV), and every spec has a timed case at ds4's real sizes;
-* the matmul/MoE mutants (porter.calibration.mutants) each apply exactly once,
+* the matmul/MoE mutants (porter.gates.mutants) each apply exactly once,
   two or more per unit, and all together (their search texts do not overlap);
 * weights by GGUF tensor name: a tiny GGUF with ds4's real tensor names and
   types (written here with gguf-py) feeds a routed-MoE case its real bytes;
@@ -73,7 +73,7 @@ HEAVY = {"ds4_gpu_routed_moe_batch_tensor", "ds4_gpu_routed_moe_one_tensor", "ds
 @pytest.mark.parametrize("unit", [pytest.param(u, marks=pytest.mark.slow) if u in HEAVY else u for u in UNITS])
 def test_spec_validates_and_builds_two_seeds(target, unit):
     from porter.gates.parity.gate import prepare
-    from porter.gates.parity.spec import Context, load_spec
+    from porter.spec import Context, load_spec
 
     spec = load_spec(target, unit)
     assert spec is not None and spec.unit == unit
@@ -139,7 +139,7 @@ def _family_names():
 
 @needs_checkout
 def test_family_mutants_apply_once_each_and_together(target):
-    from porter.calibration.mutants import rule_mutants
+    from porter.gates.mutants import rule_mutants
 
     names = set(_family_names())
     muts = [m for m in rule_mutants(target) if m.name in names]
@@ -165,7 +165,7 @@ def test_family_mutants_apply_once_each_and_together(target):
 
 @needs_checkout
 def test_a_search_text_that_occurs_twice_is_refused(target):
-    from porter.calibration.mutants import Mutant, Rule
+    from porter.gates.mutants import Mutant, Rule
 
     src = (target.checkout / "ds4_cuda.cu").read_text()
     dup = "uint64_t bn = in_dim - i0 < 32 ? in_dim - i0 : 32;"
@@ -212,8 +212,8 @@ def _tiny_ds4_gguf(path: Path, gate_type: str = "IQ2_XXS", down_type: str = "Q2_
 
 
 def test_model_source_reads_the_named_tensors_bytes(tmp_path):
-    from porter.gates.parity.spec import Context, Shape
-    from porter.gates.parity.weights import Want
+    from porter.spec import Context, Shape
+    from porter.spec.weights import Want
 
     gguf_path = tmp_path / "tiny-ds4.gguf"
     raw = _tiny_ds4_gguf(gguf_path)
@@ -241,8 +241,8 @@ def test_model_source_reads_the_named_tensors_bytes(tmp_path):
 
 
 def test_model_source_refuses_a_wrong_shape_or_a_missing_tensor(tmp_path):
-    from porter.gates.parity.spec import Context, Shape, SpecError
-    from porter.gates.parity.weights import Want
+    from porter.spec import Context, Shape, SpecError
+    from porter.spec.weights import Want
 
     gguf_path = tmp_path / "tiny-ds4.gguf"
     _tiny_ds4_gguf(gguf_path)
@@ -267,7 +267,7 @@ def test_routed_moe_spec_builds_from_a_users_model(tmp_path, gate_type, down_typ
     reference equals one computed straight from the GGUF's bytes."""
     import gguf
 
-    from porter.gates.parity.spec import Context, Shape
+    from porter.spec import Context, Shape
     from reference import ds4_matmul_ops as mo
     from reference import ds4_ops as ops
 
@@ -297,7 +297,7 @@ def test_routed_moe_spec_builds_from_a_users_model(tmp_path, gate_type, down_typ
 
 def test_large_weight_maps_are_sparse_files(tmp_path):
     """ds4's real experts (1.8 GB per layer) become a sparse file holding only the selected experts."""
-    from porter.gates.parity import weights as W
+    from porter.spec import weights as W
 
     wants = [W.Want("IQ2_XXS", (256, 2048, 4096), (0, 255)), W.Want("IQ2_XXS", (256, 2048, 4096), (0, 255)),
              W.Want("Q2_K", (256, 4096, 2048), (0, 255))]
@@ -347,9 +347,9 @@ def test_flag_and_sparse_map_reach_the_library_in_host_mode(target, tmp_path, mo
     import shutil
     import subprocess
 
-    from porter.gates.parity import weights as W
+    from porter.spec import weights as W
     from porter.gates.parity.gate import run_spec
-    from porter.gates.parity.spec import Call, Shape, Tol, UnitSpec
+    from porter.spec import Call, Shape, Tol, UnitSpec
 
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:

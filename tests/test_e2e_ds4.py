@@ -18,7 +18,7 @@ import pytest
 from conftest import NO_DS4
 
 from porter.errors import PorterError
-from porter.target_code import load_file
+from porter.target.code import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
 # ds4's e2e driver and its helpers, as the gate loads them (targets/ds4/target.toml [e2e] driver)

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 from conftest import NO_DS4
 
-from porter import sandbox
+from porter.host import sandbox
 from porter.errors import PorterError
 from porter.gates.e2e import cbuild
-from porter.target_code import load_file
+from porter.target.code import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
 lp = load_file(ROOT / "targets" / "ds4" / "e2e" / "logprob.py")

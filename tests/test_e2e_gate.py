@@ -26,9 +26,9 @@ from porter.gates.e2e.compare import PrefillOutputs, compare
 from porter.gates.e2e.gate import E2EOptions, run_e2e
 from porter.gates.e2e.rule import decide
 from porter.gates.e2e.state import e2e_due, e2e_records_from_ledger, prefill_line, prefill_state
-from porter.history import typed
+from porter.records.history import typed
 from porter.target import load_target
-from porter.target_code import load_file
+from porter.target.code import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -322,7 +322,7 @@ def test_e2e_due_waits_for_every_prefill_unit():
 
 
 def test_records_from_ledger_drop_tampered_evidence(tmp_path):
-    from porter.evidence import store_evidence
+    from porter.records.evidence import store_evidence
 
     ev = {"target": "minimoe", "unit": "e2e:prefill", "gate": "e2e", "ok": True, "candidate_sha256": "x",
           "tree_hash": "T", "commit": "c"}
@@ -356,7 +356,7 @@ def test_tree_hash_sees_untracked_and_uncommitted_files(tmp_path):
 # ---- the wiring the lead calls ---------------------------------------------------------
 
 def test_wiring_runs_e2e_once_per_backend_tree_and_status_follows(tmp_path):
-    from porter.evidence import store_evidence
+    from porter.records.evidence import store_evidence
     from porter.gates.e2e.state import prefill_status, run_e2e_if_due
     from porter.gates.result import GateResult
     from porter.target import Target
@@ -370,7 +370,7 @@ def test_wiring_runs_e2e_once_per_backend_tree_and_status_follows(tmp_path):
     _git(ws, "add", "-A")
     _git(ws, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "v1")
     t = load_target(ws, "minimoe")
-    ledger: list = []  # porter.history's typed records
+    ledger: list = []  # porter.records.history's typed records
     calls = []
 
     def fake_run():

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from porter import sandbox
+from porter.host import sandbox
 from porter.gates.e2e import cbuild
 
 pytestmark = pytest.mark.skipif(not sandbox.available()[0], reason=f"no sandbox here: {sandbox.available()[1]}")

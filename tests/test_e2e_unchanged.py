@@ -115,7 +115,7 @@ class NoisyEngine:
 @pytest.fixture
 def engine(workspace, monkeypatch, tmp_path):
     """minimoe's target in a fresh workspace, its driver and rule replaced: ceilings of 1e-2, tokens free."""
-    from porter import sandbox
+    from porter.host import sandbox
 
     ok, why = sandbox.available()
     if not ok and not sandbox.unsafe():

@@ -2,7 +2,7 @@
 cublas_v2.h, and ds4_gpu_init marked exhausted).
 
 A toolkit without a header the target's conventions include is simulated two ways: a target that
-declares a toolkit header no toolkit has (caught by the preflight, porter/doctor.py), and a conventions
+declares a toolkit header no toolkit has (caught by the preflight, porter/commands/doctor.py), and a conventions
 header that includes one without declaring it (caught by compiling the glue and a placeholder before the
 first answer, porter/gates/build.check_environment).  Either way: exit 2 with one line, no provider call,
 no attempt recorded.
@@ -95,7 +95,7 @@ def test_a_fault_met_during_an_attempt_stops_the_run_and_charges_nothing(workspa
                                                                       monkeypatch):
     """The environment broke after the run's check (or the check missed it): the build finds the glue
     failing, the attempt it opened is given up, the unit is neither failing nor exhausted."""
-    from porter.history import History
+    from porter.records.history import History
 
     monkeypatch.setattr(run_mod, "check_environment", lambda *a, **k: None)
     _header_includes_missing(workspace)

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from porter.errors import PorterError
-from porter.evidence import check_evidence, evidence_path, load_evidence, store_evidence
+from porter.records.evidence import check_evidence, evidence_path, load_evidence, store_evidence
 
 
 def ev(unit="mini_gpu_add_tensor", **more):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from porter.errors import PorterError
-from porter.extract import MAX_RESPONSE_BYTES, ExtractionError, extract_unit_source
+from porter.gates.extract import MAX_RESPONSE_BYTES, ExtractionError, extract_unit_source
 from porter.target import load_target
 
 REPO = Path(__file__).resolve().parents[1]

@@ -21,10 +21,11 @@ import pytest
 from rich.console import Console
 
 from conftest import REPO, needs_nvcc
-from porter import cli, signing
-from porter import status as status_mod
-from porter.lock import RunLock
-from porter.status import StatusReport, UnitStatus, derive, render, tamper_check
+from porter import cli
+from porter.records import signing
+from porter.commands import status as status_mod
+from porter.records.lock import RunLock
+from porter.commands.status import StatusReport, UnitStatus, derive, render, tamper_check
 from porter.target import load_target
 from porter.workspace import init_workspace
 from ws_builder import SOURCES, TARGET, Workspace, make_workspace
@@ -247,7 +248,7 @@ def test_status_during_a_run_says_in_progress_not_failing(tmp_path, capsys):
     ws.attempt(SWIGLU, 1, "// answer being judged\n")
     holder = subprocess.Popen(["python3", "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR "
                                "| os.O_CREAT); fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); "
-                               "time.sleep(60)", str(ws.root / "runs" / "porter.lock")],
+                               "time.sleep(60)", str(ws.root / "runs" / "porter.records.lock")],
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"

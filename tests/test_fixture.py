@@ -179,7 +179,7 @@ def test_specs_side_by_side_never_read_a_half_written_fixture(tmp_path):
     import threading
     from types import SimpleNamespace
 
-    from porter.gates.parity.spec import ensure_fixture
+    from porter.spec import ensure_fixture
 
     slow = tmp_path / "slow_fixture.py"
     # writes its output in two halves with a pause between, and counts its runs

@@ -18,7 +18,7 @@ from porter.gates.driver import Candidate, GateContext, run_gates, verdict_word
 from porter.report import build
 from porter.gates.result import GateResult
 from porter.providers.base import Completion, Provider
-from porter.status import derive
+from porter.commands.status import derive
 from ws_builder import SOURCES, TARGET, make_workspace
 
 LINT_MODULE = "porter_test_lint_gate"

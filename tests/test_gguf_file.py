@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from porter.errors import PorterError
-from porter.gates.parity.weights import ModelFile, WeightsError
-from porter.scan.census import read_header
+from porter.spec.weights import ModelFile, WeightsError
+from porter.target.scan.census import read_header
 
 
 @pytest.fixture(scope="module")

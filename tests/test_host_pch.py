@@ -213,7 +213,7 @@ def test_a_compile_does_not_wait_for_a_header_another_thread_is_building(target,
 def test_each_architecture_reads_a_header_of_its_own(target, tmp_path, monkeypatch):
     """The host compile of an sm_120 object defines __CUDA_ARCH_LIST__=1200: its prefix must not be the
     one precompiled for sm_90 (the cache key holds the host compile's flags, the architecture among them)."""
-    from porter import arch
+    from porter.host import arch
 
     pch = tmp_path / "pch"
     monkeypatch.setenv(arch.ENV, "sm_90")

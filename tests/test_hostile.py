@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from porter import sandbox
+from porter.host import sandbox
 from porter.gates.parity import executors, pool
 from porter.gates.parity.gate import run_spec
-from porter.gates.parity.spec import load_spec
+from porter.spec import load_spec
 
 from tests.test_parity_compare import FAKE_BACKEND, fixture_ctx, target  # noqa: F401  (fixtures)
 

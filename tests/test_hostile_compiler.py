@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from porter import signing
-from porter.extract import ExtractionError, extract_unit_source
+from porter.records import signing
+from porter.gates.extract import ExtractionError, extract_unit_source
 from porter.gates import build, static
 from porter.gates.driver import Candidate, GateContext
 from porter.providers.secrets import secret_forms
@@ -102,7 +102,7 @@ def test_a_run_over_every_trick_leaves_no_byte_of_the_key_anywhere(target, key, 
     """`porter run` answered with every trick in turn, the filter on (refused at extract) and then off
     (the sandbox is the wall): each next prompt carries the last attempt's diagnostics; no prompt,
     ledger line, evidence file or runs/ log holds any of the key."""
-    from porter import extract
+    from porter.gates import extract
     from porter.cli import main
 
     ws = target.workspace

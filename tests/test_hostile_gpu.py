@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from porter import sandbox
+from porter.host import sandbox
 from porter.gates.parity import available, executors
 
 from tests.test_hostile import EFFECTS, HOSTILE, _daemons, planted  # noqa: F401  (fixture)
@@ -30,8 +30,8 @@ UNIT = "mini_gpu_swiglu_tensor"
 
 @pytest.fixture(scope="module")
 def bench_ws():
-    from porter.calibration.mutants import scripted_answers
-    from porter.gates.parity.bench import REPO, _workspace
+    from porter.gates.mutants import scripted_answers
+    from porter.bench.parity import REPO, _workspace
     from porter.target import load_target
     from porter.workspace import example_target
 
@@ -66,7 +66,7 @@ def called_not_loaded(source: str, payload: str) -> str:
 
 
 def _verdict(bench_ws, technique: str, planted: dict):
-    from porter.extract import extract_unit_source
+    from porter.gates.extract import extract_unit_source
     from porter.gates.driver import Candidate, GateContext, ParityOptions, run_gates
 
     target, ws, tmp, good = bench_ws
@@ -112,7 +112,7 @@ def test_a_committed_units_constructor_does_not_act_in_another_units_verdict(ben
     """add's file carries a constructor (committed before the object check refused it): it used to run in
     swiglu's parity runner, where this one kills the runner and fails an honest swiglu.  swiglu does
     not call add, so its library links add's placeholder: honest swiglu passes, a no-op still fails."""
-    from porter.extract import extract_unit_source
+    from porter.gates.extract import extract_unit_source
     from porter.gates.driver import Candidate, GateContext, ParityOptions, run_gates
 
     target, ws, tmp, good = bench_ws

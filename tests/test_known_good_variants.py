@@ -60,7 +60,7 @@ def test_a_variant_runs_only_for_ops_whose_path_reads_one_of_its_knobs(ds4):
 @needs_ds4
 def test_every_declared_variant_names_knobs_upstream_reads_and_applies_somewhere(ds4):
     """A misspelt knob would make a variant that silently runs the default path."""
-    from porter.gates.parity.spec import load_specs
+    from porter.spec import load_specs
 
     variants = load_variants(ds4)
     if not variants:
@@ -69,7 +69,7 @@ def test_every_declared_variant_names_knobs_upstream_reads_and_applies_somewhere
     read = set(re.findall(r'getenv\s*\(\s*"([A-Z0-9_]+)"', source))
     for v in variants:
         assert set(v.env) <= read, f"{v.name}: {sorted(set(v.env) - read)} never read by ds4_cuda.cu"
-    from porter.gates.parity.spec import spec_known_good_env
+    from porter.spec import spec_known_good_env
 
     for u in load_specs(ds4):
         for env in spec_known_good_env(ds4, u):
@@ -84,7 +84,7 @@ def test_every_declared_variant_names_knobs_upstream_reads_and_applies_somewhere
 def test_a_spec_files_own_knob_settings_run_too_once_each(ds4):
     """KNOWN_GOOD_ENV beside a spec's DISPATCH table is executed, not documentation: each setting
     no target variant already makes exactly is one more variant of that op."""
-    from porter.gates.parity.spec import spec_known_good_env
+    from porter.spec import spec_known_good_env
 
     mine = spec_known_good_env(ds4, "ds4_gpu_router_select_tensor")
     assert {"DS4_CUDA_NO_WARP_ROUTER_SELECT": "1"} in mine and len(mine) == 2

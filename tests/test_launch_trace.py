@@ -76,7 +76,7 @@ def test_a_shared_runtime_library_launches_through_the_dynamic_linker(tmp_path):
 @needs_ds4
 def test_reachable_kernels_follow_dispatch_and_api_calls():
     from porter.providers.reference import load_rules, reference_source
-    from porter.scan.cuda_slice import CudaFile
+    from porter.target.scan.cuda_slice import CudaFile
     from porter.target import load_target
 
     t = load_target(REPO, "ds4", _ds4_checkout())
@@ -95,9 +95,9 @@ def test_reachable_kernels_follow_dispatch_and_api_calls():
 def test_every_kernel_a_spec_declares_unreachable_is_one_its_op_can_name():
     """UNREACHABLE tables move kernels out of the trace's 'missing' column; a misspelt or foreign
     name would hide nothing real, and a claim about a kernel outside the op's slice is meaningless."""
-    from porter.gates.parity.spec import load_specs, spec_unreachable
+    from porter.spec import load_specs, spec_unreachable
     from porter.providers.reference import load_rules, reference_source
-    from porter.scan.cuda_slice import CudaFile
+    from porter.target.scan.cuda_slice import CudaFile
     from porter.target import load_target
 
     t = load_target(REPO, "ds4", _ds4_checkout())
@@ -131,9 +131,9 @@ def test_the_trace_starts_the_ops_with_the_most_variants_first(monkeypatch, tmp_
     import porter.calibration.libraries as libraries
     import porter.calibration.trace as trace
     import porter.calibration.variants as variants
-    import porter.gates.parity.spec as spec
+    import porter.spec as spec
     import porter.providers.reference as reference
-    import porter.scan.cuda_slice as cuda_slice
+    import porter.target.scan.cuda_slice as cuda_slice
 
     n_variants = {"op_a": 0, "op_b": 3, "op_c": 1}
     ran = []

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from porter import ledger as ledger_mod
+from porter.records import ledger as ledger_mod
 from porter.errors import PorterError
 from porter.digest import sha256_bytes
-from porter.ledger import ZERO, Ledger, canonical, chain_hmac, load_key, record_hash
+from porter.records.ledger import ZERO, Ledger, canonical, chain_hmac, load_key, record_hash
 
 KEY = b"test-key-kept-outside"
 
@@ -272,7 +272,7 @@ def test_two_processes_appending_keep_the_chain(tmp_path):
     code = textwrap.dedent(
         """
         import sys
-        from porter.ledger import Ledger
+        from porter.records.ledger import Ledger
         led = Ledger(sys.argv[1], b"k")
         for i in range(150):
             led.append("attempt", unit=sys.argv[2], attempt=i, padding="x" * (i % 7) * 300)

@@ -11,10 +11,10 @@ import json
 
 import pytest
 
-from porter import signing
+from porter.records import signing
 from porter.digest import sha256_bytes
 from porter.errors import PorterError
-from porter.ledger import canonical, utc_now
+from porter.records.ledger import canonical, utc_now
 from test_signed_tamper import INIT, SYNC, forge_append, porter, signed_ws, status, unit
 from ws_builder import TARGET
 

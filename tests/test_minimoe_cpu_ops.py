@@ -2,7 +2,7 @@
 
 mini_cpu.c is compiled into a temporary shared library and driven through
 ctypes with the API's own tensor functions (alloc / write / read / free); the
-ctypes prototypes are derived from mini_gpu.h itself (porter.cparse), so a
+ctypes prototypes are derived from mini_gpu.h itself (porter.target.cparse), so a
 signature drift fails here.  The model map is the fixture GGUF's bytes in a
 numpy buffer; weights are the fixture's real tensors, plus a synthetic map for
 the Q4_K variant the fixture does not contain.  Shapes: the model's real sizes
@@ -80,7 +80,7 @@ def _ctype(text: str):
 
 def _bind(lib):
     """Sets restype/argtypes of every API function from the header's declarations."""
-    from porter.cparse import parse_api_header
+    from porter.target.cparse import parse_api_header
 
     fns = parse_api_header(HEADER, "mini_gpu_")
     assert len(fns) == 24, [f.name for f in fns]

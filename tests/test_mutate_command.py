@@ -76,7 +76,7 @@ def test_calibrates_table_shows_the_recorded_score_with_todays_declarations(work
 
     target = load_target(workspace, "minimoe")
     assert command.recorded_table(target, {"rows": [{"unit": UNIT}]}) == ""  # no table: nothing shown
-    from porter.gates.parity.spec import load_specs
+    from porter.spec import load_specs
 
     sha = load_specs(target)[UNIT].sha256
     mutants = [{"id": "a" * 12, "unit": UNIT, "op": "arith", "outcome": "killed", "check": "nmse"},

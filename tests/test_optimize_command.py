@@ -17,17 +17,17 @@ import re
 import pytest
 
 from conftest import gates_with, needs_nvcc
-from porter import gitops
+from porter.records import gitops
 from porter.cli import main
 from porter.digest import sha256_text
-from porter.extract import extract_unit_source
+from porter.gates.extract import extract_unit_source
 from porter.gates.e2e import gate as e2e_gate
 from porter.gates.e2e.state import E2E_UNIT
 from porter.gates.result import GateResult
-from porter.ledger import Ledger
+from porter.records.ledger import Ledger
 from porter.optimize import ab, command, profile
 from porter.providers.base import Completion, Provider
-from porter.status import derive
+from porter.commands.status import derive
 from porter.target import load_target
 
 ADD = "mini_gpu_add_tensor"  # scripted: one good answer, which `porter run` verifies first

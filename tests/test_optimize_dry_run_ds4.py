@@ -14,7 +14,7 @@ import pytest
 import gpu_optimize_dry_run_ds4 as dry
 from conftest import NO_DS4, ds4_checkout, needs_nvcc
 from porter.cli import main
-from porter.extract import extract_unit_source
+from porter.gates.extract import extract_unit_source
 from porter.gates import static
 from porter.gates.driver import Candidate, GateContext
 from porter.providers.scripted import load_manifest

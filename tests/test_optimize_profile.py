@@ -144,7 +144,7 @@ def _fake_ncu(folder: Path) -> Path:
 
 
 def test_the_executor_runs_ncu_in_the_parity_sandbox_and_reads_its_report_back(tmp_path):
-    from porter import sandbox
+    from porter.host import sandbox
 
     ok, why = sandbox.available()
     if not ok and not sandbox.unsafe():
@@ -201,7 +201,7 @@ def test_gpu_the_committed_add_kernel_is_profiled_through_the_parity_child(works
     reason = _gpu_reason()
     if reason:
         pytest.skip(reason)
-    from porter.extract import extract_unit_source
+    from porter.gates.extract import extract_unit_source
     from porter.target import load_target
 
     target = load_target(workspace, "minimoe")

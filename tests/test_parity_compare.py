@@ -108,7 +108,7 @@ def target():
 
 @pytest.fixture(scope="module")
 def fixture_ctx(tmp_path_factory, target):
-    from porter.gates.parity.spec import Context
+    from porter.spec import Context
 
     import importlib.util
 
@@ -128,7 +128,7 @@ def op_specs(specs: dict) -> dict:
 
 
 def test_every_op_unit_has_a_valid_spec(target):
-    from porter.gates.parity.spec import load_specs
+    from porter.spec import load_specs
 
     specs = op_specs(load_specs(target))
     ops = [u for u in target.units if u not in target.runtime_units]
@@ -141,7 +141,7 @@ def test_every_op_unit_has_a_valid_spec(target):
 
 
 def test_specs_use_real_fixture_tensors_and_odd_sizes(target):
-    from porter.gates.parity.spec import load_specs
+    from porter.spec import load_specs
 
     specs = load_specs(target)
     for u in ("mini_gpu_matmul_q8_0_tensor", "mini_gpu_routed_gate_up_iq2_xxs_tensor",
@@ -155,7 +155,7 @@ def test_specs_use_real_fixture_tensors_and_odd_sizes(target):
 
 def test_prepare_every_spec_two_seeds(target, fixture_ctx):
     from porter.gates.parity.gate import prepare
-    from porter.gates.parity.spec import In, InOut, load_specs
+    from porter.spec import In, InOut, load_specs
 
     specs = op_specs(load_specs(target))
     for unit, spec in specs.items():
@@ -176,7 +176,7 @@ def test_prepare_every_spec_two_seeds(target, fixture_ctx):
 
 def test_tie_cases_really_have_ties(target, fixture_ctx):
     from porter.gates.parity.gate import prepare
-    from porter.gates.parity.spec import load_spec
+    from porter.spec import load_spec
 
     spec = load_spec(target, "mini_gpu_router_topk_tensor")
     cases = prepare(spec, target.api_function(spec.unit), fixture_ctx, [5, 6])
@@ -195,7 +195,7 @@ def test_tie_cases_really_have_ties(target, fixture_ctx):
 
 
 def test_validate_call_rejects_wrong_bindings(target):
-    from porter.gates.parity.spec import Call, In, Out, Shape, SpecError, load_spec, validate_call
+    from porter.spec import Call, In, Out, Shape, SpecError, load_spec, validate_call
 
     spec = load_spec(target, "mini_gpu_swiglu_tensor")
     fn = target.api_function(spec.unit)
@@ -502,7 +502,7 @@ def fake_libs(tmp_path_factory):
                                                                for h, u, _ in HOST_CASES])
 def test_host_gate_rejects_each_hack_by_its_check(target, fixture_ctx, fake_libs, tmp_path, hack, unit, check):
     from porter.gates.parity.gate import run_spec
-    from porter.gates.parity.spec import load_spec
+    from porter.spec import load_spec
 
     spec = load_spec(target, unit)
     r = run_spec(target, spec, fake_libs[hack], workspace=tmp_path, mode="host", ctx=fixture_ctx,
@@ -526,7 +526,7 @@ def test_host_gate_rejects_each_hack_by_its_check(target, fixture_ctx, fake_libs
 def test_evaluate_names_stream_failures(target):
     """The stream probe's observations (GPU only) turn into the 'stream' check."""
     from porter.gates.parity.gate import PreparedCase, evaluate
-    from porter.gates.parity.spec import Call, In, Out, Shape, load_spec
+    from porter.spec import Call, In, Out, Shape, load_spec
 
     spec = load_spec(target, "mini_gpu_swiglu_tensor")
     x = np.ones(4, np.float32)
@@ -553,8 +553,8 @@ def test_evaluate_names_stream_failures(target):
 # ---------------------------------------------------------------------------
 
 def test_adversarial_manifest_is_complete(target):
-    from porter.calibration.mutants import adversarial
-    from porter.cparse import function_definitions
+    from porter.gates.mutants import adversarial
+    from porter.target.cparse import function_definitions
 
     muts = adversarial(target)
     assert len(muts) >= 20
@@ -569,9 +569,9 @@ def test_adversarial_manifest_is_complete(target):
 
 
 def test_calibration_status_from_ledger(tmp_path, target):
-    from porter.gates.parity.spec import load_spec
-    from porter.history import History
-    from porter.ledger import Ledger
+    from porter.spec import load_spec
+    from porter.records.history import History
+    from porter.records.ledger import Ledger
 
     def calibration_status():
         return History.read(tmp_path, "minimoe").calibration_status(spec.unit, spec.sha256)

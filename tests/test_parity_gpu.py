@@ -63,14 +63,14 @@ def _rows(report, kind):
 
 
 def _units():
-    from porter.gates.parity.spec import load_specs
+    from porter.spec import load_specs
     from porter.target import load_target
 
     return sorted(load_specs(load_target(REPO, "minimoe")))
 
 
 def _mutants():
-    from porter.calibration.mutants import adversarial
+    from porter.gates.mutants import adversarial
     from porter.target import load_target
 
     return [m.name for m in adversarial(load_target(REPO, "minimoe"))]
@@ -115,7 +115,7 @@ def test_persisting_l2_is_reset_before_each_timed_call():
 
 def test_evidence_names_device_toolchain_and_timing(target, report):
     from porter.gates.parity.gate import run_spec
-    from porter.gates.parity.spec import load_spec
+    from porter.spec import load_spec
 
     lib = Path(report["library"])
     r = run_spec(target, load_spec(target, "mini_gpu_matmul_q8_0_tensor"), lib, workspace=REPO)
@@ -135,7 +135,7 @@ def test_evidence_names_device_toolchain_and_timing(target, report):
 @pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="compute-sanitizer not on PATH")
 def test_sanitizer_run_on_known_good(target, report):
     from porter.gates.parity.gate import run_spec
-    from porter.gates.parity.spec import load_spec
+    from porter.spec import load_spec
 
     r = run_spec(target, load_spec(target, "mini_gpu_swiglu_tensor"), Path(report["library"]), workspace=REPO,
                  sanitize=True, timing_reps=0)

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from porter.gates.parity.gate import DEFAULT_TIMEOUT_S, MAP_BYTES_PER_S, watchdog_s
-from porter.gates.parity.spec import In, Map
+from porter.spec import In, Map
 
 
 def _case(map_bytes: int, timed: bool = False, sets: int = 3):

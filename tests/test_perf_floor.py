@@ -8,7 +8,7 @@ import pytest
 from porter.gates import perf
 from porter.gates.driver import Candidate, GateContext
 from porter.gates.result import GateResult
-from porter.status import PERF_UNMEASURED, derive
+from porter.commands.status import PERF_UNMEASURED, derive
 from porter.target import load_target
 
 from tests.test_perf_gate import CASE, UNIT, _calibrate, _parity

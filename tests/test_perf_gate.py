@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from porter.evidence import load_evidence, store_evidence
+from porter.records.evidence import load_evidence, store_evidence
 from porter.gates import perf
 from porter.gates.result import GateResult
-from porter.ledger import Ledger
+from porter.records.ledger import Ledger
 from porter.target import load_target
 from porter.gates.driver import Candidate, GateContext, ParityOptions
 
@@ -122,8 +122,8 @@ def _ask_for_upstream_baselines(ws):
 
 def test_a_run_takes_each_missing_baseline_once_and_records_it_as_no_calibration(workspace, monkeypatch, tmp_path):
     from porter.calibration import baseline
-    from porter.gates.parity.spec import load_specs
-    from porter.history import History
+    from porter.spec import load_specs
+    from porter.records.history import History
 
     target = _ask_for_upstream_baselines(workspace)
     specs = load_specs(target)
@@ -165,7 +165,7 @@ def test_a_run_takes_each_missing_baseline_once_and_records_it_as_no_calibration
 
 def test_no_baselines_are_taken_unless_the_target_asks(workspace, monkeypatch):
     from porter.calibration import baseline
-    from porter.history import History
+    from porter.records.history import History
 
     monkeypatch.setattr(baseline.UpstreamLibraries, "known_good", lambda self: (_ for _ in ()).throw(AssertionError))
     target = load_target(workspace, "minimoe")
@@ -176,7 +176,7 @@ def test_no_baselines_are_taken_unless_the_target_asks(workspace, monkeypatch):
 def test_an_upstream_that_cannot_build_is_one_line_and_the_run_goes_on(workspace, monkeypatch):
     from porter.calibration import baseline
     from porter.errors import PorterError
-    from porter.history import History
+    from porter.records.history import History
 
     def cannot(self):
         raise PorterError("source checkout /nowhere lacks ds4_cuda.cu")

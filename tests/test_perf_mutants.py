@@ -9,7 +9,7 @@ import pytest
 
 from conftest import NO_DS4
 
-from porter.calibration.mutants import load_mutants, rule_mutants
+from porter.gates.mutants import load_mutants, rule_mutants
 from porter.gates.perf import PERF_CHECKS
 from porter.target import load_target
 
@@ -58,7 +58,7 @@ def test_the_perf_table_judges_the_known_good_against_itself_and_every_perf_muta
 
     from porter.calibration import perf_table
     from porter.calibration.calibrator import CalibrateOptions
-    from porter.calibration.mutants import Mutant
+    from porter.gates.mutants import Mutant
     from porter.gates.result import GateResult
 
     target = load_target(REPO, "minimoe")

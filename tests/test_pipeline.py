@@ -15,17 +15,17 @@ import pytest
 from porter.gates import registry
 from porter.gates.driver import Candidate, GateContext, run_gates
 from porter.gates.result import GateResult
-from porter.history import History
+from porter.records.history import History
 from porter.run.scheduler import select_units
-from porter.status import derive
+from porter.commands.status import derive
 from conftest import gates_with
 from ws_builder import TARGET, make_workspace
 
 REPO = Path(__file__).resolve().parents[1]
 PORTER = REPO / "porter"
 # Modules that parse a command line or print for one: nothing below them may import them.
-COMMAND_MODULES = {"porter.cli", "porter.run", "porter.run.scheduler", "porter.run.attempt", "porter.status",
-                   "porter.audit", "porter.plan", "porter.reverify", "porter.prompt.cli", "porter.calibration.command"}
+COMMAND_MODULES = {"porter.cli", "porter.run", "porter.run.scheduler", "porter.run.attempt", "porter.commands.status",
+                   "porter.commands.audit", "porter.target.plan", "porter.commands.reverify", "porter.prompt.cli", "porter.calibration.command"}
 
 
 def module_name(path: Path) -> str:
@@ -86,7 +86,7 @@ def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_no_import_cycle_among_porters_modules():
     mods = porter_modules()
     graph = {m: imports_of(p, set(mods)) - {m} for m, p in mods.items()}
-    assert graph["porter.status"] >= {"porter.history", "porter.gates.driver"}  # the walk sees real edges
+    assert graph["porter.commands.status"] >= {"porter.records.history", "porter.gates.driver"}  # the walk sees real edges
     assert not find_cycles(graph), f"import cycles: {find_cycles(graph)}"
 
 
@@ -102,7 +102,7 @@ def test_the_cycle_walk_finds_a_cycle(tmp_path):
 
 
 def test_importing_the_parity_gate_imports_no_command_module():
-    code = ("import sys, porter.gates.parity, porter.gates.driver, porter.history; "
+    code = ("import sys, porter.gates.parity, porter.gates.driver, porter.records.history; "
             "print('\\n'.join(m for m in sys.modules if m.startswith('porter')))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0, r.stderr

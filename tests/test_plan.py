@@ -18,9 +18,9 @@ import pytest
 
 from conftest import NO_DS4
 
-from porter import plan
+from porter.target import plan
 from porter.errors import PorterError
-from porter.scan import scan
+from porter.target.scan import scan
 from porter.target import load_target
 
 REPO = Path(__file__).resolve().parents[1]

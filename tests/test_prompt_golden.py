@@ -433,7 +433,7 @@ def test_porter_prompt_cli(workspace, capsys):
 
 
 def test_porter_prompt_takes_failures_from_the_ledger(tmp_path, capsys):
-    from porter.ledger import Ledger
+    from porter.records.ledger import Ledger
 
     ws = init_workspace(tmp_path / "ws", ["minimoe"])
     led = Ledger(ws)

@@ -94,7 +94,7 @@ def test_a_declaration_the_conventions_header_contradicts_is_caught(tmp_path):
 def test_placeholders_fail_with_the_targets_failure_value(tmp_path):
     """A placeholder answers every call with the API's failure value: ds4's is 0, and the -1 written for
     every target read as success to ds4's engine and to a runtime scenario calling a unit not ported yet."""
-    from porter.placeholder import placeholder_source
+    from porter.target.placeholder import placeholder_source
 
     target = _workspace(tmp_path, "minimoe")
     add = target.api_function("mini_gpu_add_tensor")

@@ -5,7 +5,7 @@ import base64
 import pytest
 from cryptography.hazmat.primitives import serialization
 
-from porter import signing
+from porter.records import signing
 from porter.providers import PromptRequest, ProviderError, send
 from porter.providers.base import Completion, Provider
 

@@ -371,10 +371,10 @@ def test_openai_key_order(monkeypatch):
 
 
 def test_a_resumed_run_counts_the_usage_its_history_records(tmp_path):
-    """porter run seeds per-unit budgets from the ledger's usage records as porter.history types them:
+    """porter run seeds per-unit budgets from the ledger's usage records as porter.records.history types them:
     a unit that spent its token budget in an earlier run is refused before the next call."""
-    from porter.history import History
-    from porter.ledger import Ledger
+    from porter.records.history import History
+    from porter.records.ledger import Ledger
     from porter.providers.budget import Budget, BudgetExceeded
 
     ledger = Ledger(tmp_path)

@@ -23,9 +23,9 @@ import pytest
 
 from conftest import gates_with
 from porter.digest import sha256_bytes
-from porter.extract import extract_unit_source
+from porter.gates.extract import extract_unit_source
 from porter.gates.result import GateResult
-from porter.ledger import Ledger
+from porter.records.ledger import Ledger
 from porter.target import load_target
 
 from tests.test_parity_compare import FAKE_BACKEND
@@ -137,7 +137,7 @@ def _story(ws) -> dict:
 
 
 def _parity_evidence(ws) -> list[dict]:
-    from porter.evidence import load_evidence
+    from porter.records.evidence import load_evidence
 
     return [load_evidence(ws, r["evidence"]) for r in Ledger(ws).records()
             if r["kind"] == "gate" and r["gate"] == "parity" and r["unit"] in OPS]
@@ -373,7 +373,7 @@ def test_the_launch_trace_runs_on_the_cluster(cluster, tmp_path, monkeypatch):
     starts with it preloaded, and the trace file it writes comes back into the kept plan folder."""
     from porter.gates.parity import executors
     from porter.gates.parity.gate import run_spec
-    from porter.gates.parity.spec import Context, load_spec
+    from porter.spec import Context, load_spec
 
     (tmp_path / "pre.c").write_text(PRELOAD)
     subprocess.run([CC, "-shared", "-fPIC", "-o", str(tmp_path / "pre.so"), str(tmp_path / "pre.c")], check=True)
@@ -595,7 +595,7 @@ def test_required_architectures_run_on_their_own_nodes_of_the_cluster(cluster, t
     from porter.gates import archs
     from porter.gates.parity import executors
     from porter.gates.parity.gate import run_spec
-    from porter.gates.parity.spec import Context, load_spec
+    from porter.spec import Context, load_spec
 
     (tmp_path / "b.c").write_text(FAKE_BACKEND)
     subprocess.run([CC, "-O1", "-shared", "-fPIC", "-o", str(tmp_path / "lib.so"), str(tmp_path / "b.c"), "-lm"],

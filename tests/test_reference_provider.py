@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from porter.cparse import function_definitions
-from porter.extract import extract_unit_source
+from porter.target.cparse import function_definitions
+from porter.gates.extract import extract_unit_source
 from porter.providers import get_provider
 from porter.providers.base import PromptRequest, ProviderError
 from porter.target import load_target

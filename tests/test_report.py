@@ -11,7 +11,7 @@ import pytest
 from porter.cli import main
 from porter.report import build
 from porter.report.links import broken_links
-from porter.status import StatusReport
+from porter.commands.status import StatusReport
 from ws_builder import TARGET, make_workspace
 
 REFUSED = "mini_gpu_swiglu_tensor"
@@ -102,7 +102,7 @@ def _greenish(colour: str) -> bool:
 def test_built_is_not_yet_judged_and_never_in_success_colours(site):
     """A CPU-only run ends every unit `built`, wrong answers included: it must not look like success."""
     from porter.report.graph import STATE_COLOURS
-    from porter.status import STATE_STYLE
+    from porter.commands.status import STATE_STYLE
 
     assert re.search(r'class="chip st-built">built \(not judged\)<', page(site, BUILT))
     css = (Path(__import__("porter.report", fromlist=["x"]).__file__).parent / "templates" / "style.css").read_text()

@@ -15,9 +15,9 @@ import pytest
 
 from conftest import gates_with, needs_nvcc
 from porter.cli import main
-from porter.extract import extract_unit_source
+from porter.gates.extract import extract_unit_source
 from porter.gates.result import GateResult
-from porter.ledger import Ledger
+from porter.records.ledger import Ledger
 from porter.digest import sha256_bytes
 from porter.target import load_target
 
@@ -43,7 +43,7 @@ class StandInParity:
         self.calls: list[tuple[str, str]] = []
 
     def run(self, candidate, ctx):
-        from porter.gates.parity.spec import load_spec
+        from porter.spec import load_spec
 
         unit, candidate_sha256 = candidate.unit, candidate.sha256
         if load_spec(ctx.target, unit) is None:  # as the real gate: runtime units have no spec
@@ -118,7 +118,7 @@ def test_a_refuted_built_unit_is_not_rechecked_every_run(workspace, build_cache,
     assert _run(workspace, "--unit", ATTN, "--max-attempts", "1") == 1
     checked = [c for c in stand_in.calls if c[0] == ATTN]
     assert len(checked) == 2  # the committed file once, the new answer once
-    from porter.status import derive
+    from porter.commands.status import derive
 
     st = {u.unit: u for u in derive(workspace, target=target).units}[ATTN]
     assert st.state == "exhausted" and "built file (attempt 1) failed parity" in st.reason
@@ -138,7 +138,7 @@ class StandInScenarioParity:
 
     def run(self, candidate, ctx):
         from porter.gates.parity.scenario import blocked_by
-        from porter.gates.parity.spec import load_spec
+        from porter.spec import load_spec
 
         waiting = blocked_by(ctx.target, load_spec(ctx.target, candidate.unit))
         if waiting:
@@ -184,7 +184,7 @@ if __name__ == "__main__":  # pragma: no cover
 def test_parity_waits_for_the_api_functions_a_candidate_calls(workspace):
     """ds4's shared gate/up slice calls ds4_gpu_swiglu_tensor: refused 3 times on an H100 while swiglu was
     a placeholder.  Parity skips such a candidate (it lands 'built', verified once the callee is ported)."""
-    from porter.cparse import calls_to
+    from porter.target.cparse import calls_to
     from porter.gates import parity
     from porter.gates.driver import Candidate, GateContext, ParityOptions
 

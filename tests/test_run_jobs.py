@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from porter.ledger import Ledger
+from porter.records.ledger import Ledger
 
 from tests.test_crash import assert_consistent, finish_run, kill_run
 
@@ -71,7 +71,7 @@ def test_answers_are_awaited_together(workspace, build_cache):
 def test_a_step_commit_leaves_out_another_threads_temp_files(workspace):
     """With --jobs 8 on ds4 a commit's `git add` met an evidence temp file another thread had just
     renamed away, and the run died mid-history.  Temp files are never part of a commit."""
-    from porter import gitops
+    from porter.records import gitops
 
     ev = workspace / "ledger" / "evidence"
     ev.mkdir(parents=True, exist_ok=True)

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from porter import gitops
-from porter.ledger import Ledger
+from porter.records import gitops
+from porter.records.ledger import Ledger
 from porter.gates import parity
-from porter.history import History
+from porter.records.history import History
 from porter.run import parse_duration
 from porter.target import load_target
 
@@ -157,7 +157,7 @@ def test_one_commit_per_step_with_its_trailers(walk):
 
 
 def test_ledger_chain_and_evidence_hold(walk):
-    from porter.evidence import check_evidence
+    from porter.records.evidence import check_evidence
 
     ws = walk["ws"]
     assert Ledger(ws).verify().ok
@@ -189,7 +189,7 @@ def test_status_and_units_agree_with_the_walk(walk, porter_cli_module):
     ws = walk["ws"]
     st = porter_cli_module(ws, "status", "--json")
     if "not available" in st.stderr:
-        pytest.skip("porter.status is not installed")
+        pytest.skip("porter.commands.status is not installed")
     data = json.loads(st.stdout)
     states = {u["unit"]: u["state"] for u in data["units"]}
     assert set(states) == set(walk["target"].units)

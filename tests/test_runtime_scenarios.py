@@ -175,7 +175,7 @@ def mini_dir(tmp_path_factory):
 
 def _run(target, unit, lib, ws):
     from porter.gates.parity.gate import run_spec
-    from porter.gates.parity.spec import load_spec
+    from porter.spec import load_spec
 
     spec = load_spec(target, unit)
     return run_spec(target, spec, lib, workspace=ws, mode="host", timing_reps=0, timeout=120)
@@ -195,7 +195,7 @@ def _check(res) -> str:
 
 def test_every_minimoe_runtime_unit_has_its_own_scenario(mini):
     from porter.gates.parity.scenario import Scenario, prepare
-    from porter.gates.parity.spec import load_specs
+    from porter.spec import load_specs
 
     specs = load_specs(mini)
     assert set(MINI_RUNTIME) <= set(specs)
@@ -546,7 +546,7 @@ def ds4_dir(tmp_path_factory):
 @needs_ds4
 def test_every_ds4_runtime_unit_has_its_own_scenario_bound_to_ds4_gpu_h(ds4, tmp_path):
     from porter.gates.parity.scenario import Scenario, ScenarioContext, prepare
-    from porter.gates.parity.spec import load_specs
+    from porter.spec import load_specs
 
     specs = load_specs(ds4)
     assert sorted(ds4.runtime_units) == sorted(DS4_RUNTIME)
@@ -636,7 +636,7 @@ def test_gate_runs_a_runtime_scenario_once_the_units_it_calls_are_ported(mini, m
     from porter.gates import parity
     from porter.gates.driver import Candidate, GateContext, ParityOptions
     from porter.gates.result import GateResult
-    from porter.placeholder import placeholder_source
+    from porter.target.placeholder import placeholder_source
 
     lib = _build(mini_dir, MINI_C, "mini")
     units = tmp_path / "units"
@@ -660,7 +660,7 @@ def test_gate_runs_a_runtime_scenario_once_the_units_it_calls_are_ported(mini, m
 
 def test_a_scenario_calling_a_function_the_header_lacks_is_a_spec_error(mini):
     from porter.gates.parity.scenario import Case, Scenario, Script, prepare
-    from porter.gates.parity.spec import SpecError
+    from porter.spec import SpecError
 
     def build(case, ctx, rng):
         s = Script(rng)
@@ -686,10 +686,10 @@ def test_calibration_driver_records_scenarios_in_the_ledger(ds4, ds4_dir, tmp_pa
     scenario evidence is stored like an op spec's, and the parity gate then calls these exact
     scenarios calibrated (each has its mutant rejected by the named check)."""
     import porter.calibration.calibrator as cal
-    from porter.calibration.mutants import Mutant
+    from porter.gates.mutants import Mutant
     from porter.gates.driver import ParityOptions
-    from porter.gates.parity.spec import load_spec
-    from porter.history import History
+    from porter.spec import load_spec
+    from porter.records.history import History
 
     faults = {u: (f, c) for u, f, c in DS4_FAULTS}
     units = ["ds4_gpu_tensor_copy", "ds4_gpu_cache_q8_f16_range"]
@@ -720,7 +720,7 @@ def test_calibration_driver_records_scenarios_in_the_ledger(ds4, ds4_dir, tmp_pa
 def test_every_runtime_unit_has_a_broken_version_that_must_fail(mini):
     """Each scenario is shown failing: a host fault per unit here, a CUDA candidate per minimoe unit in
     targets/minimoe/adversarial/ (run by porter calibrate on a GPU)."""
-    from porter.calibration.mutants import adversarial
+    from porter.gates.mutants import adversarial
 
     assert {u for u, _, _ in MINI_FAULTS} == set(MINI_RUNTIME)
     assert {u for u, _, _ in DS4_FAULTS} == set(DS4_RUNTIME)

@@ -1,4 +1,4 @@
-"""porter.sandbox: what a sandboxed process can and cannot see (bubblewrap, no GPU needed)."""
+"""porter.host.sandbox: what a sandboxed process can and cannot see (bubblewrap, no GPU needed)."""
 
 import os
 import subprocess
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from porter import sandbox
+from porter.host import sandbox
 
 pytestmark = pytest.mark.skipif(not sandbox.available()[0], reason=f"no sandbox here: {sandbox.available()[1]}")
 

@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from porter import sandbox
+from porter.host import sandbox
 
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="porter is not root here: nothing to drop"),
               pytest.mark.skipif(not sandbox.available()[0], reason=f"no sandbox: {sandbox.available()[1]}")]
@@ -58,7 +58,7 @@ def test_the_process_bound_holds_for_the_sandbox_uid(tmp_path):
 def test_the_memory_bound_holds_where_the_host_has_cgroup_v2(tmp_path):
     """Rlimits cannot bound a GPU process's memory (CUDA reserves terabytes of address space), so as root
     on cgroup v2 each sandbox is its own cgroup: a candidate's allocation past memory.max ends it."""
-    from porter import cgroup_bound
+    from porter.host import cgroup_bound
 
     ok, why = cgroup_bound.usable()
     if not ok:

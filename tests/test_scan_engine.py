@@ -13,8 +13,8 @@ import pytest
 
 from conftest import NO_DS4
 
-from porter.scan import scan
-from porter.scan.engine import scan_engine, split_entries
+from porter.target.scan import scan
+from porter.target.scan.engine import scan_engine, split_entries
 from porter.target import load_target
 
 REPO = Path(__file__).resolve().parents[1]

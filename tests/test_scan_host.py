@@ -13,8 +13,8 @@ import pytest
 
 from conftest import NO_DS4
 
-from porter.scan import _add_candidates, scan
-from porter.scan.host import scan_host
+from porter.target.scan import _add_candidates, scan
+from porter.target.scan.host import scan_host
 from porter.target import load_target
 
 REPO = Path(__file__).resolve().parents[1]

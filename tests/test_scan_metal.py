@@ -14,10 +14,10 @@ import pytest
 
 from conftest import NO_DS4
 
-from porter.scan import scan
-from porter.scan.common import IDENT, mask_comments
-from porter.scan.metal import loop_macros, prepare, scan_metal
-from porter.scan.slice import closure, metal_slice
+from porter.target.scan import scan
+from porter.target.scan.common import IDENT, mask_comments
+from porter.target.scan.metal import loop_macros, prepare, scan_metal
+from porter.target.scan.slice import closure, metal_slice
 from porter.target import load_target
 
 REPO = Path(__file__).resolve().parents[1]

@@ -18,11 +18,11 @@ import pytest
 from rich.cells import cell_len
 from rich.console import Console
 
-from porter import status as status_mod
+from porter.commands import status as status_mod
 from porter.calibration.calibrator import matrix, table
-from porter.plan import RankedUnit, plan_table
-from porter.reverify import Reverdict, reverify_table
-from porter.status import STATES, StatusReport, UnitStatus, render
+from porter.target.plan import RankedUnit, plan_table
+from porter.commands.reverify import Reverdict, reverify_table
+from porter.commands.status import STATES, StatusReport, UnitStatus, render
 from porter.term import TAIL_MIN, Column, Table
 
 REPO = Path(__file__).resolve().parents[1]

@@ -139,7 +139,7 @@ def test_iq2_xxs_tables_match_gguf():
 
 def test_porter_gates_agree_with_the_manifest():
     """Replay every answer through porter's own extraction and static gate."""
-    from porter.extract import ExtractionError, extract_unit_source
+    from porter.gates.extract import ExtractionError, extract_unit_source
     from porter.gates import static
     from porter.gates.driver import Candidate, GateContext
     from porter.target import load_target

@@ -22,10 +22,10 @@ from types import SimpleNamespace
 import pytest
 
 from porter.calibration import calibrator, seed_sweep as sw
-from porter.gates.parity.spec import Exact, Tol
+from porter.spec import Exact, Tol
 from porter.gates.result import GateResult
-from porter.history import History
-from porter.ledger import Ledger
+from porter.records.history import History
+from porter.records.ledger import Ledger
 from porter.target import load_target
 
 REPO = Path(__file__).resolve().parents[1]
@@ -250,7 +250,7 @@ def test_a_record_made_before_the_sweep_still_reads(tmp_path):
 
 
 def test_the_evidence_keeps_every_case_and_the_ledger_the_worst(tmp_path):
-    from porter.evidence import load_evidence
+    from porter.records.evidence import load_evidence
 
     target = load_target(REPO, "minimoe")
     sets = _twenty(None)
@@ -398,7 +398,7 @@ def test_routed_moe_one_draws_only_calls_whose_rounding_no_right_kernel_can_take
     import numpy as np
 
     from conftest import NO_DS4, ds4_checkout
-    from porter.gates.parity.spec import Context, load_spec
+    from porter.spec import Context, load_spec
     from reference import ds4_matmul_ops as mo, ds4_ops as ops, quant
     from reference.quant import QT
 

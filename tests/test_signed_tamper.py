@@ -19,11 +19,12 @@ import sys
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from porter import cli, signing
-from porter import status as status_mod
+from porter import cli
+from porter.records import signing
+from porter.commands import status as status_mod
 from porter.digest import sha256_bytes
-from porter.evidence import store_evidence
-from porter.ledger import ZERO, Ledger, canonical, utc_now
+from porter.records.evidence import store_evidence
+from porter.records.ledger import ZERO, Ledger, canonical, utc_now
 from ws_builder import SOURCES, TARGET, make_workspace
 
 SWIGLU, ADD, SYNC, INIT = "mini_gpu_swiglu_tensor", "mini_gpu_add_tensor", "mini_gpu_synchronize", "mini_gpu_init"
@@ -379,7 +380,7 @@ def test_hmac_ledger_with_stripped_hmacs_is_tampered(tmp_path, capsys, monkeypat
 def test_commits_are_signed_with_the_ledger_key(tmp_path, workspace):
     """Step commits (and the init commit) carry git SSH signatures by the ledger key: `git verify-commit`
     accepts them with an allowed-signers file naming ledger/signer.pub, and refuses them under another key."""
-    from porter import gitops
+    from porter.records import gitops
 
     if shutil.which("ssh-keygen") is None:
         pytest.skip("ssh-keygen not on PATH: git cannot make SSH signatures here")

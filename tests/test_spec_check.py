@@ -134,7 +134,7 @@ def test_doctor_says_which_units_have_no_spec(ws, porter_cli):
 
 
 def test_run_stops_on_a_broken_spec_before_any_answer(ws, porter_cli, monkeypatch):
-    from porter import doctor
+    from porter.commands import doctor
 
     edit(ws, '"b": In(b), "n": n}, expect', '"b": In(b), "count": n}, expect')
     target = load_target(ws, "tinytarget")

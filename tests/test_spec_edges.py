@@ -24,7 +24,7 @@ from conftest import NO_DS4
 from porter.calibration.calibrator import inputs_table
 from porter.gates.parity import compare
 from porter.gates.parity.scenario import is_scenario
-from porter.gates.parity.spec import Exact, inputs_facts, load_specs
+from porter.spec import Exact, inputs_facts, load_specs
 from porter.target import load_target
 
 REPO = Path(__file__).resolve().parents[1]
@@ -381,7 +381,7 @@ def _cheap(sh):  # CPU time: at most ~4M multiply-adds a case
 @needs_checkout
 @pytest.mark.parametrize("unit", sorted(_projection_ops(False)))
 def test_ds4_projections_with_f16_partial_sums_fail_only_the_edge_cases(unit):
-    from porter.gates.parity.spec import Context
+    from porter.spec import Context
 
     spec = _op_specs("ds4")[unit]
     # at 16384 wide the ordinary cases already catch f16 partials (64 chunks): the edges matter below
@@ -400,7 +400,7 @@ def test_ds4_projections_with_f16_partial_sums_fail_only_the_edge_cases(unit):
 def test_ds4_cancelling_inputs_cancel_and_sit_on_an_exact_grid():
     """The cancelling case is what it says: outputs ~1e3 below the sum of their terms' magnitudes,
     and x exact under Q8_0 activation quantization and F16 (so every upstream path meets the reference)."""
-    from porter.gates.parity.spec import Context
+    from porter.spec import Context
     from reference import ds4_ops as ops
 
     spec = _op_specs("ds4")["ds4_gpu_matmul_q8_0_tensor"]
@@ -418,7 +418,7 @@ def test_ds4_cancelling_inputs_cancel_and_sit_on_an_exact_grid():
 # ---- minimoe ---------------------------------------------------------------------------------
 
 def _fixture_ctx():
-    from porter.gates.parity.spec import Context
+    from porter.spec import Context
 
     return Context.for_target(_target("minimoe"))
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from porter.gates.parity import identity
-from porter.gates.parity.spec import SpecError, load_spec
-from porter.history import History
-from porter.ledger import Ledger
+from porter.spec import identity
+from porter.spec import SpecError, load_spec
+from porter.records.history import History
+from porter.records.ledger import Ledger
 from porter.target import load_target
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,7 +39,7 @@ def _calibrated(ws, spec) -> bool:
 
 
 def _record_calibration(ws, spec) -> None:
-    from porter.evidence import store_evidence
+    from porter.records.evidence import store_evidence
 
     ev = store_evidence(ws, {"target": "minimoe", "unit": spec.unit, "gate": "parity", "ok": True,
                              "candidate_sha256": None, "toolchain": {},
@@ -52,7 +52,7 @@ def test_identity_names_the_spec_its_helpers_references_and_harness(ws):
     parts = _spec(ws).identity_components
     assert {"spec:mini_gpu_matmul_q8_0_tensor.py", "helper:_shared.py", "reference:reference.minimoe_ops",
             "reference:reference.quant", "harness:harness.toml", "harness:porter.gates.parity.compare",
-            "harness:porter.gates.parity.weights"} <= set(parts)
+            "harness:porter.spec.weights"} <= set(parts)
     # the same files elsewhere have the same identity: labels hold names, never where the workspace lies
     assert _spec(ws).sha256 == load_spec(load_target(REPO, "minimoe"), UNIT).sha256
 
@@ -76,7 +76,7 @@ def test_a_helper_loaded_by_a_helper_is_part_of_the_identity(ws):
     d = ws / "targets" / "minimoe" / "parity"
     (d / "_inner.py").write_text("SCALE = 1.0\n")
     shared = d / "_shared.py"
-    shared.write_text("from porter.gates.parity.spec import sibling as _sib\n_inner = _sib(__file__, '_inner')\n"
+    shared.write_text("from porter.spec import sibling as _sib\n_inner = _sib(__file__, '_inner')\n"
                       + shared.read_text())
     before = _spec(ws)
     assert "helper:_inner.py" in before.identity_components

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from porter.gates.driver import Candidate, GateContext, ParityOptions
-from porter.extract import extract_unit_source
+from porter.gates.extract import extract_unit_source
 from porter.gates import static
-from porter.placeholder import placeholder_source
+from porter.target.placeholder import placeholder_source
 from porter.target import load_target
 
 REPO = Path(__file__).resolve().parents[1]

@@ -11,10 +11,10 @@ import types
 import pytest
 from rich.console import Console
 
-from porter import status as status_mod
+from porter.commands import status as status_mod
 from porter.errors import PorterError
 from porter.gates.result import GateResult
-from porter.status import STATES, derive, render
+from porter.commands.status import STATES, derive, render
 from ws_builder import SOURCES, STUB, TARGET, make_workspace
 
 
@@ -262,7 +262,7 @@ def test_reasons_are_not_rich_markup(ws, capsys):
 
 def test_benchmark_runs_small(capsys):
     """The benchmark itself (timed at 10,000 records by hand, not here) works end to end."""
-    from porter import bench_status
+    from porter.bench import status as bench_status
 
     assert bench_status.main(["--records", "300", "--repeat", "1"]) == 0
     out = capsys.readouterr().out

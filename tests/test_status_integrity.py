@@ -11,9 +11,9 @@ import threading
 
 import pytest
 
-from porter import status as status_mod
-from porter import witness
-from porter.status import derive
+from porter.commands import status as status_mod
+from porter.records import witness
+from porter.commands.status import derive
 from test_signed_tamper import ADD, INIT, SWIGLU, SYNC, porter, reviewer, signed_ws, status, unit
 from ws_builder import TARGET
 
@@ -198,7 +198,7 @@ def test_status_and_report_execute_no_workspace_code(tmp_path, capsys):
 
 def test_reverify_says_it_runs_the_workspaces_specs(tmp_path, capsys, monkeypatch):
     ws = signed_ws(tmp_path)
-    from porter.reverify import Reverdict
+    from porter.commands.reverify import Reverdict
 
     # the statement is what is tested, not the gates (test_status_reverify runs them with nvcc)
     monkeypatch.setattr(status_mod, "reverify", lambda target, **kw: [Reverdict(SYNC, ["static ok"], True, "ok")])

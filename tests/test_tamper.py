@@ -11,9 +11,9 @@ import json
 
 import pytest
 
-from porter import status as status_mod
-from porter.evidence import evidence_path
-from porter.ledger import Ledger, canonical, record_hash
+from porter.commands import status as status_mod
+from porter.records.evidence import evidence_path
+from porter.records.ledger import Ledger, canonical, record_hash
 from ws_builder import SOURCES, STUB, TARGET, make_workspace
 
 KEY = "tamper-suite-key"

@@ -51,7 +51,7 @@ def test_a_driver_that_does_not_import_is_one_clear_error(tmp_path):
 
 def test_the_bundled_drivers_provide_the_interface():
     from porter.gates.e2e.target_driver import REQUIRED
-    from porter.target_code import load_file
+    from porter.target.code import load_file
 
     minimoe = load_driver(load_target(ROOT, "minimoe"))
     ds4 = load_file(ROOT / "targets" / "ds4" / "e2e" / "driver.py")  # ds4 needs a checkout to load as a target

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from porter.gates import parity
-from porter.gates.parity.spec import load_specs
+from porter.spec import load_specs
 from porter.target import load_target
 from porter.workspace import init_workspace
 

@@ -1,4 +1,4 @@
-"""Toolchain facts are asked in one module (porter/toolchain.py), once per process and tool."""
+"""Toolchain facts are asked in one module (porter/host/toolchain.py), once per process and tool."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from porter import toolchain
+from porter.host import toolchain
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -23,7 +23,7 @@ def version_askers(root: Path) -> list[str]:
 
 
 def test_only_the_toolchain_module_asks_a_tool_its_version(tmp_path):
-    assert version_askers(REPO) == ["porter/toolchain.py"]
+    assert version_askers(REPO) == ["porter/host/toolchain.py"]
     (tmp_path / "porter").mkdir()
     (tmp_path / "porter" / "build.py").write_text('import subprocess\nsubprocess.run(["nvcc", "--version"])\n')
     assert version_askers(tmp_path) == ["porter/build.py"]  # the walk sees a second asker

@@ -1,4 +1,4 @@
-"""Toolchains where users have them (issue 43, item 6): one answer (porter.toolchain.locate) for where the
+"""Toolchains where users have them (issue 43, item 6): one answer (porter.host.toolchain.locate) for where the
 toolkit's headers and libraries are, read by `porter doctor`, the build's flags and the compile sandbox.
 
 Fake toolkits are laid out in tmp folders: an nvcc reached through a link, a toolkit whose libcublas.so is a
@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from porter import sandbox, toolchain
+from porter.host import sandbox
+from porter.host import toolchain
 from porter.gates import compile_jail
 
 REPO = Path(__file__).resolve().parent.parent
@@ -99,7 +100,7 @@ def test_cublas_from_a_pip_wheel_is_found_passed_and_shown_in_the_sandbox(tmp_pa
 
 
 def test_doctor_and_the_build_agree_on_a_pip_wheel_cublas(tmp_path, monkeypatch):
-    from porter import doctor
+    from porter.commands import doctor
 
     nvcc = str(fake_toolkit(tmp_path / "cuda"))
     no_env(monkeypatch, f"{tmp_path / 'cuda' / 'bin'}:/usr/bin:/bin")
@@ -122,7 +123,7 @@ def test_doctor_and_the_build_agree_on_a_pip_wheel_cublas(tmp_path, monkeypatch)
 
 
 def test_a_wheel_without_the_linkers_name_is_refused_by_the_doctor_saying_why(tmp_path, monkeypatch):
-    from porter import doctor
+    from porter.commands import doctor
 
     nvcc = str(fake_toolkit(tmp_path / "cuda"))
     pip_wheel(tmp_path / "site", unversioned=False)  # NVIDIA's wheels ship libcublas.so.12 only

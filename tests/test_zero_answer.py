@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from porter.gates.parity.gate import prepare, zero_answer_passes
-from porter.gates.parity.spec import Call, Context, In, Out, Shape, Tol, load_spec
+from porter.spec import Call, Context, In, Out, Shape, Tol, load_spec
 from porter.target import load_target
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,7 +60,7 @@ def test_a_declared_zero_case_is_allowed_but_not_a_spec_of_only_such_cases(targe
 
 
 def test_every_bundled_minimoe_spec_tells_a_zero_answer_from_the_right_one(target):
-    from porter.gates.parity.spec import UnitSpec, load_specs
+    from porter.spec import UnitSpec, load_specs
 
     ctx = Context.for_target(target)
     for unit, spec in sorted(load_specs(target).items()):
@@ -72,9 +72,9 @@ def test_calibration_refuses_a_spec_an_all_zero_answer_passes(target, tmp_path, 
     """Known-good passes and the mutant is rejected, yet the spec is not calibrated: the parity
     evidence says a zero answer would pass one of its cases."""
     import porter.calibration.calibrator as cal
-    from porter.calibration.mutants import Mutant
+    from porter.gates.mutants import Mutant
     from porter.gates.result import GateResult
-    from porter.history import History
+    from porter.records.history import History
 
     mutant = Mutant(UNIT, "m", "values", "wrong", "rules", file="x")
     monkeypatch.setattr(cal, "load_mutants", lambda t: [mutant])

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import git
 
-from porter import signing
-from porter.evidence import store_evidence
+from porter.records import signing
+from porter.records.evidence import store_evidence
 from porter.digest import sha256_bytes
-from porter.ledger import Ledger
+from porter.records.ledger import Ledger
 from porter.target import load_target
 from porter.workspace import MARKER, MARKER_TEXT
 
@@ -222,7 +222,7 @@ class Workspace:
 
 def make_workspace(root: Path, key: bytes | None = None, signer=None) -> Workspace:
     """A fresh workspace: minimoe target files, placeholders for every unit, one commit.
-    With a porter.signing.Signer its public key is ledger/signer.pub and every record is signed."""
+    With a porter.records.signing.Signer its public key is ledger/signer.pub and every record is signed."""
     root = Path(root)
     dst = root / "targets" / TARGET
     shutil.copytree(

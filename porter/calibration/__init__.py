@@ -11,5 +11,5 @@ refused each of its mutants by the check named for it (DESIGN.md).
 
 A spec is "calibrated" only when its known-good passed and it has mutants, each
 rejected by its named check; the parity gate and perf read that through
-porter.history, never from this package.
+porter.records.history, never from this package.
 """

@@ -21,7 +21,7 @@ from porter.calibration.calibrator import CalibrateOptions, parity_on_library, r
 from porter.calibration.libraries import BuildError, UpstreamLibraries
 from porter.errors import PorterError
 from porter.gates.driver import ParityOptions
-from porter.gates.parity.spec import load_specs
+from porter.spec import load_specs
 from porter.gates.perf import baseline as perf_baseline, perf_settings
 
 PARALLEL_SPECS = 6

@@ -10,7 +10,7 @@ For each spec of the target:
 A spec is calibrated (its "calibration" record is ok) only when 1 holds, it has
 at least one mutant, and 2 holds for all of them: a spec nothing was shown to
 reject proves nothing.  Records name the spec's sha256, so a spec edited since
-is uncalibrated again (porter.history.calibration_status).
+is uncalibrated again (porter.records.history.calibration_status).
 """
 
 from __future__ import annotations
@@ -24,18 +24,18 @@ from pathlib import Path
 
 from porter.calibration import seed_sweep
 from porter.calibration.libraries import BuildError, UpstreamLibraries
-from porter.calibration.mutants import Mutant, digest_of, load_mutants
+from porter.gates.mutants import Mutant, digest_of, load_mutants
 from porter.calibration.variants import VariantPlan
 from porter.digest import sha256_file
 from porter.errors import PorterError
-from porter.evidence import store_evidence
+from porter.records.evidence import store_evidence
 from porter.gates import perf, registry, static
 from porter.gates.driver import Candidate, GateContext, ParityOptions, run_gates
 from porter.gates.parity.compare import CHECK_ORDER
 from porter.gates.parity.gate import fresh_seeds
-from porter.gates.parity.spec import inputs_facts, load_specs
+from porter.spec import inputs_facts, load_specs
 from porter.gates.perf import calibrated_limit
-from porter.ledger import Ledger
+from porter.records.ledger import Ledger
 from porter.term import Steps
 
 

@@ -24,9 +24,9 @@ from porter.errors import PorterError
 def unit_weights(target) -> dict[str, int]:
     """spec -> parity runs its calibration makes (known-good + variants + mutants)."""
     from porter.calibration.calibrator import calibration_runs
-    from porter.calibration.mutants import load_mutants
+    from porter.gates.mutants import load_mutants
     from porter.calibration.variants import VariantPlan
-    from porter.gates.parity.spec import load_specs
+    from porter.spec import load_specs
 
     plan = VariantPlan(target) if target.checkout else None
     mutants = load_mutants(target)

@@ -29,11 +29,11 @@ from porter.calibration.chunks import chunk_units
 from porter.calibration.libraries import libraries_for
 from porter.calibration.mutate import command as mutate
 from porter.errors import PorterError
-from porter.gguf_file import check_model_file
+from porter.target.gguf_file import check_model_file
 from porter.gates import parity
 from porter.gates.driver import ParityOptions
 from porter.gates.parity.executors import executor_arguments, use_executor
-from porter.gates.parity.spec import MODEL_ENV
+from porter.spec import MODEL_ENV
 from porter.target import load_target
 
 
@@ -81,12 +81,12 @@ def run(args) -> int:
     if stray:
         raise PorterError(f"{', '.join(stray)}: only with --mutate")
     ws = Path(args.workspace)
-    if getattr(args, "model", None):  # read by porter.gates.parity.spec.Context.for_target
+    if getattr(args, "model", None):  # read by porter.spec.Context.for_target
         os.environ[MODEL_ENV] = str(check_model_file(args.model).resolve())
     target = load_target(ws, args.target, getattr(args, "source", None))
     workers = use_executor(args, args.mode)
     if args.mode == "cuda":
-        from porter.doctor import preflight
+        from porter.commands.doctor import preflight
 
         preflight(ws, target, "calibrate")  # a machine that cannot build or load the libraries: one line, exit 2
         ok, why = parity.available()

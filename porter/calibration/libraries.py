@@ -24,13 +24,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from porter.calibration.mutants import Mutant, scripted_answers
+from porter.gates.mutants import Mutant, scripted_answers
 from porter.digest import sha256_bytes
 from porter.errors import PorterError
-from porter.extract import extract_unit_source
+from porter.gates.extract import extract_unit_source
 from porter.gates import build as build_gate
 from porter.gates import compile_jail
-from porter.placeholder import placeholder_source
+from porter.target.placeholder import placeholder_source
 
 BUILD_TIMEOUT_S = 900
 

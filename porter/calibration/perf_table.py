@@ -31,11 +31,11 @@ from porter.calibration.baseline import times_a_case
 from porter.calibration.calibrator import CalibrateOptions, parity_on_library, perf_on_mutant
 from porter.calibration.chunks import chunk_units
 from porter.calibration.libraries import libraries_for
-from porter.calibration.mutants import perf_rule_mutants
+from porter.gates.mutants import perf_rule_mutants
 from porter.gates import perf
 from porter.gates.driver import ParityOptions
 from porter.gates.parity.gate import fresh_seeds
-from porter.gates.parity.spec import load_specs
+from porter.spec import load_specs
 
 PARALLEL_SPECS = 4  # inputs and references built side by side; the GPU runs still take turns
 

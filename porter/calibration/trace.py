@@ -5,7 +5,7 @@
 A spec is only as strong as the dispatch paths it reaches: upstream ds4 picks
 kernels by size thresholds and flags, and a mutant of a path no case reaches
 passes.  For every op the upstream function can launch the `__global__`
-functions of its slice (porter.scan.cuda_slice: the API function and everything
+functions of its slice (porter.target.scan.cuda_slice: the API function and everything
 it reaches, plus the slices of the API functions it calls); that is the
 reachable set.  The reached set is measured: the upstream backend is built
 with the shared CUDA runtime, and an interposer preloaded into the parity
@@ -112,7 +112,7 @@ def kernel_name(mangled: str) -> str:
 def reachable_kernels(cf, unit: str, rules) -> set[str]:
     """Every kernel a call of `unit` can launch: the __global__ functions of its slice and of the
     slices of the API functions it calls."""
-    from porter.scan.cuda_slice import path_decls
+    from porter.target.scan.cuda_slice import path_decls
 
     kernels = set()
     for d in path_decls(cf, unit, rules):
@@ -143,7 +143,7 @@ def read_trace(path: Path) -> set[str]:
 def build_interposer(out_dir: Path) -> Path:
     """The interposer as a shared library.  Built by nvcc, which knows the toolkit's headers and links
     the shared runtime, so its cudaFuncGetName is the same libcudart the traced library calls."""
-    from porter.toolchain import nvcc_path, toolkit_rpath
+    from porter.host.toolchain import nvcc_path, toolkit_rpath
 
     nvcc = nvcc_path()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -172,9 +172,9 @@ def trace_units(target, units: list[str], workspace: Path, out=print, parallel: 
     from porter.calibration.libraries import build_upstream
     from porter.calibration.variants import VariantPlan
     from porter.gates.parity.gate import fresh_seeds
-    from porter.gates.parity.spec import spec_unreachable
+    from porter.spec import spec_unreachable
     from porter.providers.reference import load_rules, reference_source
-    from porter.scan.cuda_slice import CudaFile
+    from porter.target.scan.cuda_slice import CudaFile
 
     rules = load_rules(target)
     cf = CudaFile.parse(reference_source(target), rules)
@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     from porter.calibration.baseline import times_a_case
     from porter.gates import parity
     from porter.gates.parity.executors import executor_arguments, use_executor
-    from porter.gates.parity.spec import load_specs
+    from porter.spec import load_specs
     from porter.target import load_target
 
     ap = argparse.ArgumentParser(prog="porter dev trace", description=__doc__.split("\n\n")[0])

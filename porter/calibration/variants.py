@@ -16,7 +16,7 @@ kernels.  Two uses:
     variant really launched them.
 A variant runs for an op only where the op's path reads one of its knobs: the
 `getenv("...")` names in the op's slice and the slices of the API functions it
-calls (porter.scan.cuda_slice), so a MoE knob does not rerun the norm specs.
+calls (porter.target.scan.cuda_slice), so a MoE knob does not rerun the norm specs.
 An op's spec file may name its own settings (KNOWN_GOOD_ENV, beside its
 DISPATCH table): they run too, as variants "spec-env-<i>".
 """
@@ -67,7 +67,7 @@ def load_variants(target) -> list[Variant]:
 
 def knobs_read(cf, unit: str, rules) -> set[str]:
     """The getenv names on `unit`'s path: its slice and those of the API functions it calls."""
-    from porter.scan.cuda_slice import path_decls
+    from porter.target.scan.cuda_slice import path_decls
 
     return {name for d in path_decls(cf, unit, rules) for name in _GETENV.findall(cf.text(d))}
 
@@ -78,7 +78,7 @@ class VariantPlan:
     def __init__(self, target, variants: list[Variant] | None = None, cf=None, rules=None):
         """cf, rules: the checkout's parsed backend and slice rules, where the caller has them already."""
         from porter.providers.reference import load_rules, reference_source
-        from porter.scan.cuda_slice import CudaFile
+        from porter.target.scan.cuda_slice import CudaFile
 
         self.variants = load_variants(target) if variants is None else variants
         self._target = target if target.checkout else None  # spec settings are upstream's knobs too
@@ -88,7 +88,7 @@ class VariantPlan:
 
     @lru_cache(maxsize=None)
     def knobs(self, unit: str) -> frozenset[str]:
-        from porter.scan.cuda_slice import SliceError
+        from porter.target.scan.cuda_slice import SliceError
 
         if self._cf is None:
             return frozenset()
@@ -103,7 +103,7 @@ class VariantPlan:
         k = self.knobs(unit)
         out = [v for v in self.variants if k & set(v.env)]
         if self._target is not None:
-            from porter.gates.parity.spec import spec_known_good_env
+            from porter.spec import spec_known_good_env
 
             for i, env in enumerate(spec_known_good_env(self._target, unit)):
                 if all(v.env != env for v in out):

@@ -5,7 +5,7 @@
 
 A unit verified on sm_90 can fail on sm_121 (warp-size assumptions, shared-memory limits, tensor-core
 paths chosen by device attributes), so where a target or a run requires several kinds
-(porter.arch.required) parity runs once on a GPU of each.  The gate's result is one (the driver and the
+(porter.host.arch.required) parity runs once on a GPU of each.  The gate's result is one (the driver and the
 ledger keep one result per gate): its evidence is the first refusing run's (else the first passing
 one's), with `archs` holding every kind's own verdict and evidence, and the kinds no reachable GPU
 has as not measured.  Such a result can pass (the measured kinds passed), but status shows the unit
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from porter import arch as gpu_arch
+from porter.host import arch as gpu_arch
 from porter.gates.result import GateResult
 
 

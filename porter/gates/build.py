@@ -6,7 +6,7 @@
    function extern "C" first, so a candidate whose extern "C" signature drifts
    from the header is a hard error ("more than one instance of overloaded
    function ... has "C" linkage") instead of a silently different symbol.
-   The architectures are the target's choice (porter.arch: named, this
+   The architectures are the target's choice (porter.host.arch: named, this
    machine's GPUs, else the target's default_arch); they are part of the flags
    and so of every cache key, and the evidence names them.
 2. The object is checked for host code that would run when the library is
@@ -45,13 +45,13 @@ from pathlib import Path
 from porter.diagnostics import trim_diagnostics
 from porter.digest import sha256_bytes, sha256_file
 from porter.errors import EnvironmentFault, PorterError
-from porter.evidence import gate_facts
+from porter.records.evidence import gate_facts
 from porter.gates import build_cache, compile_jail, elf_exports, host_link, load_time, nvcc_split
-from porter.gates.keyed_lock import key_lock
+from porter.host.keyed_lock import key_lock
 from porter.gates.result import GateResult
-from porter.placeholder import is_placeholder, placeholder_source
+from porter.target.placeholder import is_placeholder, placeholder_source
 # the toolkit's whereabouts are toolchain facts; build re-exports them for its callers
-from porter.toolchain import nvcc_path, nvcc_release_line, toolkit_lib_dirs, toolkit_rpath, toolkit_root  # noqa: F401
+from porter.host.toolchain import nvcc_path, nvcc_release_line, toolkit_lib_dirs, toolkit_rpath, toolkit_root  # noqa: F401
 
 GATE = "build"
 NVCC_TIMEOUT_S = float(os.environ.get("PORTER_NVCC_TIMEOUT", "300"))

@@ -4,7 +4,7 @@ A candidate's `#include "/home/me/.config/porter/signing_key"`, `.incbin` in
 inline asm or any include trick the extract filter missed is read by the
 compiler, and the compiler's diagnostics quote what it read.  So every process
 that compiles or links candidate code (nvcc, its split steps, the precompiled
-header's gcc, the host link) runs in a bubblewrap sandbox (porter/sandbox.py)
+header's gcc, the host link) runs in a bubblewrap sandbox (porter/host/sandbox.py)
 that sees, read-only: the CUDA toolkit, /usr (compilers, system headers and
 libraries), the host compiler when it lives elsewhere, the folders the command
 names with -I/-isystem/-include/-L and the inputs it names by absolute path;
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from porter import sandbox
+from porter.host import sandbox
 from porter.errors import PorterError
 
 SYSTEM_RO = ("/usr",)  # sandbox.py binds it too; named here so a command's own paths under it are not bound twice
@@ -54,8 +54,8 @@ def clean_env(**extra: str) -> dict[str, str]:
 @lru_cache(maxsize=None)
 def toolchain_ro(nvcc: str) -> tuple[str, ...]:
     """nvcc as named on PATH (often a wrapper script), its toolkit's folders and those of the libraries it
-    lacks (porter.toolchain.locate), the host compiler's folder when it is not under /usr."""
-    from porter.toolchain import toolkit
+    lacks (porter.host.toolchain.locate), the host compiler's folder when it is not under /usr."""
+    from porter.host.toolchain import toolkit
 
     # the folders `porter doctor` found the toolkit's headers and libraries in, and those it lacks (pip
     # wheels, conda, $CUDA_HOME), by real path: what the doctor found is what the compiler sees
@@ -103,7 +103,7 @@ def for_command(argv: list[str], cwd: Path | None, rw: list[Path | str] = ()) ->
     writable = [str(Path(p).resolve()) for p in (cwd, *rw) if p is not None]
     if "-o" in argv[:-1]:
         writable.append(str(Path(cwd or ".", argv[argv.index("-o") + 1]).resolve().parent))
-    from porter.toolchain import nvcc_path
+    from porter.host.toolchain import nvcc_path
 
     # the toolkit of the nvcc on PATH, whatever runs (nvcc's dryrun names its g++ and tools bare)
     ro = [p for p in (*toolchain_ro(nvcc_path()), *named_paths(argv)) if not Path(p).is_relative_to("/usr")]

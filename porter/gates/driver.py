@@ -24,7 +24,7 @@ from typing import Callable
 from porter.digest import sha256_text
 from porter.gates import build, registry
 from porter.gates.result import GateResult
-from porter.history import History
+from porter.records.history import History
 
 
 @dataclass(frozen=True)

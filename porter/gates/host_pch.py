@@ -36,8 +36,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from porter.gates.keyed_lock import key_lock
-from porter.toolchain import compiler_identity
+from porter.host.keyed_lock import key_lock
+from porter.host.toolchain import compiler_identity
 
 _MARKER = re.compile(r'^# \d+ "([^"]*)"')
 _TOKENS = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|/\*.*?\*/|//[^\n]*|[{}]', re.S)

@@ -35,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 
-from porter.evidence import gate_facts, load_evidence
+from porter.records.evidence import gate_facts, load_evidence
 from porter.gates import archs
 from porter.gates.archs import arch_of
 from porter.gates.result import GateResult

@@ -68,7 +68,7 @@ class Gate:
 # Cheapest first: an answer that does not compile never costs a GPU run; perf times only what
 # parity passed, and is not re-checked by --reverify (its limit is relative to a run's baseline).
 ACTIVE: tuple[Gate, ...] = (
-    Gate("extract", "porter.extract", judges=ANSWER, role=CANDIDATE, rechecked=False),
+    Gate("extract", "porter.gates.extract", judges=ANSWER, role=CANDIDATE, rechecked=False),
     Gate("static", "porter.gates.static", role=SOURCE),
     Gate("build", "porter.gates.build", role=LIBRARY, produces=(LIBRARY_FILE,)),
     Gate("parity", "porter.gates.parity", role=OUTPUT, uses=(LIBRARY_FILE,), ahead=True, verifies=True,

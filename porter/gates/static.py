@@ -1,10 +1,10 @@
 """Static gate: refuse candidates that cannot be a real port, before compiling them.
 
-It reads the candidate with tree-sitter (porter.cparse) and refuses, each with
+It reads the candidate with tree-sitter (porter.target.cparse) and refuses, each with
 a one-line reason:
 
   - the generated placeholder (its `// porter:placeholder` marker);
-  - an include, or an asm `.incbin`, of a file outside the unit (porter.extract.check_includes);
+  - an include, or an asm `.incbin`, of a file outside the unit (porter.gates.extract.check_includes);
   - a file that does not define the unit's function, defines it twice, or
     also defines other API functions (a unit file holds one unit);
   - a definition without C linkage (extern "C");
@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 
 import tree_sitter as ts
 
-from porter.cparse import canonical_type, function_definitions, parse_cuda
-from porter.evidence import gate_facts
-from porter.extract import ExtractionError, check_includes
+from porter.target.cparse import canonical_type, function_definitions, parse_cuda
+from porter.records.evidence import gate_facts
+from porter.gates.extract import ExtractionError, check_includes
 from porter.gates.result import GateResult
-from porter.placeholder import MARKER, is_placeholder
+from porter.target.placeholder import MARKER, is_placeholder
 
 GATE = "static"
 

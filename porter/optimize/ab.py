@@ -18,9 +18,9 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from porter import gitops
-from porter.evidence import gate_facts
-from porter.gates.parity.spec import SpecError, UnitSpec, load_spec
+from porter.records import gitops
+from porter.records.evidence import gate_facts
+from porter.spec import SpecError, UnitSpec, load_spec
 from porter.gates.result import GateResult
 from porter.optimize.decide import ALPHA, MIN_GAIN, ROUNDS, decide
 

@@ -18,18 +18,18 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from porter import gitops
-from porter.doctor import preflight
+from porter.records import gitops
+from porter.commands.doctor import preflight
 from porter.errors import PorterError
 from porter.gates import registry
-from porter.ledger import load_key
+from porter.records.ledger import load_key
 from porter.optimize.profile import profile_committed
 from porter.prompt.optimize import optimize_request
 from porter.providers import ProviderError, get_provider
 from porter.run import locked, open_run, parse_duration
 from porter.run.attempt import Run
-from porter.signing import signer_for
-from porter.status import VERIFIED_STATES, derive
+from porter.records.signing import signer_for
+from porter.commands.status import VERIFIED_STATES, derive
 from porter.target import load_target
 
 TIER_ORDER = ("runtime", "prefill", "decode", "unreachable")

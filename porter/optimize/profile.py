@@ -281,8 +281,8 @@ def profile_committed(target, workspace: Path, unit: str, case: str | None = Non
 
 
 def _profile(target, ws: Path, unit: str, case: str | None) -> Profile:
-    from porter import gitops
-    from porter.gates.parity.spec import SpecError, UnitSpec, load_spec
+    from porter.records import gitops
+    from porter.spec import SpecError, UnitSpec, load_spec
 
     ncu = find_ncu()
     if ncu is None:

@@ -267,7 +267,7 @@ def render_prompt(target, unit: str, attempt: int, failures: list | None = None,
 def build_prompt(target, unit: str, attempt: int, failures: list | None = None) -> PromptRequest:
     """The PromptRequest for `unit`'s attempt number `attempt` (1-based).
 
-    `failures`: earlier failures of this unit, oldest first: porter.history's typed records, or
+    `failures`: earlier failures of this unit, oldest first: porter.records.history's typed records, or
     dicts shaped like ledger lines with the diagnostics text under "diagnostics_text" (or
     "diagnostics" holding either the text or the sha256 of runs/diagnostics/<sha>.txt).  max_tokens is
     left None: the provider's settings decide it.

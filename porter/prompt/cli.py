@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 
-from porter.history import History
+from porter.records.history import History
 from porter.prompt import render_prompt
 from porter.target import load_target
 

@@ -1,13 +1,13 @@
 """What a prompt is made of, gathered from the target and the workspace.
 
 Every piece is read from a source, never written by hand: the signature and
-doc comment from the API header (porter.cparse), the conventions header as it
-is, the Metal slice and host dispatch from porter.scan (helper modules that may
+doc comment from the API header (porter.target.cparse), the conventions header as it
+is, the Metal slice and host dispatch from porter.target.scan (helper modules that may
 be absent: then the unit's host function text, parsed out of the Metal host
 file with tree-sitter, and a note saying what is missing), the quant types
 from the census ranking (else the unit's name and doc), style examples from
 the workspace's committed unit files whose derived state is verified with
-perf judged (porter.status: a 'built' unit may be wrong), and the diagnostics of earlier failures
+perf judged (porter.commands.status: a 'built' unit may be wrong), and the diagnostics of earlier failures
 with every verify-time seed removed.
 """
 
@@ -18,13 +18,13 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from porter import gitops
+from porter.records import gitops
 from porter.digest import sha256_bytes
 from porter.errors import PorterError
-from porter.placeholder import is_placeholder
-from porter.plan import ranked_units
-from porter.scan import scan
-from porter.scan import slice as scan_slice
+from porter.target.placeholder import is_placeholder
+from porter.target.plan import ranked_units
+from porter.target.scan import scan
+from porter.target.scan import slice as scan_slice
 from porter.prompt.quant_layouts import canonical, layout_text, quant_types_from_text
 from porter.prompt.rules import for_prompt as rules_for_prompt
 
@@ -123,7 +123,7 @@ def _diagnostics_text(rec: dict, workspace: Path | None) -> str:
 
 
 def failures_from_records(records: list, workspace: Path | None) -> list[Failure]:
-    """The prompt's failures from porter.history's typed failure records (or dicts shaped like ledger lines)."""
+    """The prompt's failures from porter.records.history's typed failure records (or dicts shaped like ledger lines)."""
     out = []
     for rec in records or []:
         if not isinstance(rec, dict):
@@ -168,7 +168,7 @@ def _host_functions(target) -> dict[str, tuple[str, list[str]]]:
     path = Path(target.metal_host)
     if not path.is_file():
         return {}
-    from porter.cparse import parser
+    from porter.target.cparse import parser
 
     src = path.read_bytes()
     tree = parser("objc").parse(src)
@@ -245,7 +245,7 @@ def _symbol_section(sym) -> Section:
 
 
 def metal_context(target, unit: str, ctx: UnitContext) -> None:
-    """Fill host dispatch, kernels and helpers from porter.scan / porter.plan, or fall back
+    """Fill host dispatch, kernels and helpers from porter.target.scan / porter.target.plan, or fall back
     to the unit's host function text (and say what is missing)."""
     result = None
     try:
@@ -281,7 +281,7 @@ def metal_context(target, unit: str, ctx: UnitContext) -> None:
         except Exception:  # noqa: BLE001
             summary = ""
         if summary.strip():
-            ctx.host_dispatch.append(Section("dispatch summary (porter.scan: kernels, buffer bindings, grid)",
+            ctx.host_dispatch.append(Section("dispatch summary (porter.target.scan: kernels, buffer bindings, grid)",
                                              summary.rstrip(), "text"))
         for name in [unit] + [h for h in ad.helpers if h != unit]:
             if name in funcs:
@@ -290,7 +290,7 @@ def metal_context(target, unit: str, ctx: UnitContext) -> None:
     else:
         ctx.host_dispatch = host_dispatch_fallback(target, unit)
         if result is None and ctx.host_dispatch:
-            ctx.missing.append("the host dispatch scan (porter.scan) is not available: the host function "
+            ctx.missing.append("the host dispatch scan (porter.target.scan) is not available: the host function "
                                "text is shown instead of its resolved kernels, bindings and grid")
     if not ctx.host_dispatch:
         ctx.missing.append(f"no definition of {unit} was found in the Metal host file {host_name}")
@@ -312,7 +312,7 @@ def metal_context(target, unit: str, ctx: UnitContext) -> None:
             ctx.missing.append(f"a kernel name the scanner could not resolve statically: {u.pattern} ({u.reason})")
     if not ctx.kernels and not ctx.is_runtime:
         if result is None:
-            ctx.missing.append("the Metal kernel source slice (porter.scan) is not available: only the host "
+            ctx.missing.append("the Metal kernel source slice (porter.target.scan) is not available: only the host "
                                "function is shown; follow its pipeline names and the API contract above")
         elif ad is not None and ad.sites:
             ctx.missing.append("the Metal source of the kernels this unit dispatches was not found")
@@ -350,7 +350,7 @@ def trusted_units(target) -> tuple[dict[str, tuple[str, str]], str | None]:
     """unit -> (state, candidate sha256) of the units status derives as verified with perf judged (a
     wrong answer committed as 'built' on a machine without a GPU must never be shown as the way to
     write a unit); (empty, why) when the workspace's state cannot be derived or is not trustworthy."""
-    from porter.status import derive  # status reads the prompt's neighbours; imported where needed
+    from porter.commands.status import derive  # status reads the prompt's neighbours; imported where needed
 
     try:
         report = derive(target.workspace, target=target, rank=False, prefill=False)

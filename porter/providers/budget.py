@@ -163,7 +163,7 @@ class Budget:
             s.usd += usd
 
     def seed(self, usages) -> None:
-        """Count earlier usage records (porter.history.Usage) toward per-unit budgets (a resumed run)."""
+        """Count earlier usage records (porter.records.history.Usage) toward per-unit budgets (a resumed run)."""
         for r in usages:
             if r.unit:
                 u = self.unit_spent(r.unit)

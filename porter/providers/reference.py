@@ -2,7 +2,7 @@
 
 A full dry run of the port on real code: the unit's API function, the kernels
 it launches and the helpers, device functions, constants and types they reach
-are sliced (porter.scan.cuda_slice) from the target's existing CUDA backend in
+are sliced (porter.target.scan.cuda_slice) from the target's existing CUDA backend in
 the user's checkout, named by target.toml:
 
     [reference]
@@ -40,10 +40,10 @@ import re
 import tomllib
 from pathlib import Path
 
-from porter.calibration.mutants import rule_mutants
+from porter.gates.mutants import rule_mutants
 from porter.errors import PorterError
 from porter.providers.base import Completion, PromptRequest, Provider, ProviderError
-from porter.scan.cuda_slice import CudaFile, SliceError, SliceRules, slice_unit
+from porter.target.scan.cuda_slice import CudaFile, SliceError, SliceRules, slice_unit
 
 RULE_KEYS = {"provided", "rename", "per_unit", "inline_includes", "append_missing_params"}
 
@@ -116,7 +116,7 @@ def append_missing_params(text: str, fn) -> tuple[str, list[str]]:
     """`text` with fn's definition given the header's trailing parameters it lacks (unused), and their names.
 
     Only when the definition's parameters are exactly the header's first ones; otherwise unchanged."""
-    from porter.cparse import _params, _declarator_chain, canonical_type, parse_cuda
+    from porter.target.cparse import _params, _declarator_chain, canonical_type, parse_cuda
 
     tree = parse_cuda(text)
     stack = [tree.root_node]

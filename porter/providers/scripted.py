@@ -4,7 +4,7 @@ targets/<t>/scripted/manifest.toml lists `[[answer]]` tables (unit, file,
 expect, why).  The n-th scripted attempt of a unit, counted across runs from
 the ledger's "attempt" records of that unit (attempts a crash abandoned, as
 named by "reconcile" records, do not count, so they are replayed), gets the
-unit's n-th answer in file order (porter.history counts them).  When none is
+unit's n-th answer in file order (porter.records.history counts them).  When none is
 left: ProviderError.
 """
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from porter.gates import registry
-from porter.history import History
+from porter.records.history import History
 from porter.providers.base import Completion, PromptRequest, Provider, ProviderError
 
 

@@ -59,7 +59,7 @@ def _signing_key_forms(path: str, mtime_ns: int) -> frozenset[str]:
 
 def secret_forms() -> dict[str, frozenset[str]]:
     """What may not be sent, by the name a refusal gives it."""
-    from porter.signing import private_key_path
+    from porter.records.signing import private_key_path
 
     out: dict[str, frozenset[str]] = {}
     key = private_key_path()

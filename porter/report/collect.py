@@ -1,8 +1,8 @@
 """Everything the report shows, gathered once from the workspace and nothing else.
 
-The past is read only through porter.status.derive (states, ledger integrity),
-porter.audit (one unit's attempts, sources and landing commit) and
-porter.history (runs, calibrations): the report never re-walks ledger records
+The past is read only through porter.commands.status.derive (states, ledger integrity),
+porter.commands.audit (one unit's attempts, sources and landing commit) and
+porter.records.history (runs, calibrations): the report never re-walks ledger records
 itself, so it cannot disagree with `porter status` or `porter audit`.
 """
 
@@ -11,15 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from porter.audit import audit
-from porter.calibration import mutants
+from porter.commands.audit import audit
+from porter.gates import mutants
 from porter.errors import PorterError
-from porter.evidence import check_evidence
+from porter.records.evidence import check_evidence
 from porter.gates import registry
-from porter.history import Attempt, Failure, History, Step
-from porter.ledger import load_key
-from porter.plan import TIERS, ranked_units
-from porter.status import STATES, StatusReport, _resolve_target_name, derive
+from porter.records.history import Attempt, Failure, History, Step
+from porter.records.ledger import load_key
+from porter.target.plan import TIERS, ranked_units
+from porter.commands.status import STATES, StatusReport, _resolve_target_name, derive
 from porter.target import Target, load_target
 
 # Until the end-to-end gate lands in derive(), its slot reads as this.
@@ -105,12 +105,12 @@ def _evidence(workspace: Path, shas: list[str]) -> list[dict]:
 
 def _calibration(target: Target, history: History) -> tuple[dict[str, dict], list[str]]:
     """Per unit with a parity spec: whether that exact spec (by its identity, the sha256 over the
-    spec file, its helpers, references and verdict code: porter.gates.parity.identity) is
+    spec file, its helpers, references and verdict code: porter.spec.identity) is
     calibrated. Read as data (the files' bytes, their syntax trees and the calibration records),
     never imported: a reviewer's report runs no code of the workspace. A unit is matched to its
     spec by the identity a calibration record names, else by the file named after it."""
-    from porter.gates.parity import identity
-    from porter.gates.parity.spec import spec_dir
+    from porter.spec import identity
+    from porter.spec import spec_dir
 
     files, notes = {}, []
     for path in sorted(spec_dir(target).glob("*.py")) if spec_dir(target).is_dir() else []:
@@ -212,7 +212,7 @@ def collect(workspace: Path, target_name: str | None = None, source=None) -> Sit
     prefill = prefill_slot(data.get("prefill"))
     entries = {}
     try:
-        from porter.scan import scan
+        from porter.target.scan import scan
 
         eng = scan(target).engine
         entries = dict(eng.entries) if eng else {}

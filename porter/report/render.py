@@ -15,7 +15,7 @@ from porter.report.collect import SiteData, UnitPage, unit_page_name
 from porter.gates import registry
 from porter.gates.perf import speed, speed_line
 from porter.report.graph import critical_path_svg, legend_html
-from porter.status import CRITICAL_TIERS, STATES, counts_line, speedups_line, state_label
+from porter.commands.status import CRITICAL_TIERS, STATES, counts_line, speedups_line, state_label
 
 TEMPLATES = Path(__file__).parent / "templates"
 _FORMATTER = HtmlFormatter(linenos="table", cssclass="code", wrapcode=True)

@@ -48,26 +48,26 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from porter import gitops
+from porter.records import gitops
 from porter.calibration.baseline import take_baselines
-from porter.doctor import preflight
+from porter.commands.doctor import preflight
 from porter.gates.build import cache_dir, check_environment
 from porter.errors import PorterError
-from porter.toolchain import nvcc_path
+from porter.host.toolchain import nvcc_path
 from porter.gates import registry
 from porter.gates.driver import Candidate, GateContext, run_gates
 from porter.gates.e2e.state import E2E_UNIT, head_backend_tree, run_e2e_if_due
 from porter.gates.result import GateResult
-from porter.history import Usage
-from porter.ledger import Ledger, load_key
-from porter.lock import RunLock
+from porter.records.history import Usage
+from porter.records.ledger import Ledger, load_key
+from porter.records.lock import RunLock
 from porter.providers import get_provider
 from porter.run.attempt import Run
 from porter.run.progress import Reporter
 from porter.run.reconcile import reconcile
 from porter.run.scheduler import exhausted_line, ordered_units, schedule, select_units, verify_deferred
-from porter.signing import signer_for
-from porter.status import derive, tamper_check
+from porter.records.signing import signer_for
+from porter.commands.status import derive, tamper_check
 from porter.target import load_target
 
 

@@ -7,16 +7,16 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from porter import gitops
+from porter.records import gitops
 from porter.digest import sha256_bytes
-from porter.durable import write_atomic
+from porter.records.durable import write_atomic
 from porter.errors import EnvironmentFault, PorterError
-from porter.evidence import store_evidence
+from porter.records.evidence import store_evidence
 from porter.gates import parity, registry
 from porter.gates.driver import Candidate, GateContext, passed, refusal, run_gates, verdict_word
-from porter.gates.parity.spec import load_spec
+from porter.spec import load_spec
 from porter.gates.result import GateResult
-from porter.history import Failure, History, Step, typed
+from porter.records.history import Failure, History, Step, typed
 from porter.prompt import build_prompt
 from porter.providers import ProviderError, send
 from porter.providers.budget import usage_record

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from porter import gitops
+from porter.records import gitops
 from porter.digest import sha256_bytes
-from porter.history import History
+from porter.records.history import History
 from porter.run.attempt import commit_step
 from porter.run.kill import kill_point
 

@@ -10,9 +10,9 @@ from porter.digest import sha256_bytes
 from porter.errors import PorterError
 from porter.gates import parity
 from porter.gates.driver import Candidate
-from porter.gates.parity.spec import load_spec
-from porter.history import History
-from porter.plan import ranked_units
+from porter.spec import load_spec
+from porter.records.history import History
+from porter.target.plan import ranked_units
 from porter.run.attempt import Run, port_unit
 
 
@@ -67,11 +67,11 @@ def select_units(target, history: History, order: list[str], explicit: bool, r: 
 
 def unit_dependencies(target, todo: list[str], out) -> dict[str, set[str]]:
     """unit -> the units of `todo` it must wait for: every runtime unit before any op, and the
-    API functions its host implementation calls (porter.scan) before it."""
+    API functions its host implementation calls (porter.target.scan) before it."""
     runtime = {u for u in todo if u in target.runtime_units}
     deps = {u: (set() if u in runtime else set(runtime)) for u in todo}
     try:
-        from porter.scan import scan
+        from porter.target.scan import scan
 
         api = scan(target).host.api
     except Exception as exc:  # noqa: BLE001 - the runtime-first order still holds without the scan

@@ -118,10 +118,10 @@ def plan(args) -> Plan:
     """The run's units, sources and declarations; PorterError (one line, exit 2) on anything that stops it."""
     from porter.calibration.chunks import chunk_units
     from porter.calibration.mutate.known_good import known_good_sources
-    from porter.doctor import preflight
+    from porter.commands.doctor import preflight
     from porter.gates import parity
     from porter.gates.parity.executors import use_executor
-    from porter.gates.parity.spec import load_specs
+    from porter.spec import load_specs
     from porter.target import load_target
 
     ws = Path(args.workspace)
@@ -267,7 +267,7 @@ def _exit(args, report: dict, summary: dict, gpu: bool, why: str) -> int:
 def recorded_scores(target, report: dict | None = None) -> dict | None:
     """The target's recorded mutation scores with today's declarations and specs (None: no table;
     {"error": why} for a table or declaration file that does not read: calibrate still reports)."""
-    from porter.gates.parity.spec import load_specs
+    from porter.spec import load_specs
 
     try:
         if not rep.record_path(target).is_file():

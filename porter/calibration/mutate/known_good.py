@@ -15,7 +15,7 @@ from pathlib import Path
 
 from porter.calibration.libraries import sources_from
 from porter.errors import PorterError
-from porter.extract import extract_unit_source
+from porter.gates.extract import extract_unit_source
 
 
 def slices(target, units: list[str]) -> tuple[dict[str, str], dict[str, str]]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from porter.calibration import calibrator
 from porter.calibration.libraries import BuildError
-from porter.calibration.mutants import Mutant
+from porter.gates.mutants import Mutant
 from porter.calibration.mutate.objects import DISTINCT, Built
 from porter.errors import PorterError
 from porter.gates.parity.gate import fresh_seeds

@@ -1,6 +1,6 @@
 """Where a unit's source may be mutated: the bodies of the functions it defines, never anything else.
 
-The source is parsed with tree-sitter (porter.cparse).  Its includes are not expanded, so the
+The source is parsed with tree-sitter (porter.target.cparse).  Its includes are not expanded, so the
 conventions header and every other shared header are out of reach by construction; file-scope
 declarations (types, tables, macros) are left alone too.  Each body comes with what the operators
 need to know about its function: its name, where it runs (kernel, device or host) and whether it
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import tree_sitter as ts
 
-from porter.cparse import parse_cuda
+from porter.target.cparse import parse_cuda
 
 # nodes whose subtree is code of a different function (a lambda's body has its own return type)
 NESTED_FUNCTIONS = ("lambda_expression",)

@@ -1,7 +1,7 @@
 """Small C steps for e2e engines: compile an object once (content-addressed), link an engine, run it.
 
 An engine linked with a candidate library runs the candidate's host code (constructors, static
-initialisers) as well as its kernels, so `run_engine` starts it inside porter.sandbox like the parity
+initialisers) as well as its kernels, so `run_engine` starts it inside porter.host.sandbox like the parity
 child: it sees only the files its run names, read-only, and writes only its output folder."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from porter import sandbox
+from porter.host import sandbox
 from porter.errors import PorterError
 
 COMPILE_TIMEOUT_S = 300
@@ -64,7 +64,7 @@ def _runtime_library_path() -> str:
     dirs = []
     nvcc = shutil.which("nvcc")
     if nvcc:
-        from porter.toolchain import toolkit_root
+        from porter.host.toolchain import toolkit_root
 
         root = toolkit_root(nvcc)
         dirs = [str(d) for d in (root / "lib64", root / "lib") if d.is_dir()]

@@ -22,9 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
-from porter import sandbox, toolchain
+from porter.host import sandbox
+from porter.host import toolchain
 from porter.digest import sha256_file
-from porter.evidence import gate_facts
+from porter.records.evidence import gate_facts
 from porter.errors import PorterError
 from porter.gates.e2e import calibration as cal_mod
 from porter.gates.e2e import tree, unchanged
@@ -122,7 +123,7 @@ def run_e2e(target, workspace_root: Path, library_path: Path, *, options: E2EOpt
                        {}, str(exc), with_candidate=opts.candidate)
         metrics = {"ok": False}
         if opts.store:
-            from porter.evidence import store_evidence
+            from porter.records.evidence import store_evidence
 
             metrics["evidence_sha256"] = store_evidence(ws, ev)
         return GateResult(GATE, False, f"e2e failed: {exc}"[:400], metrics=metrics, evidence=ev)
@@ -143,7 +144,7 @@ def run_e2e(target, workspace_root: Path, library_path: Path, *, options: E2EOpt
     metrics = {"ok": verdict.ok, "worst_ratio": verdict.worst_ratio if np.isfinite(verdict.worst_ratio) else None,
                "stage": verdict.stage, "token": verdict.token, **walls}
     if opts.store:
-        from porter.evidence import store_evidence
+        from porter.records.evidence import store_evidence
 
         metrics["evidence_sha256"] = store_evidence(ws, ev)
     diag = _diagnostics(cmp, rule)

@@ -52,21 +52,21 @@ for step in ${E2E_STEPS:-minimoe}; do
   t0=$(date +%s)
   case $step in
     minimoe)
-      timeout 420 python3 -m porter.gates.e2e calibrate --target minimoe --mode cuda --write \
+      timeout 420 python3 -m porter.commands.e2e calibrate --target minimoe --mode cuda --write \
           --scratch /tmp/minimoe-e2e --out "$OUT/minimoe_calibration.json" 2>&1 | tee "$OUT/minimoe_calibration.log"
       cp targets/minimoe/e2e/calibration.json "$OUT/" 2>/dev/null
-      timeout 120 python3 -m porter.gates.e2e run --target minimoe --library scripted --scratch /tmp/minimoe-e2e 2>&1 \
+      timeout 120 python3 -m porter.commands.e2e run --target minimoe --library scripted --scratch /tmp/minimoe-e2e 2>&1 \
           | tee "$OUT/minimoe_run.log" ;;
     ds4prep)
-      timeout 590 python3 -m porter.gates.e2e prepare --target ds4 --scratch "$DS4_SCRATCH" 2>&1 | tee "$OUT/ds4_prepare.log" ;;
+      timeout 590 python3 -m porter.commands.e2e prepare --target ds4 --scratch "$DS4_SCRATCH" 2>&1 | tee "$OUT/ds4_prepare.log" ;;
     ds4cal)
-      timeout 590 python3 -m porter.gates.e2e calibrate --target ds4 --scratch "$DS4_SCRATCH" \
+      timeout 590 python3 -m porter.commands.e2e calibrate --target ds4 --scratch "$DS4_SCRATCH" \
           --out "$OUT/ds4_calibration.json" 2>&1 | tee "$OUT/ds4_calibration.log"
       for d in "$DS4_SCRATCH"/out/*/; do tail -3 "$d/stderr.txt" > "$OUT/ds4_stderr_$(basename "$d").txt" 2>/dev/null; done ;;
     bench)
-      PORTER_NVCC_SPLIT=0 PORTER_HOST_PCH=0 PORTER_STREAM_PROBE=every-pass timeout 300 python3 -m porter.gates.parity.bench --paths warm \
+      PORTER_NVCC_SPLIT=0 PORTER_HOST_PCH=0 PORTER_STREAM_PROBE=every-pass timeout 300 python3 -m porter.bench.parity --paths warm \
           --scratch-reps 0 --json "$OUT/bench_before.json" 2>&1 | tee "$OUT/bench_before.log"
-      timeout 420 python3 -m porter.gates.parity.bench --reps 9 --scratch-reps 1 --isolation \
+      timeout 420 python3 -m porter.bench.parity --reps 9 --scratch-reps 1 --isolation \
           --json "$OUT/bench_after.json" 2>&1 | tee "$OUT/bench_after.log" ;;
     gputests)
       timeout 590 python3 -m pytest -q -rs tests/test_parity_gpu.py tests/test_host_pch.py tests/test_nvcc_split.py \
@@ -75,7 +75,7 @@ for step in ${E2E_STEPS:-minimoe}; do
       timeout "$LONG_STEP_S" python3 - <<'PY' 2>&1 | tee "$OUT/prebuild.log"
 import time
 from porter.calibration.libraries import UpstreamLibraries
-from porter.calibration.mutants import rule_mutants
+from porter.gates.mutants import rule_mutants
 from porter.target import load_target
 t = load_target(".", "ds4")
 libs, ms, t0 = UpstreamLibraries(t), rule_mutants(t), time.monotonic()

@@ -56,10 +56,10 @@ def prefill_line(state: tuple[str, str | None, str]) -> str:
 
 
 def e2e_records_from_ledger(workspace: Path, target: str, records: list) -> list[dict]:
-    """The evidence of every e2e gate record of `target` among porter.history's typed records, in ledger
+    """The evidence of every e2e gate record of `target` among porter.records.history's typed records, in ledger
     order; records whose evidence is missing, edited or swapped are left out (they cannot count)."""
-    from porter.evidence import check_evidence
-    from porter.history import GateRecord
+    from porter.records.evidence import check_evidence
+    from porter.records.history import GateRecord
 
     out = []
     for rec in records:
@@ -92,7 +92,7 @@ def head_backend_tree(workspace: Path, target) -> str | None:
 
 
 def prefill_status(workspace: Path, target, records: list) -> tuple[str, str | None, str]:
-    """prefill_state of `target` from porter.history's typed records."""
+    """prefill_state of `target` from porter.records.history's typed records."""
     return prefill_state(e2e_records_from_ledger(Path(workspace), target.name, records),
                          head_backend_tree(workspace, target))
 
@@ -101,7 +101,7 @@ def run_e2e_if_due(target, workspace: Path, unit_states: dict[str, str], prefill
                    run: Callable[[], GateResult], record: Callable[[GateResult], object]) -> GateResult | None:
     """Run the e2e gate (`run`: porter run builds the backend and calls the gate through the driver)
     when e2e_due says so, and hand the result to `record`; None when not due.  `unit_states`: unit ->
-    status word, `prefill_units`: the units ranked on the prefill tier (porter.plan)."""
+    status word, `prefill_units`: the units ranked on the prefill tier (porter.target.plan)."""
     records = e2e_records_from_ledger(Path(workspace), target.name, records)
     if not e2e_due(unit_states, prefill_units, records, head_backend_tree(workspace, target))[0]:
         return None

@@ -1,7 +1,7 @@
 """What a target's e2e driver provides, and its loader.
 
 A target's [e2e] driver names a Python file in its folder (e.g. "e2e/driver.py"), imported by path
-(porter.target_code), never by a module name inside porter.  It must define:
+(porter.target.code), never by a module name inside porter.  It must define:
 
   prefill_pair(target, scratch, library, model) -> (reference, [candidate, ...], setup)
       One prefill of the same prompt on the reference backend and, [e2e] runs times, on the engine
@@ -15,13 +15,13 @@ A target's [e2e] driver names a Python file in its folder (e.g. "e2e/driver.py")
       Every backend of the target's e2e/variants.toml through the gate's prefill.
 
 and may define COMMANDS = {name: (help, fn(target, args, scratch) -> exit code)}: more subcommands of
-`python3 -m porter.gates.e2e` (args: its parsed options).
+`python3 -m porter.commands.e2e` (args: its parsed options).
 """
 
 from __future__ import annotations
 
 from porter.errors import PorterError
-from porter.target_code import load_file
+from porter.target.code import load_file
 
 REQUIRED = ("prefill_pair", "calibrate")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from porter import gitops
+from porter.records import gitops
 from porter.errors import PorterError
 
 

@@ -38,15 +38,15 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from porter import sandbox
-from porter.cparse import calls_to
+from porter.host import sandbox
+from porter.target.cparse import calls_to
 from porter.gates import archs
 from porter.gates.parity import executors
 from porter.gates.parity.gate import prepare_cases, run_spec
 from porter.gates.parity.scenario import blocked_by, placeholders_among, scenario_uses
-from porter.gates.parity.spec import SpecError, UnitSpec, load_spec
+from porter.spec import SpecError, UnitSpec, load_spec
 from porter.gates.result import GateResult
-from porter.toolchain import cuda_device_here
+from porter.host.toolchain import cuda_device_here
 
 __all__ = ["available", "run", "start_ahead"]
 
@@ -167,7 +167,7 @@ def run(candidate, ctx) -> GateResult:
             prepared = None
         if prepared is not None:
             extra["prepared"] = prepared
-    from porter.calibration import mutants  # calibration builds on the gates: imported when a verdict needs it
+    from porter.gates import mutants  # in a function: mutants reads compare, whose package this is
 
     calibration = ctx.history.calibration_status(candidate.unit, spec.sha256,
                                                  mutants.current_digests(target, candidate.unit))

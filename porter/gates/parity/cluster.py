@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from porter import arch as gpu_arch
+from porter.host import arch as gpu_arch
 from porter.digest import sha256_file
 from porter.errors import PorterError
 from porter.gates.parity import runner
@@ -139,7 +139,7 @@ class GateWorker:
         self.where = None
 
     def hello(self) -> dict:
-        from porter import toolchain
+        from porter.host import toolchain
 
         import ray
 
@@ -365,7 +365,7 @@ class RayExecutor:
             self.node = None
         # what the worker host's harness reads of the orchestrator's environment, fixed at the actor's start
         # (executors.shutdown() makes new workers after a change, as the bench does between its paths)
-        from porter import sandbox
+        from porter.host import sandbox
 
         self._actor_env = {k: os.environ[k] for k in (sandbox.UNSAFE_ENV, "PORTER_PARITY_HOST_PEAK_GBPS")
                            if k in os.environ}

@@ -18,7 +18,7 @@ import os
 import subprocess
 import threading
 
-from porter import arch as gpu_arch
+from porter.host import arch as gpu_arch
 from porter.gates.parity.cluster import RayExecutor
 from porter.gates.parity.pool import Executor, SanitizingExecutor, SpawnExecutor, WarmPool
 
@@ -93,7 +93,7 @@ def use_executor(args, mode: str = "cuda") -> int | None:
         os.environ["PORTER_RAY_ADDRESS"] = args.ray_address
     ex = executor(mode)
     # the library is built here and loaded on the cluster's GPUs: unless --arch named them, build for every
-    # architecture the workers have (porter.arch reads $PORTER_ARCH), not for this machine's GPUs
+    # architecture the workers have (porter.host.arch reads $PORTER_ARCH), not for this machine's GPUs
     archs = ex.archs() if mode == "cuda" else []
     if archs and not os.environ.get("PORTER_ARCH"):
         os.environ["PORTER_ARCH"] = ",".join(archs)

@@ -26,11 +26,11 @@ import numpy as np
 
 from porter.gates.parity import compare, executors, merge, pool, runner
 from porter.gates.parity.compare import Failure
-from porter.gates.parity.spec import (Call, Context, Exact, Flag, In, InOut, Map, Out, Same, Shape, SpecError,
+from porter.spec import (Call, Context, Exact, Flag, In, InOut, Map, Out, Same, Shape, SpecError,
                                       UnitSpec, header_params, validate_call)
-from porter import toolchain
+from porter.host import toolchain
 from porter.digest import sha256_file
-from porter.evidence import gate_facts
+from porter.records.evidence import gate_facts
 from porter.gates.result import GateResult
 
 DEFAULT_TIMEOUT_S = 90.0
@@ -696,6 +696,8 @@ class OpKind:
 
 
 OP = OpKind()
+# spec kind -> how it runs, for kinds other than an op (scenario.py registers its own)
+KINDS: dict = {}
 
 
 class _Unjudgeable(Exception):
@@ -739,7 +741,7 @@ def _run_spec(target, spec, library: Path, *, workspace: Path | None = None, see
     `profile_with`: an executor that reruns the plan, once it completed, under a profiler
     (porter.optimize.profile); what it reads of its report stays its own, never a verdict."""
     t_start = time.monotonic()
-    kind = getattr(spec, "parity_kind", OP)
+    kind = KINDS.get(getattr(spec, "kind", None), OP)
     library = Path(library)
     base = Path(workspace) / "runs" / "parity" if workspace else Path(tempfile.gettempdir()) / "porter-parity"
     base.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 
     Executor.run(plan_dir, timeout) -> runner.ChildOutcome
 
-Both run every plan in a sandboxed process (porter.sandbox) that serves that
+Both run every plan in a sandboxed process (porter.host.sandbox) that serves that
 one plan only.  SpawnExecutor starts the child when the plan arrives
 (runner.run_child: the slow, simple path; compute-sanitizer runs always use
 it).  WarmPool keeps one pre-started worker (worker.py) per visible GPU that

@@ -2,7 +2,7 @@
 
 A candidate may hang (an endless kernel, a deadlock), segfault in host code,
 abort, or kill its CUDA context; none of that may take the harness down.  The
-child runs as `python child.py PLAN_DIR` inside porter.sandbox (bubblewrap),
+child runs as `python child.py PLAN_DIR` inside porter.host.sandbox (bubblewrap),
 which shows it the plan folder (writable), the files the plan names and the
 child's own folder (read-only) and nothing of the user; on timeout the whole
 process group is killed (SIGKILL), and with it the sandbox's pid namespace.
@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from porter import sandbox
+from porter.host import sandbox
 from porter.gates.parity import link as linkmod
 
 CHILD = Path(__file__).resolve().parent / "child.py"

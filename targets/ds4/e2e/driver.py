@@ -28,11 +28,11 @@ from pathlib import Path
 import numpy as np
 
 from porter.calibration import libraries
-from porter.calibration.mutants import rule_mutants
+from porter.gates.mutants import rule_mutants
 from porter.errors import PorterError
 from porter.gates.e2e import cbuild
 from porter.gates.e2e.compare import PrefillOutputs, ReferenceFailure
-from porter.target_code import sibling
+from porter.target.code import sibling
 from porter.term import Steps
 from porter.term import console as term_console
 
@@ -139,7 +139,7 @@ def make_command(build_dir: Path, backend: str, *, library: Path | None = None, 
     cmd = base + ["ds4", f"CUDA_ARCH={cuda_arch}", f"CORE_OBJS={core}", nvccflags]
     nvcc = shutil.which("nvcc")
     if nvcc:  # ds4's Makefile assumes /usr/local/cuda; use the toolkit on PATH
-        from porter.toolchain import toolkit_root
+        from porter.host.toolchain import toolkit_root
 
         cmd += [f"NVCC={nvcc}", f"CUDA_HOME={toolkit_root(nvcc)}"]
     if library:
@@ -434,7 +434,7 @@ def reference_slices_library(target, cache: Path) -> Path:
     slice of the checkout's ds4_cuda.cu (adapted by the declared rules), each compiled alone with
     the conventions header, linked with porter's glue.  The e2e gate links a workspace's library
     the same way, so this known-good is the gate's normal path with correct units."""
-    from porter.extract import extract_unit_source
+    from porter.gates.extract import extract_unit_source
     from porter.providers.reference import ReferenceProvider
 
     prov = ReferenceProvider(target)

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from porter.errors import PorterError
-from porter.target_code import sibling
+from porter.target.code import sibling
 
 JOB_HEADER = "ds4-e2e-logprob-job v1"
 RESULTS_HEADER = "ds4-e2e-logprob-results v1"
@@ -444,12 +444,12 @@ def run_logprob_vectors(target, workspace: Path, library: Path, model: Path, scr
     import subprocess
     import time
 
-    from porter import sandbox
+    from porter.host import sandbox
     from porter.digest import sha256_file
     from porter.gates.e2e import tree
     from porter.gates.e2e.state import E2E_UNIT
     from porter.gates.result import GateResult
-    from porter.toolchain import host_facts
+    from porter.host.toolchain import host_facts
 
     model = Path(model)
     if not model.is_file():
@@ -466,7 +466,7 @@ def run_logprob_vectors(target, workspace: Path, library: Path, model: Path, scr
         raise PorterError(f"cannot read the official vectors {vec}: {exc}") from None
     vocab = token_vocabulary(model)
     build = _driver().scratch_copy(target, Path(scratch) / "ds4-full", FULL_LAYERS)
-    cmd = build_command(build, library, cuda_arch or target.arch.archs[-1])  # the GPU it runs on (porter.arch)
+    cmd = build_command(build, library, cuda_arch or target.arch.archs[-1])  # the GPU it runs on (porter.host.arch)
     proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
     if proc.returncode != 0:
         raise PorterError(f"{_driver().LOGPROB_EXE} build failed: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
@@ -486,7 +486,7 @@ def run_logprob_vectors(target, workspace: Path, library: Path, model: Path, scr
           "command": argv, "wall_s": round(wall, 1), "toolchain": host_facts(), "sandbox": sandbox.label()}
     metrics = {"ok": result.ok, "wall_s": round(wall, 1)}
     if store:
-        from porter.evidence import store_evidence
+        from porter.records.evidence import store_evidence
 
         metrics["evidence_sha256"] = store_evidence(ws, ev)
     return GateResult("e2e", result.ok, result.summary[:400], metrics=metrics, evidence=ev)

@@ -1,6 +1,6 @@
 """Inputs shaped like ds4's own, shared by the attention / KV / compressor / indexer specs.
 
-Loaded with porter.gates.parity.spec.sibling (a leading '_' keeps it from being read as a spec).
+Loaded with porter.spec.sibling (a leading '_' keeps it from being read as a spec).
 
 Why the inputs look the way they do:
 * KV rows are what ds4 stores: the FP8 round trip of the non-RoPE part, then f16
@@ -20,7 +20,7 @@ import math as _math
 
 import numpy as np
 
-from porter.gates.parity.spec import Context
+from porter.spec import Context
 from reference import ds4_attention_ops as A
 from reference import ds4_ops as _ops
 
@@ -123,7 +123,7 @@ def _selection(rng, n_tokens, n_comp, keep):
 def attention_call(kind, shape, rng):
     """(args, reference) for one attention unit.  kind: decode_heads, decode_raw_batch,
     decode_mixed_batch, indexed, prefill_raw, prefill_static, prefill_masked."""
-    from porter.gates.parity.spec import In, Out
+    from porter.spec import In, Out
 
     d = dict(shape.dims)
     nh, hd = d.get("n_head", A.N_HEAD), d.get("head_dim", D)

@@ -1,7 +1,7 @@
 """Shared builder of the routed-expert specs (routed_moe_one, routed_moe_batch).
 
 Expert tensors hold ds4's 256 experts ([256][rows][cols]).  Only the experts a
-case selects hold valid blocks (porter.gates.parity.weights): in a small map
+case selects hold valid blocks (porter.spec.weights): in a small map
 every other expert is random bytes (its f16 scales often inf/NaN), in a large
 one (ds4's real 4096 -> 2048 -> 4096 experts: 1.8 GB) it is a hole of zeros in
 a sparse file; either way a kernel that reads a wrong expert, expert stride or
@@ -15,8 +15,8 @@ first token's set and expert 0 in the last token's.  Real-size cases draw from
 all 256."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, Flag, In, Map, Out, SpecError
-from porter.gates.parity.weights import Want, place
+from porter.spec import Call, Flag, In, Map, Out, SpecError
+from porter.spec.weights import Want, place
 from reference import ds4_matmul_ops as mo
 from reference import ds4_ops as ops
 

@@ -6,8 +6,8 @@ user's GGUF when one is given, else synthetic tensors of the census type); a
 random bytes.  Either way: (Map, [offset per tensor], [GGML type name per tensor])."""
 import numpy as np
 
-from porter.gates.parity.spec import Context
-from porter.gates.parity.weights import Want
+from porter.spec import Context
+from porter.spec.weights import Want
 from reference import quant
 
 

@@ -8,7 +8,7 @@ post, 4 x 4 combine), 20 Sinkhorn iterations, eps 1e-6, 64 heads x 512, q LoRA
 """
 import numpy as np
 
-from porter.gates.parity.spec import Context
+from porter.spec import Context
 from reference import ds4_ops as ops
 
 N_EMBD = ops.N_EMBD

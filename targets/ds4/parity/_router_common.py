@@ -8,7 +8,7 @@ two cut-offs); the bias is large enough to change which experts win; hash rows
 hold 6 distinct experts and include experts 0 and 255."""
 import numpy as np
 
-from porter.gates.parity.spec import Context
+from porter.spec import Context
 from reference import ds4_ops as ops
 
 N_EXPERT, N_USED = ops.N_EXPERT, ops.N_EXPERT_USED

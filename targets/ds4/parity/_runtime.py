@@ -26,7 +26,7 @@ Sizes and offsets are odd on purpose; fill views sit at 4-byte multiples
 """
 import numpy as np
 
-from porter.gates.parity.scenario import NULL, HostIn, HostOut, ModelFd, ModelMap, Script, Str, T
+from porter.spec.scenario import NULL, HostIn, HostOut, ModelFd, ModelMap, Script, Str, T
 
 P = "ds4_gpu_"
 MiB = 1 << 20

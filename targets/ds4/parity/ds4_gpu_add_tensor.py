@@ -4,7 +4,7 @@ ds4 adds the shared-expert and routed-expert outputs (4096 per decode token,
 n_tokens x 4096 in a prompt batch) and, in the MTP draft, two HC states (16384).
 Odd sizes (1, 1000, 16385) leave a partial last block.  One float32 addition per
 element has one correct rounding, so the comparison is bit-exact."""
-from porter.gates.parity.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import ds4_hc_ops as ref
 
 hc = sibling(__file__, "_hc_common")

@@ -23,7 +23,7 @@ Tolerance: keys are exact in f16/TF32 (see _attn_inputs), so a correct kernel
 sits at float32 rounding (NMSE ~1e-12); the bounds NMSE 1e-6 and max
 element 1e-2 of the RMS allow a TF32 P.V product and nothing like a dropped
 sink (NMSE > 1e-2), a misread ring (O(1)) or a mask ignored."""
-from porter.gates.parity.spec import Call, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, Shape, Tol, UnitSpec, sibling
 
 I = sibling(__file__, "_attn_inputs")
 KIND = "decode_heads"

@@ -10,7 +10,7 @@ upstream switches (128 tokens -> online kernel without mask; above 7936
 compressed rows -> online kernel, refused with a mask), and odd sizes.
 
 Tolerance: as for attention_decode_heads."""
-from porter.gates.parity.spec import Call, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, Shape, Tol, UnitSpec, sibling
 
 I = sibling(__file__, "_attn_inputs")
 KIND = "decode_mixed_batch"

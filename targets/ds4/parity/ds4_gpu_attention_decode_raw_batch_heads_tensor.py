@@ -11,7 +11,7 @@ second's row, batches whose early tokens see fewer rows than the window,
 a ring wrapped mid-batch, and 128+ token batches.
 
 Tolerance: as for attention_decode_heads."""
-from porter.gates.parity.spec import Call, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, Shape, Tol, UnitSpec, sibling
 
 I = sibling(__file__, "_attn_inputs")
 KIND = "decode_raw_batch"

@@ -20,7 +20,7 @@ so a selection ds4 cannot produce (say, an invisible row picked over a
 visible one) is not a fair case.
 
 Tolerance: as for attention_decode_heads."""
-from porter.gates.parity.spec import Call, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, Shape, Tol, UnitSpec, sibling
 
 I = sibling(__file__, "_attn_inputs")
 KIND = "indexed"

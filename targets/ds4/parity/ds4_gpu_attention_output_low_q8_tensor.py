@@ -14,7 +14,7 @@ Q8_0 per block of 32).  Upstream quantizes the same way (float32 accumulation
 order is the only difference); bounds as ds4_gpu_matmul_q8_0_tensor's."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import ds4_matmul_ops as mo
 
 W = sibling(__file__, "_ds4_weights")

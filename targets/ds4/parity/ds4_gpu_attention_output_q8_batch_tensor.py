@@ -16,7 +16,7 @@ instead, so low differs by the Q8_0 activation noise (NMSE ~ 3e-5) and out by
 that of both stages (~ 6e-5, measured in tests/test_ds4_matmul_reference.py)."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import ds4_matmul_ops as mo
 
 W = sibling(__file__, "_ds4_weights")

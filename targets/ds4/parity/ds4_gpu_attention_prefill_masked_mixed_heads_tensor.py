@@ -10,7 +10,7 @@ token or other widths through a plain kernel.  Shapes: masks that keep a
 few, most and all rows, a prefill over the window, odd sizes.
 
 Tolerance: as for attention_decode_heads."""
-from porter.gates.parity.spec import Call, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, Shape, Tol, UnitSpec, sibling
 
 I = sibling(__file__, "_attn_inputs")
 KIND = "prefill_masked"

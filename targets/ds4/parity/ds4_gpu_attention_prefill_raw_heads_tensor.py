@@ -12,7 +12,7 @@ paths read it as no limit, the plain kernel as no rows) and ds4 never passes
 it.
 
 Tolerance: as for attention_decode_heads."""
-from porter.gates.parity.spec import Call, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, Shape, Tol, UnitSpec, sibling
 
 I = sibling(__file__, "_attn_inputs")
 KIND = "prefill_raw"

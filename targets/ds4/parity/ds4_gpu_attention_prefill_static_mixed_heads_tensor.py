@@ -11,7 +11,7 @@ compression boundaries inside the prompt (row k appears at token
 (k + 1) * ratio - 1), and use both ratios and odd sizes.
 
 Tolerance: as for attention_decode_heads."""
-from porter.gates.parity.spec import Call, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, Shape, Tol, UnitSpec, sibling
 
 I = sibling(__file__, "_attn_inputs")
 KIND = "prefill_static"

@@ -2,8 +2,8 @@
 
 Checks: matmuls after the F16 expansion of a Q8_0 range match a numpy decode of its blocks; a range outside the map is refused.
 The contract and the plays are in _runtime.py; the scenario kind in porter/gates/parity/scenario.py."""
-from porter.gates.parity.scenario import Case, Scenario, Script
-from porter.gates.parity.spec import sibling
+from porter.spec.scenario import Case, Scenario, Script
+from porter.spec import sibling
 
 rt = sibling(__file__, "_runtime")
 

@@ -12,7 +12,7 @@ and off, odd widths; n_tokens or pos0 not a multiple of 4 is refused.
 Tolerance: as compressor_prefill."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, In, InOut, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, In, InOut, Shape, Tol, UnitSpec, sibling
 from reference import ds4_attention_ops as A
 
 I = sibling(__file__, "_attn_inputs")

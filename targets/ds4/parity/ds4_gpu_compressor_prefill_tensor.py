@@ -19,7 +19,7 @@ a rounding boundary, and an FP8 case has at least 64 rows, so that stays under
 NMSE 6e-6; skipping the FP8 round trip is NMSE ~1e-3)."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, In, InOut, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, In, InOut, Shape, Tol, UnitSpec, sibling
 from reference import ds4_attention_ops as A
 
 I = sibling(__file__, "_attn_inputs")

@@ -13,7 +13,7 @@ stores at most one window per call.
 Tolerance: bit-exact (copies and one float32 add)."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, In, InOut, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, In, InOut, Shape, Tol, UnitSpec, sibling
 from reference import ds4_attention_ops as A
 
 I = sibling(__file__, "_attn_inputs")

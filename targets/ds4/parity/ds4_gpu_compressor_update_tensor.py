@@ -19,7 +19,7 @@ specs share: their FP8 variants can flip one FP8 step).  A dropped overlap half,
 a wrong APE phase or RoPE position moves the row by O(1)."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, In, InOut, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, In, InOut, Shape, Tol, UnitSpec, sibling
 from reference import ds4_attention_ops as A
 
 I = sibling(__file__, "_attn_inputs")

@@ -11,7 +11,7 @@ host's thread count for narrow rows.  Tolerance: a float32 dot product over 4096
 (tree-summed) moves the coefficient by ~1e-6 relative."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, In, InOut, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, In, InOut, Shape, Tol, UnitSpec, sibling
 from reference import ds4_hc_ops as ref
 
 hc = sibling(__file__, "_hc_common")

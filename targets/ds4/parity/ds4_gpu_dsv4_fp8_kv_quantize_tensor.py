@@ -16,7 +16,7 @@ table values) except log2f, which is exact at powers of two; a wrong tie rule,
 saturation point or floor changes values by at least one FP8 step."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, InOut, Shape, Tol, UnitSpec
+from porter.spec import Call, InOut, Shape, Tol, UnitSpec
 from reference import ds4_attention_ops as A
 
 TABLE = A.e4m3fn_table()

@@ -13,7 +13,7 @@ Tolerance: bit-exact.  The reference runs ds4.c's butterfly in float32 in the
 same order, and the rest is exact (power-of-two scales, table values)."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, InOut, Shape, Tol, UnitSpec
+from porter.spec import Call, InOut, Shape, Tol, UnitSpec
 from reference import ds4_attention_ops as A
 
 

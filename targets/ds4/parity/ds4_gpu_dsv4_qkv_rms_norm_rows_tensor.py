@@ -9,7 +9,7 @@ one case has eps 0.5 with small inputs.  Tolerance: as rms_norm_plain.
 
 Upstream has an env knob that replaces the fused kernel by two launches of the
 plain weighted norm; the spec must pass under it too (KNOWN_GOOD_ENV)."""
-from porter.gates.parity.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import ds4_hc_ops as ref
 
 hc = sibling(__file__, "_hc_common")

@@ -9,7 +9,7 @@ one chosen row at -inf; n_comp > top_k leaves most of each row at -inf.  Exact:
 the output holds only 0 and -inf."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, In, Out, Shape, Tol, UnitSpec
+from porter.spec import Call, In, Out, Shape, Tol, UnitSpec
 from reference import ds4_hc_ops as ref
 from reference import ds4_ops as ops
 

@@ -7,7 +7,7 @@ decode and the 4-stream copy are what a kernel can get wrong; the vocabulary
 size only moves the offset).  Rows hold F16 subnormals too (a decode that
 flushes them is off), and the token is the table's last row or row 0 as well as
 one inside.  F16 -> F32 is exact, so the comparison is bit-exact."""
-from porter.gates.parity.spec import Call, Out, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, Out, Shape, Tol, UnitSpec, sibling
 from reference import ds4_hc_ops as ref
 
 hc = sibling(__file__, "_hc_common")

@@ -8,7 +8,7 @@ an id outside the table, so out-of-range ids have no CPU semantics to test).
 Bit-exact: F16 -> F32 is exact."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import ds4_hc_ops as ref
 
 hc = sibling(__file__, "_hc_common")

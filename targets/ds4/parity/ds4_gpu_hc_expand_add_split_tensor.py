@@ -5,7 +5,7 @@ added before the post gate).  Inputs: targets/ds4/parity/_expand_common.py.
 ds4 calls it after the FFN for one decode token and for prompt batches (n_hc 4,
 4096 wide).  block_add has its own per-token scales, so dropping it, or adding it
 after the post gate, is off.  Tolerance: as ds4_gpu_hc_expand_tensor."""
-from porter.gates.parity.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import ds4_hc_ops as ref
 
 hc = sibling(__file__, "_hc_common")

@@ -6,7 +6,7 @@ targets/ds4/parity/_expand_common.py.
 ds4's prefill calls it after attention (and after the FFN when there is no
 routed output to add) for every token of a batch (n_hc 4, 4096 wide).
 Tolerance: as ds4_gpu_hc_expand_tensor."""
-from porter.gates.parity.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import ds4_hc_ops as ref
 
 hc = sibling(__file__, "_hc_common")

@@ -5,7 +5,7 @@
 ds4's decode graph calls it after attention and after the FFN (n_hc 4, 4096 wide,
 one token); the shapes add token batches, 3 streams and odd widths.  Tolerance:
 five float32 products summed: ~1e-7 of the output RMS."""
-from porter.gates.parity.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import ds4_hc_ops as ref
 
 hc = sibling(__file__, "_hc_common")

@@ -12,7 +12,7 @@ count and eps visible on their own; 300 rows need two blocks of 256.
 
 Tolerance: ds4.c computes in float32 with expf; a float32 emulation of it sits
 within NMSE 6e-15 and 2e-7 of the RMS of this float64 reference."""
-from porter.gates.parity.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import ds4_hc_ops as ref
 
 hc = sibling(__file__, "_hc_common")

@@ -15,7 +15,7 @@ spec must pass there too (KNOWN_GOOD_ENV).  With more than one row upstream also
 takes the unfused path, but its norm call normalises only row 0 and leaves the
 other rows of norm_out unwritten, so the spec has no multi-row case (ds4 only
 calls it for one token)."""
-from porter.gates.parity.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import ds4_hc_ops as ref
 
 hc = sibling(__file__, "_hc_common")

@@ -7,7 +7,7 @@ token; prefill: every token of a batch).  Both outputs are compared.  Odd widths
 (37, 4097) leave tails past 256 threads; a 3-iteration case makes the iteration
 count visible.  Tolerance: split as in the Sinkhorn spec; out inherits the
 split's float32 noise (~1e-7 relative)."""
-from porter.gates.parity.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import ds4_hc_ops as ref
 
 hc = sibling(__file__, "_hc_common")

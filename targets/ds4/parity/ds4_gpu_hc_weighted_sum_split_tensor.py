@@ -10,7 +10,7 @@ off; 3 streams (rows of 15) and 37 wide leave odd tails.  Tolerance: as
 ds4_gpu_hc_weighted_sum_tensor."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import ds4_hc_ops as ref
 
 hc = sibling(__file__, "_hc_common")

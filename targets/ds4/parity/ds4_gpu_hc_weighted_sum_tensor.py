@@ -7,7 +7,7 @@ token, so in (0, 1)) on one decode token or a prompt batch.  Each token has its
 own weights, so a kernel that reuses token 0's shows; odd sizes (37 wide, 3
 streams) leave tails.  Tolerance: four float32 products summed (FMA or not):
 ~1e-7 of the output RMS per element."""
-from porter.gates.parity.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import ds4_hc_ops as ref
 
 hc = sibling(__file__, "_hc_common")

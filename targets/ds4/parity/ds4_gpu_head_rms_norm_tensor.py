@@ -5,7 +5,7 @@ ds4 normalises the 64 query heads of 512 after the q projection (eps 1e-6), for 
 decode token or a prompt batch.  Heads get scales over two decades (a norm over
 the wrong head shows); head_dim 300 and 96 leave tails past 256 threads / float4;
 head_dim 2 with eps 0.5 makes eps matter.  Tolerance: as rms_norm_plain."""
-from porter.gates.parity.spec import Call, InOut, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, InOut, Shape, Tol, UnitSpec, sibling
 from reference import ds4_hc_ops as ref
 from reference import ds4_ops as ops
 

@@ -13,7 +13,7 @@ float64 reference by float32 accumulation order (~1e-6 of a score of O(1)).
 A dropped relu, a lost head or an ignored scale move scores by O(1)."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import ds4_attention_ops as A
 
 I = sibling(__file__, "_attn_inputs")

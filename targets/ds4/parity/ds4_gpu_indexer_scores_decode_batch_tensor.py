@@ -12,7 +12,7 @@ Tolerance: as for indexer_scores_prefill (max|err| carries the check where
 the reference holds -inf)."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import ds4_attention_ops as A
 
 I = sibling(__file__, "_attn_inputs")

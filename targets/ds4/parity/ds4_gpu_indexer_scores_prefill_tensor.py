@@ -15,7 +15,7 @@ is max|err| <= 1e-4 (scores are O(1)); a wrong -inf pattern is an infinite
 error."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import ds4_attention_ops as A
 
 I = sibling(__file__, "_attn_inputs")

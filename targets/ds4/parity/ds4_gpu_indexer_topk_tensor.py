@@ -11,7 +11,7 @@ chunks of the chunked path).  A mismatch confined to equal scores is reported
 as 'tie-rule'."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, Exact, In, Out, Shape, UnitSpec
+from porter.spec import Call, Exact, In, Out, Shape, UnitSpec
 from reference import ds4_ops as ops
 
 TIE_RULE = "descending score; equal scores rank the lower index first (ds4.c's strict '>' scan)"

@@ -9,7 +9,7 @@ position, odd widths and tails.
 Tolerance: bit-exact (see dsv4_fp8_kv_quantize and store_raw_kv)."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, InOut, Shape, Tol, UnitSpec
+from porter.spec import Call, InOut, Shape, Tol, UnitSpec
 from reference import ds4_attention_ops as A
 
 

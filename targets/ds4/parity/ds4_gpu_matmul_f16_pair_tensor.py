@@ -10,7 +10,7 @@ fails.  Reference and tolerance as ds4_gpu_matmul_f16_tensor (x stays float32
 in ds4.c; upstream's cuBLAS path rounds x to F16)."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import ds4_matmul_ops as mo
 
 W = sibling(__file__, "_ds4_weights")

@@ -16,7 +16,7 @@ leave a wide margin over that and stay orders of magnitude below any misread
 weight (a wrong row or a bf16 reading of the halves)."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import ds4_matmul_ops as mo
 
 W = sibling(__file__, "_ds4_weights")

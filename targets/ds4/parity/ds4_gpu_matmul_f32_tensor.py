@@ -13,7 +13,7 @@ both operands to 10-bit mantissas: NMSE ~ 2 x 2^-22/3 ~ 2e-7 relative
 (measured in tests/test_ds4_matmul_reference.py)."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import ds4_matmul_ops as mo
 
 W = sibling(__file__, "_ds4_weights")

@@ -18,7 +18,7 @@ kernel that keeps x in float (activation noise NMSE ~ 3e-5 on block_out,
 diluted in out_hc by the residual term)."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import ds4_matmul_ops as mo
 
 W = sibling(__file__, "_ds4_weights")

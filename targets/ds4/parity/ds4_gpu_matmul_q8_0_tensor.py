@@ -23,7 +23,7 @@ keeps the synthetic map cheap to build while every output row is still
 checked; the reference computes it in row chunks."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, Context, In, Out, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, Context, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import ds4_ops as ops
 from reference import quant
 

@@ -9,7 +9,7 @@ that drops eps is within float32 noise).  Tolerance: float32 expf and division,
 a few ulps of values in (0, 1.25) (NMSE ~1e-13; bound 1e-11)."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import ds4_hc_ops as ref
 
 hc = sibling(__file__, "_hc_common")

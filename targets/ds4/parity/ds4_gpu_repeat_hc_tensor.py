@@ -4,7 +4,7 @@ out [n_hc][n_embd]).
 ds4's MTP draft repeats its 4096-wide embedding projection into the 4 HC streams
 (decode).  Odd sizes (37 x 3, 4097 x 4, 1 x 1) leave partial blocks.  A copy is
 exact, so the comparison is bit-exact."""
-from porter.gates.parity.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import ds4_hc_ops as ref
 
 hc = sibling(__file__, "_hc_common")

@@ -4,7 +4,7 @@ values per token, with eps 1e-6.  Rows get scales spread over two decades, so a
 norm taken over the wrong row (or over all rows) shows."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import ds4_ops as ops
 
 hc = sibling(__file__, "_hc_common")

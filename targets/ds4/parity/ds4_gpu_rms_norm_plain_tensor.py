@@ -9,7 +9,7 @@ off by tens of percent.
 Tolerance: ds4.c sums squares in double, a kernel in float32 (a 256-way tree over
 per-thread partials): the scale's relative error stays below ~1e-6, the worst
 element (|x| ~ 4.5 rms) within ~5e-6 of the output RMS."""
-from porter.gates.parity.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import ds4_hc_ops as ref
 
 hc = sibling(__file__, "_hc_common")

@@ -7,7 +7,7 @@ MTP's hnorm over the 4 HC streams of one token (4 rows of 4096).  Rows get scale
 over two decades (a norm over the wrong row shows); the weight lies in [0.25, 2]
 (ignoring it is far off); odd n (33, 4097) leave tails; n = 2 with eps 0.5 makes
 eps matter.  Tolerance: as rms_norm_plain (float32 vs double sum of squares)."""
-from porter.gates.parity.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import ds4_hc_ops as ref
 
 hc = sibling(__file__, "_hc_common")

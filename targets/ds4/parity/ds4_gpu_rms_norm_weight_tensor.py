@@ -5,7 +5,7 @@ ds4's decode graph uses it for the attn/ffn/output norms (4096), the q LoRA norm
 (1024), the kv norm (512) and the MTP enorm.  The weight lies in [0.25, 2]; odd n
 (33, 4097) leave tails; n = 3 with eps 0.5 makes eps matter.  Tolerance: as
 rms_norm_plain (float32 vs double sum of squares)."""
-from porter.gates.parity.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import ds4_hc_ops as ref
 
 hc = sibling(__file__, "_hc_common")

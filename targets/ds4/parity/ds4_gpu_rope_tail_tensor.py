@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from porter.gates.parity.spec import Call, InOut, Shape, Tol, UnitSpec
+from porter.spec import Call, InOut, Shape, Tol, UnitSpec
 from reference import ds4_ops as ops
 
 DENSE = {"n_ctx_orig": 0, "freq_base": ops.ROPE_FREQ_BASE, "freq_scale": 1.0, "ext_factor": 0.0,

@@ -21,7 +21,7 @@ Reference: reference.ds4_matmul_ops.routed_moe (x and each slot's SwiGLU
 output quantized to Q8_K as ds4.c does).  Tolerance: as routed_moe_one (float32
 accumulation, and the rare mid element that rounds to the neighbouring Q8_K
 code)."""
-from porter.gates.parity.spec import Shape, Tol, UnitSpec, sibling
+from porter.spec import Shape, Tol, UnitSpec, sibling
 from reference import ds4_ops as ops
 
 M = sibling(__file__, "_ds4_moe")

@@ -65,7 +65,7 @@ table).  Not covered: a port that quantizes x by another formula (x / d in
 place of x * iscale) moves g by whole x codes, far outside the band."""
 import numpy as np
 
-from porter.gates.parity.spec import Shape, Tol, UnitSpec, sibling
+from porter.spec import Shape, Tol, UnitSpec, sibling
 from reference import ds4_matmul_ops as mo
 from reference import ds4_ops as ops
 from reference import quant

@@ -7,7 +7,7 @@ table with the first and last rows among the tokens.  Tie cases as in the
 single-token spec.  Tolerance: as ds4_gpu_router_select_tensor."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, Exact, In, Out, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, Exact, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import ds4_hc_ops as ref
 
 rc = sibling(__file__, "_router_common")

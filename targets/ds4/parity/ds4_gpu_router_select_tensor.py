@@ -12,7 +12,7 @@ selected is exact, a mismatch confined to equal scores is 'tie-rule'.
 
 Upstream picks one of three kernels by env knobs; the spec must pass under each
 (KNOWN_GOOD_ENV)."""
-from porter.gates.parity.spec import Call, Exact, In, Out, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, Exact, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import ds4_hc_ops as ref
 
 rc = sibling(__file__, "_router_common")

@@ -11,7 +11,7 @@ shared_out, fails.  Reference: ds4.c's matvec_q8_0 + hc_post_one; tolerance
 as ds4_gpu_matmul_q8_0_hc_expand_tensor."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import ds4_matmul_ops as mo
 
 W = sibling(__file__, "_ds4_weights")

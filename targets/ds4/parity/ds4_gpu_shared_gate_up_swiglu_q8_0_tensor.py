@@ -12,7 +12,7 @@ Reference: ds4.c's matvec_q8_0 (x quantized to Q8_0) and swiglu().  Upstream
 quantizes x the same way; the bounds match ds4_gpu_matmul_q8_0_tensor's."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import ds4_matmul_ops as mo
 from reference import ds4_ops as ops
 

@@ -2,8 +2,8 @@
 
 Checks: the managed-KV query answers 0 for empty and small caches.
 The contract and the plays are in _runtime.py; the scenario kind in porter/gates/parity/scenario.py."""
-from porter.gates.parity.scenario import Case, Scenario, Script
-from porter.gates.parity.spec import sibling
+from porter.spec.scenario import Case, Scenario, Script
+from porter.spec import sibling
 
 rt = sibling(__file__, "_runtime")
 

@@ -11,7 +11,7 @@ engine never stores more rows than the ring holds in one call.
 Tolerance: bit-exact."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, In, InOut, Shape, Tol, UnitSpec
+from porter.spec import Call, In, InOut, Shape, Tol, UnitSpec
 from reference import ds4_attention_ops as A
 
 

@@ -11,7 +11,7 @@ skips the f16 rounding is caught.
 Tolerance: bit-exact (round to nearest even to f16 and back is exact)."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, In, InOut, Shape, Tol, UnitSpec
+from porter.spec import Call, In, InOut, Shape, Tol, UnitSpec
 from reference import ds4_attention_ops as A
 
 

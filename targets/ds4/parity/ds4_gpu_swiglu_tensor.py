@@ -4,7 +4,7 @@ engine's own CPU path) plus the GPU API's weight factor; ds4 calls it with the
 shared expert's 2048 values, clamp 10 (DS4_SWIGLU_CLAMP_EXP) and weight 1."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, In, Out, Shape, Tol, UnitSpec
+from porter.spec import Call, In, Out, Shape, Tol, UnitSpec
 from reference import ds4_ops as ops
 
 

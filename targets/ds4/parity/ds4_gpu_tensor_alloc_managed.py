@@ -5,8 +5,8 @@ No impossible size is asked for here (ds4_gpu_tensor_alloc's scenario does that)
 managed memory than the card has free can hang the GPU itself, not only the candidate, and a check must not
 endanger the machine the next candidate runs on.
 The contract and the plays are in _runtime.py; the scenario kind in porter/gates/parity/scenario.py."""
-from porter.gates.parity.scenario import Case, Scenario, Script
-from porter.gates.parity.spec import sibling
+from porter.spec.scenario import Case, Scenario, Script
+from porter.spec import sibling
 
 rt = sibling(__file__, "_runtime")
 

@@ -2,8 +2,8 @@
 
 Checks: ds4_gpu_tensor_bytes is the size given to alloc or view, for odd sizes and empty views.
 The contract and the plays are in _runtime.py; the scenario kind in porter/gates/parity/scenario.py."""
-from porter.gates.parity.scenario import Case, Scenario, Script
-from porter.gates.parity.spec import sibling
+from porter.spec.scenario import Case, Scenario, Script
+from porter.spec import sibling
 
 rt = sibling(__file__, "_runtime")
 

@@ -2,8 +2,8 @@
 
 Checks: contents(view) = contents(base) + offset (nested views add up, the pointer is stable, NULL for NULL); a managed tensor's contents are the host's view of its bytes.
 The contract and the plays are in _runtime.py; the scenario kind in porter/gates/parity/scenario.py."""
-from porter.gates.parity.scenario import Case, Scenario, Script
-from porter.gates.parity.spec import sibling
+from porter.spec.scenario import Case, Scenario, Script
+from porter.spec import sibling
 
 rt = sibling(__file__, "_runtime")
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from porter.digest import sha256_file
 from porter.calibration.libraries import SourceLibraries, sources_from
-from porter.calibration.mutants import adversarial
+from porter.gates.mutants import adversarial
 from porter.errors import PorterError
 from porter.gates.e2e import calibration as cal_mod
 from porter.gates.e2e import cbuild
@@ -379,7 +379,7 @@ def calibrate(target, scratch: Path, *, mode: str = "cpu", model: Path | None = 
     setup = dict(eng.setup(), runs=spec.runs)
     setup["mode"] = mode
     if mode == "cuda":
-        from porter.toolchain import driver_facts
+        from porter.host.toolchain import driver_facts
 
         setup["device"] = driver_facts().get("gpu")
     return cal_mod.calibrate(variants, tokens_exact=spec.decode_steps > 0, setup=setup)

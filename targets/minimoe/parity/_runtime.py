@@ -10,7 +10,7 @@ alignment assumption shows as bytes at the wrong place.
 """
 import numpy as np
 
-from porter.gates.parity.scenario import NULL, HostIn, Script, T
+from porter.spec.scenario import NULL, HostIn, Script, T
 
 P = "mini_gpu_"
 MiB = 1 << 20

@@ -1,7 +1,7 @@
 """Helpers shared by the minimoe parity specs (loaded with spec.sibling; not a spec)."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, Context, In, Out, SpecError
+from porter.spec import Call, Context, In, Out, SpecError
 from reference import quant
 
 

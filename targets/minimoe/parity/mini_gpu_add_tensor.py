@@ -5,7 +5,7 @@ bit-exact.  One case passes the same tensor as `out` and `a`, as the engine does
 for the residual stream."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, In, InOut, Out, Same, Shape, Tol, UnitSpec
+from porter.spec import Call, In, InOut, Out, Same, Shape, Tol, UnitSpec
 from reference import minimoe_ops as ops
 
 

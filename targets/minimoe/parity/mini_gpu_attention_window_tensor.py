@@ -9,7 +9,7 @@ window 1, a window longer than the context, and larger sinks so that the sink's
 share of the mass is large (a kernel without the sink fails by far)."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, Context, In, Out, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, Context, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import minimoe_ops as ops
 
 E = sibling(__file__, "_edges")

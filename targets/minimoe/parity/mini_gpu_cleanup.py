@@ -2,8 +2,8 @@
 
 Checks: work enqueued before mini_gpu_cleanup() is complete when it returns; init after cleanup starts the backend again.
 The plays are in _runtime.py; the scenario kind in porter/gates/parity/scenario.py."""
-from porter.gates.parity.scenario import Case, Scenario, Script
-from porter.gates.parity.spec import sibling
+from porter.spec.scenario import Case, Scenario, Script
+from porter.spec import sibling
 
 rt = sibling(__file__, "_runtime")
 

@@ -6,7 +6,7 @@ float32 order (a pairwise/tree sum is ~1e-7 relative; a naive serial sum of
 sum does not cancel."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, In, Out, Shape, Tol, UnitSpec
+from porter.spec import Call, In, Out, Shape, Tol, UnitSpec
 from reference import minimoe_ops as ops
 
 

@@ -4,7 +4,7 @@ offset and always include token 0 and token n_vocab-1; a token id outside
 [0, n_vocab) must be an error, not a clamp."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, Context, In, Out, Shape, Tol, UnitSpec
+from porter.spec import Call, Context, In, Out, Shape, Tol, UnitSpec
 from reference import minimoe_ops as ops
 
 

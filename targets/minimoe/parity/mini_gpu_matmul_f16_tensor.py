@@ -1,7 +1,7 @@
 """Parity spec: mini_gpu_matmul_f16_tensor on the fixture's F16 router (8x256) and the
 F16 token table used as a 512x256 matrix (timing), plus odd synthetic shapes
 (in_dim 40 and 41: no multiple of 8 or even 2; n_tok 9: more than one tile of 8)."""
-from porter.gates.parity.spec import Shape, Tol, UnitSpec, sibling
+from porter.spec import Shape, Tol, UnitSpec, sibling
 from reference import minimoe_ops as ops
 
 sh = sibling(__file__, "_shared")

@@ -1,6 +1,6 @@
 """Parity spec: mini_gpu_matmul_q4_k_tensor (the abandoned variant: the fixture has no
 Q4_K tensor, so every case is synthetic random valid Q4_K blocks)."""
-from porter.gates.parity.spec import Shape, Tol, UnitSpec, sibling
+from porter.spec import Shape, Tol, UnitSpec, sibling
 from reference import minimoe_ops as ops
 
 sh = sibling(__file__, "_shared")

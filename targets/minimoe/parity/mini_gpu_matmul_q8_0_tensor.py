@@ -5,7 +5,7 @@ synthetic shapes (3 blocks per row, 1 row, 129 blocks per row) in a random map.
 Tolerance: NMSE <= 1e-6 accepts float32 accumulation in any order and half
 activations (what Metal's simdgroup matmul does for prefill) and rejects
 activation quantization (q8_1-style, ~1e-5) and every structural error."""
-from porter.gates.parity.spec import Shape, Tol, UnitSpec, sibling
+from porter.spec import Shape, Tol, UnitSpec, sibling
 from reference import minimoe_ops as ops
 
 sh = sibling(__file__, "_shared")

@@ -5,7 +5,7 @@ Rows get different scales; one case has rows so small that eps changes the
 answer by half (a kernel that ignores eps fails there)."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import minimoe_ops as ops
 
 E = sibling(__file__, "_edges")

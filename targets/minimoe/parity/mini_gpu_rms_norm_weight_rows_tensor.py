@@ -4,7 +4,7 @@ offsets in the real GGUF; synthetic ones an odd n, another eps and a weight
 surrounded by random bytes."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, Context, In, Out, Shape, SpecError, Tol, UnitSpec, sibling
+from porter.spec import Call, Context, In, Out, Shape, SpecError, Tol, UnitSpec, sibling
 from reference import minimoe_ops as ops
 
 E = sibling(__file__, "_edges")

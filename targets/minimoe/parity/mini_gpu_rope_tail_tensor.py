@@ -7,7 +7,7 @@ n_rot, freq_base and pos0 = 1000 (float32 angle error grows with the position,
 hence NMSE <= 1e-7)."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, InOut, Shape, Tol, UnitSpec
+from porter.spec import Call, InOut, Shape, Tol, UnitSpec
 from reference import minimoe_ops as ops
 
 

@@ -4,7 +4,7 @@ are arbitrary positive numbers (not renormalised: a kernel that renormalises
 or ignores them fails)."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, Context, In, Out, Shape, SpecError, Tol, UnitSpec, sibling
+from porter.spec import Call, Context, In, Out, Shape, SpecError, Tol, UnitSpec, sibling
 from reference import minimoe_ops as ops
 from reference import quant
 

@@ -5,7 +5,7 @@ stacks of other sizes.  Every token's experts are distinct and the first and
 last expert are always used (a wrong expert stride shows on expert 7)."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, Context, In, Out, Shape, SpecError, Tol, UnitSpec, sibling
+from porter.spec import Call, Context, In, Out, Shape, SpecError, Tol, UnitSpec, sibling
 from reference import minimoe_ops as ops
 from reference import quant
 

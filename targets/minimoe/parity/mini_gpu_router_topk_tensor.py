@@ -8,7 +8,7 @@ depend on float rounding) and force exact ties at the top and across the
 top_k boundary; a kernel that breaks ties the other way fails as 'tie-rule'."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, Exact, In, Out, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, Exact, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import minimoe_ops as ops
 
 E = sibling(__file__, "_edges")

@@ -1,7 +1,7 @@
 """Parity spec: mini_gpu_swiglu_tensor  (out[i] = silu(gate[i]) * up[i])."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, In, Out, Shape, Tol, UnitSpec
+from porter.spec import Call, In, Out, Shape, Tol, UnitSpec
 from reference import minimoe_ops as ops
 
 N_TOKENS_X_TOPK_X_NFF = 3 * 2 * 256  # the engine's call for 3 tokens: n_tokens * top_k * n_ff

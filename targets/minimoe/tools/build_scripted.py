@@ -61,7 +61,7 @@ def nvcc_flags() -> list[str]:
     GPU, --arch / $PORTER_ARCH), else the declared default_arch."""
     cfg = target_config()["cuda"]
     try:
-        from porter import arch
+        from porter.host import arch
         archs = arch.choose(cfg["default_arch"]).archs
         return [*cfg["nvcc_flags"], *arch.nvcc_flags(archs)]
     except ImportError:

@@ -1,7 +1,7 @@
 """Parity spec: tiny_gpu_add_tensor  (out[i] = a[i] + b[i]; out may alias a; bit-exact)."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, In, InOut, Out, Same, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, In, InOut, Out, Same, Shape, Tol, UnitSpec, sibling
 
 ref = sibling(__file__, "_reference")
 

@@ -1,7 +1,7 @@
 """Parity spec: tiny_gpu_scale_tensor  (out[i] = x[i] * s; one rounding, so bit-exact)."""
 import numpy as np
 
-from porter.gates.parity.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
+from porter.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
 
 ref = sibling(__file__, "_reference")
 
