@@ -63,7 +63,7 @@ def test_the_git_walk_catches_each_way_in():
                  "from subprocess import check_output\ncheck_output(('git', 'show', 'HEAD:x'))\n",
                  "import os\nos.system('git status')\n", "argv = ['git', '-C', ws, 'ls-tree']\n"):
         assert git_reaches(ast.parse(code)), code
-    for code in ("from porter import gitops\ngitops.read(ws, 'log')\n", "print('git log failed')\n",
+    for code in ("from porter.records import gitops\ngitops.read(ws, 'log')\n", "print('git log failed')\n",
                  "import gitops\n", "subprocess.run(['nvcc', '--version'])\n"):
         assert not git_reaches(ast.parse(code)), code
 
@@ -112,7 +112,7 @@ def test_only_history_reads_ledger_records():
 
 def test_the_ledger_walk_catches_each_way_in():
     for code in ("recs = Ledger(ws).records()\n", "for line, rec in ledger.scan().entries: pass\n",
-                 "from porter.records.ledger import scan_bytes\n", "from porter import ledger\nledger.scan_bytes(b'', None)\n",
+                 "from porter.records.ledger import scan_bytes\n", "from porter.records import ledger\nledger.scan_bytes(b'', None)\n",
                  "entries = Ledger(ws, key).scan(data).entries\n"):
         assert raw_ledger_reads(ast.parse(code)), code
     for code in ("from porter.records.history import History\nHistory.read(ws, t).unit(u).attempts\n",

@@ -165,7 +165,7 @@ def test_status_during_a_writing_process_never_reports_tampering(tmp_path):
     writer = subprocess.Popen(
         ["python3", "-c", (
             "import sys; sys.path.insert(0, 'tests')\n"
-            "from ws_builder import Workspace\nfrom porter import signing\nfrom pathlib import Path\n"
+            "from ws_builder import Workspace\nfrom porter.records import signing\nfrom pathlib import Path\n"
             f"ws = Workspace(Path({str(ws.root)!r}), None, signing.load_private())\n"
             "for i in range(30):\n"
             f"    ws.fail({INIT!r}, 100 + i); ws.commit_all(f'progress {{i}}')\n")],
