@@ -42,8 +42,39 @@ def test_a_retime_runs_in_a_child_of_its_own_unless_the_plans_go_to_a_cluster(mo
     from porter.gates.parity import executors, pool
 
     monkeypatch.delenv("PORTER_PARITY_EXECUTOR", raising=False)
+    fresh = executors.fresh_executor("host")
+    assert isinstance(fresh, pool.OnSlot) and fresh.pool is executors.executor("host")  # a child, on a pool slot
+    monkeypatch.setenv("PORTER_PARITY_EXECUTOR", "spawn")
     assert isinstance(executors.fresh_executor("host"), pool.SpawnExecutor)
     made = []
     monkeypatch.setenv("PORTER_PARITY_EXECUTOR", "ray")
     monkeypatch.setattr(executors, "executor", lambda mode: made.append(mode) or "cluster")
     assert executors.fresh_executor("cuda") == "cluster" and made == ["cuda"]  # the orchestrator may have no GPU
+
+
+def test_a_fresh_child_waits_for_the_gpu_slot_a_warm_plan_holds(monkeypatch, tmp_path):
+    """Under --jobs N a re-time (or a sanitizer run, or a scenario) started beside the warm workers shared
+    the GPU with another unit's timed calls: it now takes a slot of the same pool, on that slot's GPU."""
+    import threading
+
+    from porter.gates.parity import pool, runner
+
+    started = threading.Event()
+    seen = {}
+
+    def child(plan_dir, timeout, argv=None, env=None):
+        seen.update(env=env, argv=argv)
+        started.set()
+        return "outcome"
+
+    monkeypatch.setattr(runner, "run_child", child)
+    p = pool.WarmPool("cuda", 1, [3])  # one slot, GPU 3; no worker is started until a plan comes
+    held = p.free.get()  # a warm plan holds the slot
+    got = []
+    t = threading.Thread(target=lambda: got.append(pool.OnSlot(p, sanitize=True).run(tmp_path, 5.0)))
+    t.start()
+    assert not started.wait(0.3)  # not before the slot is free (a wait that cannot pass early, whatever the load)
+    p.free.put(held)
+    t.join(60)
+    assert got == ["outcome"] and seen["env"] == {"CUDA_VISIBLE_DEVICES": "3"}
+    assert seen["argv"][0].endswith("compute-sanitizer") and p.free.qsize() == 1  # the slot is given back

@@ -20,7 +20,7 @@ import threading
 
 from porter.host import arch as gpu_arch
 from porter.gates.parity.cluster import RayExecutor
-from porter.gates.parity.pool import Executor, SanitizingExecutor, SpawnExecutor, WarmPool
+from porter.gates.parity.pool import Executor, OnSlot, SanitizingExecutor, SpawnExecutor, WarmPool
 
 _executors: dict[str, Executor] = {}
 _exec_lock = threading.Lock()
@@ -67,7 +67,15 @@ def fresh_executor(mode: str) -> Executor:
     no GPU: there the plan goes to the cluster, whose workers each serve one plan in their own process."""
     if os.environ.get("PORTER_PARITY_EXECUTOR", "warm").lower() == "ray":
         return executor(mode)
-    return SpawnExecutor()
+    return child_executor(mode)
+
+
+def child_executor(mode: str) -> Executor:
+    """A child started for each plan, on this machine: on a slot of the warm pool where there is one (the
+    GPU is never shared with another plan's timed calls), else a plain spawn."""
+    kind = os.environ.get("PORTER_PARITY_EXECUTOR", "warm").lower()
+    ex = executor(mode) if kind not in ("ray", "spawn") else None
+    return OnSlot(ex) if isinstance(ex, WarmPool) else SpawnExecutor()
 
 
 def executor_arguments(p) -> None:
@@ -111,7 +119,9 @@ def sanitizing(mode: str, arch: str | None = None) -> Executor:
     """Where --sanitize reruns a plan: beside the plans of `mode` (a Ray executor's worker hosts have
     the GPU; this machine may have none), on a GPU of `arch` where one is required."""
     ex = executor(mode)
-    return ex.sanitizing(arch) if hasattr(ex, "sanitizing") else SanitizingExecutor()
+    if hasattr(ex, "sanitizing"):
+        return ex.sanitizing(arch)
+    return OnSlot(ex, sanitize=True) if isinstance(ex, WarmPool) else SanitizingExecutor()
 
 
 def served_archs(mode: str) -> tuple[str, ...]:

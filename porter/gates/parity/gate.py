@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from porter.gates.parity import compare, executors, merge, pool, runner
+from porter.gates.parity import compare, executors, merge, runner
 from porter.gates.parity.compare import Failure
 from porter.spec import (Call, Context, Exact, Flag, In, InOut, Map, Out, Same, Shape, SpecError,
                                       UnitSpec, header_params, validate_call)
@@ -762,7 +762,8 @@ def _run_spec(target, spec, library: Path, *, workspace: Path | None = None, see
         limit = watchdog_s(timeout or float(os.environ.get("PORTER_PARITY_TIMEOUT", DEFAULT_TIMEOUT_S)),
                            prepared.cases, timing_reps)
         # a warm worker serves one plan too, but the perf gate's re-time wants nothing made before its plan
-        ex = executors.fresh_executor(mode) if fresh_process else executors.executor(mode) if kind.warm else pool.SpawnExecutor()
+        ex = (executors.fresh_executor(mode) if fresh_process else executors.executor(mode) if kind.warm
+              else executors.child_executor(mode))
         if arch:  # a required architecture's run (gates.archs.across): on a GPU of that kind
             ex = executors.on_arch(ex, arch)
         outcome = ex.run(plan_dir, limit)

@@ -68,6 +68,19 @@ class SanitizingExecutor:
         return runner.run_child(Path(plan_dir), timeout, argv=runner.child_argv(Path(plan_dir), sanitize=True))
 
 
+class OnSlot:
+    """A fresh child per plan (a perf re-time, a sanitizer rerun, a scenario), holding one of `pool`'s GPU
+    slots while it runs.  Started beside the warm workers with nothing held, a re-time shared the GPU with
+    another unit's timed calls under --jobs N: the slowdown it was to confirm, and that unit's, were the
+    other's load."""
+
+    def __init__(self, pool: "WarmPool", sanitize: bool = False):
+        self.pool, self.sanitize = pool, sanitize
+
+    def run(self, plan_dir: Path, timeout: float) -> runner.ChildOutcome:
+        return self.pool.run_fresh(Path(plan_dir), timeout, sanitize=self.sanitize)
+
+
 class Standby:
     """One pre-started sandboxed worker (parent side): started on construction, runs one plan."""
 
@@ -328,6 +341,18 @@ class WarmPool:
             # the next plan's worker warms up now, overlapping the next build (not this verdict's timings)
             self.spares[i] = self._start(i, plan_dir.parent, ro)
             return o
+        finally:
+            self.free.put(i)
+
+    def run_fresh(self, plan_dir: Path, timeout: float, sanitize: bool = False) -> runner.ChildOutcome:
+        """A child started for this plan alone, on a slot of this pool: it waits for the GPU as a warm
+        worker's plan does, so it never shares the GPU with another plan's timed calls, nor they with it."""
+        i = self.free.get()
+        try:
+            dev = self.slots[i]
+            return runner.run_child(Path(plan_dir), timeout,
+                                    argv=runner.child_argv(Path(plan_dir), sanitize=True) if sanitize else None,
+                                    env={"CUDA_VISIBLE_DEVICES": str(dev)} if dev is not None else None)
         finally:
             self.free.put(i)
 
