@@ -489,3 +489,30 @@ def test_the_driver_program_answers_a_job_through_ds4s_api(tmp_path):
     for step in got["zero_weights"]:
         assert lp.check_step(step, len(vocab)) is None, step
         assert len(step.top) == lp.TOP_K
+
+
+def test_the_field_units_beside_the_nmse_rule():
+    """Mean KL divergence and the same-top-token rate, as llama.cpp's --kl-divergence reports them, over
+    every logits row both runs produced; a non-finite candidate row is an infinite divergence."""
+    import numpy as np
+
+    from porter.gates.e2e.compare import agreement_line, logit_agreement
+
+    rng = np.random.default_rng(7)
+    ref = rng.normal(0, 3, (50, 257)).astype(np.float32)
+    same = logit_agreement(ref, ref.copy())
+    assert same["positions"] == 50 and same["mean_kld"] < 1e-9 and same["same_top"] == 1.0
+    noisy = ref + rng.normal(0, 0.05, ref.shape).astype(np.float32)
+    a = logit_agreement(ref, noisy)
+    assert 0 < a["mean_kld"] < 0.01 and a["p99_kld"] <= a["max_kld"]
+    swapped = ref.copy()
+    top = np.argmax(ref, axis=1)
+    swapped[np.arange(10), top[:10]] = ref.min() - 1  # the top token of 10 rows pushed to the bottom
+    b = logit_agreement(ref, swapped)
+    assert b["same_top"] == 0.8 and b["mean_kld"] > a["mean_kld"]
+    broken = ref.copy()
+    broken[3, 5] = np.nan
+    c = logit_agreement(ref, broken)
+    assert c["max_kld"] == float("inf") and c["same_top"] == 49 / 50
+    assert logit_agreement(ref, ref[:, :10]) == {"positions": 0} and agreement_line({}) == ""
+    assert agreement_line(same).startswith("mean KLD") and "100.0% over 50 position(s)" in agreement_line(same)

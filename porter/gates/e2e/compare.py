@@ -17,6 +17,12 @@ little.  Probes are compared after the stages, before the logits.
 The metric is NMSE (sum of squared error over sum of squared reference, as
 ggml's test-backend-ops uses): it is scale-free, so one rule serves the
 embeddings and a deep layer whose stream has grown.
+
+Beside it, in the units the field reads a backend's accuracy in (llama.cpp's
+`--kl-divergence`): the mean KL divergence of the candidate's next-token
+distribution from the reference's, and how often both pick the same top token,
+over every logits row both produced (logit_agreement).  They are reported with
+the verdict; the verdict is the calibrated NMSE rule's.
 """
 
 from __future__ import annotations
@@ -68,6 +74,7 @@ class Comparison:
     tokens_cand: list[int]
     problem: str | None = None  # a shape mismatch: nothing to compare
     probe_nmse: dict[str, float] = field(default_factory=dict)  # inf where missing or not finite
+    agreement: dict = field(default_factory=dict)  # logit_agreement's figures ({} before they were kept)
 
     @property
     def first_token_mismatch(self) -> int | None:
@@ -82,13 +89,15 @@ class Comparison:
         return {"stages": self.stage_names, "stage_nmse": [[_num(v) for v in row] for row in self.stage_nmse],
                 "logits_nmse": _num(self.logits_nmse), "tokens_ref": self.tokens_ref,
                 "tokens_cand": self.tokens_cand, "problem": self.problem,
-                "probe_nmse": {k: _num(v) for k, v in self.probe_nmse.items()}}
+                "probe_nmse": {k: _num(v) for k, v in self.probe_nmse.items()},
+                "agreement": {k: (_num(v) if isinstance(v, float) else v) for k, v in self.agreement.items()}}
 
     @classmethod
     def from_json(cls, d: dict) -> "Comparison":
         return cls(list(d["stages"]), np.array([[_unnum(v) for v in row] for row in d["stage_nmse"]], dtype=np.float64),
                    _unnum(d["logits_nmse"]), list(d["tokens_ref"]), list(d["tokens_cand"]), d.get("problem"),
-                   {k: _unnum(v) for k, v in (d.get("probe_nmse") or {}).items()})
+                   {k: _unnum(v) for k, v in (d.get("probe_nmse") or {}).items()},
+                   {k: (_unnum(v) if v == "inf" else v) for k, v in (d.get("agreement") or {}).items()})
 
 
 def _num(v: float):
@@ -111,6 +120,35 @@ def nmse_rows(cand: np.ndarray, ref: np.ndarray) -> np.ndarray:
     return out
 
 
+def logit_agreement(ref: np.ndarray, cand: np.ndarray) -> dict:
+    """Over the rows both have: {positions, mean_kld, p99_kld, max_kld, same_top}: KL(P_ref || P_cand) of the
+    softmax of each row (nats), and the share of rows whose argmax agree.  A row of the candidate that is not
+    finite counts as an infinite divergence and a different top token."""
+    n = min(len(ref), len(cand))
+    if n == 0 or ref.shape[-1] != cand.shape[-1]:
+        return {"positions": 0}
+    r, c = ref[:n].astype(np.float64), cand[:n].astype(np.float64)
+    finite = np.all(np.isfinite(c), axis=-1)
+    c = np.where(np.isfinite(c), c, 0.0)
+    lr = r - r.max(axis=-1, keepdims=True)
+    lr -= np.log(np.exp(lr).sum(axis=-1, keepdims=True))
+    lc = c - c.max(axis=-1, keepdims=True)
+    lc -= np.log(np.exp(lc).sum(axis=-1, keepdims=True))
+    kld = np.maximum(np.sum(np.exp(lr) * (lr - lc), axis=-1), 0.0)
+    kld[~finite] = np.inf
+    same = (np.argmax(r, axis=-1) == np.argmax(c, axis=-1)) & finite
+    return {"positions": int(n), "mean_kld": float(np.mean(kld)), "p99_kld": float(np.quantile(kld, 0.99, method="higher")),
+            "max_kld": float(np.max(kld)), "same_top": float(np.mean(same))}
+
+
+def agreement_line(a: dict) -> str:
+    """'mean KLD 2.1e-05, same top token 99.7% over 395 positions', or '' with none."""
+    if not a or not a.get("positions"):
+        return ""
+    return (f"mean KLD {a['mean_kld']:.2g}, same top token {100 * a['same_top']:.1f}% over {a['positions']} "
+            f"position(s)")
+
+
 def compare(ref: PrefillOutputs, cand: PrefillOutputs) -> Comparison:
     if ref.states.shape != cand.states.shape or ref.stage_names != cand.stage_names:
         return Comparison(ref.stage_names, np.full((len(ref.stage_names), max(1, ref.states.shape[1])), np.inf),
@@ -127,7 +165,7 @@ def compare(ref: PrefillOutputs, cand: PrefillOutputs) -> Comparison:
         probes[name] = float(nmse_rows(c[None, :], r[None, :])[0]) if c is not None and c.shape == r.shape \
             else float("inf")
     return Comparison(ref.stage_names, nmse_rows(cand.states, ref.states), logits, list(ref.tokens), list(cand.tokens),
-                      probe_nmse=probes)
+                      probe_nmse=probes, agreement=logit_agreement(ref.logits, cand.logits))
 
 
 def worst(comparisons: list["Comparison"]) -> "Comparison":
@@ -142,5 +180,7 @@ def worst(comparisons: list["Comparison"]) -> "Comparison":
     stage = np.max(np.stack([np.nan_to_num(c.stage_nmse, nan=np.inf) for c in comparisons]), axis=0)
     tokens = next((c.tokens_cand for c in comparisons if c.first_token_mismatch is not None), first.tokens_cand)
     probes = {k: max(c.probe_nmse.get(k, float("inf")) for c in comparisons) for k in first.probe_nmse}
+    worst_agreement = max((c.agreement for c in comparisons if c.agreement.get("positions")),
+                          key=lambda a: a["mean_kld"], default={})
     return Comparison(first.stage_names, stage, max(c.logits_nmse for c in comparisons), first.tokens_ref, tokens,
-                      probe_nmse=probes)
+                      probe_nmse=probes, agreement=worst_agreement)

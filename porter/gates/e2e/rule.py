@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from porter.gates.e2e.compare import Comparison
+from porter.gates.e2e.compare import Comparison, agreement_line
 
 
 @dataclass(frozen=True)
@@ -91,8 +91,10 @@ def decide(cmp: Comparison, rule: Rule) -> Verdict:
             a = cmp.tokens_ref[i] if i < len(cmp.tokens_ref) else None
             b = cmp.tokens_cand[i] if i < len(cmp.tokens_cand) else None
             return Verdict(False, f"e2e: greedy token {i} is {b}, the reference's is {a}", "tokens", i, worst)
+    field = agreement_line(cmp.agreement)
     return Verdict(True, f"e2e ok: {len(rule.stage_names)} stages x {r.shape[1]} tokens"
                          + (f" and {', '.join(rule.probe_names)}" if rule.probe_names else "") + " within the calibrated "
                          f"ceilings (worst at {worst:.2g} of its ceiling)"
-                         + (f"; {len(cmp.tokens_ref)} greedy tokens identical" if rule.tokens_exact else ""),
+                         + (f"; {len(cmp.tokens_ref)} greedy tokens identical" if rule.tokens_exact else "")
+                         + (f"; {field}" if field else ""),
                    worst_ratio=worst)
