@@ -1,14 +1,17 @@
-"""The one gate driver: a Candidate meets the gates in the registry's order, and the first refusal ends it.
+"""The one gate driver: the provider's answer becomes a typed Candidate first, then the Candidate meets
+the unit gates in the registry's order, and the first refusal ends it.
 
-    ctx = GateContext(target)                      # workspace, build cache, parity options
-    results = run_gates(Candidate.of(unit, source), ctx, on_result=record)
+    answer = Answer(unit, text, Provenance(provider, model, prompt_sha256, response_sha256, attempt))
+    made = extract_candidate(answer, ctx)          # the answer gates: the candidate, or their refusal
+    results = run_gates(made.candidate, ctx, on_result=record)
 
-Every gate module exposes `run(candidate, ctx) -> GateResult`; the list, the
-order and what each gate needs and makes live in porter.gates.registry only
-(porter run, status --reverify, calibration and the benchmark all call
-run_gates), and the driver knows no gate by name: it runs the chain in the
-registry's order, stops a gate whose `needs` did not pass, and starts the
-inputs of a gate declared `ahead` while the gate producing what it uses runs.
+A candidate that is not an answer (a committed unit file, a prebuilt library, the whole backend) goes
+straight to run_gates.  Every unit gate module exposes `run(candidate, ctx) -> GateResult`; a gate
+judging the answer exposes `run(answer, ctx) -> (GateResult, the Candidate it holds or None)`.  The
+list, the order and what each gate needs and makes live in porter.gates.registry only (porter run,
+status --reverify, calibration and the benchmark all call run_gates), and the driver knows no gate by
+name: it runs the chain in the registry's order, stops a gate whose `needs` did not pass, and starts
+the inputs of a gate declared `ahead` while the gate producing what it uses runs.
 A backend gate's candidate is the whole backend (E2E_UNIT) and its library the
 one the library gate linked.  A gate that could not run here (no GPU, no spec)
 is `skipped`: it does not stop the chain, and it never counts as passed.
@@ -16,26 +19,25 @@ is `skipped`: it does not stop the chain, and it never counts as passed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Callable
 
-from porter.digest import sha256_text
 from porter.gates import build, registry
+from porter.gates.candidate import Answer, Candidate, Provenance  # noqa: F401 (where callers find them)
 from porter.gates.result import GateResult
 from porter.records.history import History
 
 
-@dataclass(frozen=True)
-class Candidate:
-    unit: str
-    source: str
-    sha256: str
+@dataclass
+class Extraction:
+    """What the answer gates made of an answer: the candidate it holds (None: they refused it) and
+    their results, the refusal last."""
 
-    @classmethod
-    def of(cls, unit: str, source: str) -> "Candidate":
-        return cls(unit, source, sha256_text(source))
+    answer: Answer
+    candidate: Candidate | None
+    results: list[GateResult]
 
 
 @dataclass
@@ -67,7 +69,7 @@ class GateContext:
     # gate -> a Future of the inputs its start_ahead began while the gate making what it uses ran
     # (parity's inputs and references, made during the build)
     ahead: dict[str, object] = field(default_factory=dict)
-    candidate: object | None = None  # what the next gate judges (extract replaces the answer by its unit)
+    candidate: Candidate | None = None  # what the gates judge (run_gates sets it; never the answer)
     # progress of a long job inside a gate (the first build of every placeholder object): a
     # factory (what, total) -> porter.term.Steps given by the command that owns the terminal; None: silent
     progress: Callable | None = None
@@ -94,20 +96,58 @@ class GateContext:
         return History.read(self.workspace, self.target.name)
 
 
+def answer_gates(gates=None) -> tuple[str, ...]:
+    """Of `gates` (default: the registry's), those judging the answer, in order: they run first, on the
+    answer, and make the candidate the others judge."""
+    chosen = registry.names() if gates is None else gates
+    return registry.ordered(g for g in chosen if registry.get(g).judges == registry.ANSWER)
+
+
+def candidate_gates(gates) -> tuple[str, ...]:
+    """Of `gates`, those judging a candidate (everything after the answer gates), in order."""
+    return registry.ordered(g for g in gates if registry.get(g).judges != registry.ANSWER)
+
+
+def extract_candidate(answer: Answer, ctx: GateContext, gates=None,
+                      on_result: Callable[[GateResult], None] | None = None) -> Extraction:
+    """The answer gates (`gates`, default: every gate judging the answer) on `answer`, in order, until
+    one refuses: the typed Candidate the answer holds, carrying its provenance, or None and the refusal.
+    Nothing judges the candidate here: that is run_gates, after the caller recorded the attempt."""
+    out: list[GateResult] = []
+    candidate: Candidate | None = None
+    for gate in (registry.get(g) for g in answer_gates(gates)):
+        res, made = gate.load().run(answer, ctx)
+        res.evidence.setdefault("candidate_sha256", made.sha256 if made is not None else None)
+        ctx.results[gate.name] = res
+        out.append(res)
+        if on_result is not None:
+            on_result(res)
+        if not res.ok:
+            return Extraction(answer, None, out)
+        candidate = made if made is not None else candidate
+    if candidate is None:  # no answer gate made one: the answer's text is the unit's code as it stands
+        candidate = Candidate.of(answer.unit, answer.text)
+    return Extraction(answer, replace(candidate, provenance=answer.provenance), out)
+
+
 def run_gates(candidate: Candidate, ctx: GateContext, gates=None,
               on_result: Callable[[GateResult], None] | None = None) -> list[GateResult]:
-    """Run `gates` (default: the unit gates) in the registry's order until one refuses; returns
-    every result, the refusal last."""
-    chain = [registry.get(g) for g in registry.ordered(registry.names(registry.UNIT) if gates is None else gates)]
+    """Run `gates` (default: the unit gates) on `candidate` in the registry's order until one refuses;
+    returns every result, the refusal last.  A gate judging the answer is not one of them: an answer
+    becomes a candidate through extract_candidate first."""
+    asked = registry.names(registry.UNIT) if gates is None else gates
+    if answer_gates(asked):
+        raise ValueError(f"{', '.join(answer_gates(asked))} judge(s) the answer: extract_candidate runs them, "
+                         "run_gates judges the candidate")
+    chain = [registry.get(g) for g in registry.ordered(asked)]
     ctx.candidate = candidate
     out: list[GateResult] = []
     for i, gate in enumerate(chain):
         if not all(passed(ctx.results.get(n)) for n in gate.needs):
             break  # e.g. perf with nothing measured to time
         _start_ahead(gate, chain[i + 1:], ctx)
-        judged = ctx.candidate
-        res = gate.load().run(judged, ctx)
-        res.evidence.setdefault("candidate_sha256", judged.sha256)
+        res = gate.load().run(candidate, ctx)
+        res.evidence.setdefault("candidate_sha256", candidate.sha256)
         ctx.results[gate.name] = res
         out.append(res)
         if on_result is not None:

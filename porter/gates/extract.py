@@ -29,6 +29,7 @@ import re
 
 from porter.target.cparse import function_definitions
 from porter.errors import PorterError
+from porter.gates.candidate import Candidate
 from porter.gates.result import GateResult
 
 MAX_RESPONSE_BYTES = 200_000
@@ -186,15 +187,16 @@ def extract_unit_source(text: str, unit: str, target) -> str:
     return block.code
 
 
-def run(answer, ctx) -> GateResult:
-    """The extract gate (porter.gates.registry): its candidate is the provider's answer; the unit it
-    finds becomes `ctx.candidate`, what every gate after it judges."""
+def run(answer, ctx) -> tuple[GateResult, Candidate | None]:
+    """The extract gate (porter.gates.registry), a gate judging the answer: its verdict on the
+    provider's answer, and the typed Candidate the unit it finds becomes (None when it refuses), what
+    every gate after it judges (porter.gates.driver.extract_candidate)."""
     facts = {"response_sha256": answer.sha256, "toolchain": {"extractor": "porter.gates.extract"}}
     try:
-        source = extract_unit_source(answer.source, answer.unit, ctx.target)
+        source = extract_unit_source(answer.text, answer.unit, ctx.target)
     except ExtractionError as exc:
         return GateResult("extract", False, str(exc), diagnostics=str(exc), check="extract",
-                          evidence={"candidate_sha256": None, **facts})
-    ctx.candidate = type(answer).of(answer.unit, source)
+                          evidence={"candidate_sha256": None, **facts}), None
+    candidate = Candidate.of(answer.unit, source, answer.provenance)
     return GateResult("extract", True, f"one code block defines {answer.unit} ({len(source.splitlines())} lines)",
-                      evidence={"candidate_sha256": ctx.candidate.sha256, **facts})
+                      evidence={"candidate_sha256": candidate.sha256, **facts}), candidate

@@ -8,8 +8,9 @@ Each entry declares what the rest of porter needs to know about a gate, so nothi
   links, the output is right, the speed is acceptable;
 - `needs`: the gates that must have passed before it (their verdict is what it judges further);
   `uses` / `produces`: what it reads from / leaves in the GateContext for the gates after it
-  (extract leaves the candidate, build the library), and `ahead`: it prepares its inputs while
-  the gate producing what it uses runs (its module's `start_ahead`);
+  (build leaves the library), and `ahead`: it prepares its inputs while the gate producing what it
+  uses runs (its module's `start_ahead`).  The candidate is not left in the context: a gate judging
+  the answer returns it, typed (porter.gates.driver.extract_candidate), before any unit gate runs;
 - `verifies`: its pass is part of what makes a unit's step 'verified' (`proof_of`);
 - `rechecked`, `runs_candidate`, `mutant_check`: what `status --reverify`, a refusal after a
   'built' step and calibration's scripted mutants make of it.
@@ -17,7 +18,8 @@ Each entry declares what the rest of porter needs to know about a gate, so nothi
 The driver orders and runs gates from these declarations; `porter run`, `porter optimize`,
 `status` (and --reverify), the report, the scripted provider and calibration ask this module
 which gates exist, which count and what a refusal means.  So a new gate is one module with
-`run(candidate, ctx) -> GateResult` plus one entry below (tests/test_gate_registry.py shows one,
+`run(candidate, ctx) -> GateResult` (a gate judging the answer: `run(answer, ctx) -> (GateResult,
+Candidate or None)`) plus one entry below (tests/test_gate_registry.py shows one,
 tests/test_architecture.py keeps gate names out of every other module).  Modules are named, not
 imported: this is a leaf every module may read, and a gate loads when it first runs.  Names are
 never renamed: ledger and evidence records name gates, and old records must keep reading.

@@ -1,5 +1,7 @@
-"""One attempt at a unit, and landing it: prompt -> answer -> the registry's gates (extract first) ->
-unit file, step record, commit (the records each leaves: the table in porter.run's docstring)."""
+"""One attempt at a unit, and landing it; the route of a candidate, one plain step after another:
+prompt -> answer (text + provenance) -> typed Candidate (the answer gates: extract) -> attempt record
+-> the unit gates on that candidate -> unit file, step record, commit, or a failure record (the
+records each leaves: the table in porter.run's docstring)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ from porter.records.durable import write_atomic
 from porter.errors import EnvironmentFault, PorterError
 from porter.records.evidence import store_evidence
 from porter.gates import parity, registry
-from porter.gates.driver import Candidate, GateContext, passed, refusal, run_gates, verdict_word
+from porter.gates.driver import (Answer, Candidate, Extraction, GateContext, Provenance, answer_gates,
+                                 candidate_gates, extract_candidate, passed, refusal, run_gates, verdict_word)
 from porter.spec import load_spec
 from porter.gates.result import GateResult
 from porter.records.history import Failure, History, Step, typed
@@ -38,6 +41,19 @@ class AttemptOutcome:
     summary: str = ""
     commit: str | None = None
     verdicts: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Trail:
+    """What one attempt (or a re-verification of a committed step) has left so far: each gate's result
+    and evidence, in order, and whether an attempt record was opened for it."""
+
+    unit: str
+    attempt: int
+    opened: bool = False  # an attempt record was written: an environment fault abandons it
+    results: list[GateResult] = field(default_factory=list)
+    evidence: list[str] = field(default_factory=list)
+    outcome: AttemptOutcome = field(default_factory=lambda: AttemptOutcome(ok=False))
 
 
 class SerialLedger:
@@ -135,36 +151,48 @@ class Run:
 
     def attempt(self, unit: str, attempt: int, failures: list[Failure], *, request=build_prompt, gates=None,
                 purpose: str | None = None, required: tuple[str, ...] = ()) -> AttemptOutcome:
-        """Ask the provider once, run the gates on the answer (extract first), and land a step if they pass.
+        """One attempt's route: ask the provider once; the answer becomes a typed candidate (the answer
+        gates: extract); the attempt is recorded; the candidate meets the unit gates; a step lands if
+        they pass.  An answer refused at extraction is recorded the same way, with no candidate.
 
         `porter optimize` passes its own request builder (same arguments as build_prompt), its gate list,
         purpose="optimize" (kept in the attempt record) and the gates that must have PASSED for a step to
         land (a speedup no GPU measured is no speedup)."""
-        target = self.target
-        req = request(target, unit, attempt, failures)
+        req = request(self.target, unit, attempt, failures)
         completion, req, early = self._complete(unit, attempt, failures, req)
         prompt_sha = self._save(unit, f"attempt-{attempt}.prompt.md",
                                 f"<!-- system -->\n{req.system}\n\n<!-- prompt -->\n{req.prompt}\n")
         response_sha = self._save(unit, f"attempt-{attempt}.response.md", completion.text)
         if not early:
             self._usage(unit, completion)
+        answer = Answer(unit, completion.text, Provenance(completion.provider, completion.model, prompt_sha,
+                                                          response_sha, attempt))
+        chain = gates or registry.names(registry.ANSWER, registry.UNIT)
+        ctx = self._context()
+        made = extract_candidate(answer, ctx, answer_gates(chain))
+        self._open_attempt(made, completion, req, purpose)
+        trail = _Trail(unit, attempt, opened=True)
+        for res in made.results:
+            self._judged(trail, res)
+        if made.candidate is None:
+            return self._conclude(trail, ctx, None, required)
+        return self._gates_and_step(trail, made.candidate, candidate_gates(chain), ctx, required)
 
-        def opened(answer_gate: GateResult, ctx: GateContext) -> None:
-            """The attempt record, once the answer gate says which candidate (if any) the answer holds."""
-            candidate = ctx.candidate if answer_gate.ok else None
-            if candidate is not None:
-                self._save(unit, f"attempt-{attempt}.candidate.cu", candidate.source)
-            self.ledger.append(
-                "attempt", target=target.name, unit=unit, attempt=attempt, run=self.run_id,
-                provider=completion.provider, model=completion.model, prompt_sha256=prompt_sha,
-                response_sha256=response_sha, candidate_sha256=candidate.sha256 if candidate else None,
-                usage=dict(completion.usage or {}), prompt_builder=req.meta["builder"],
-                **({"purpose": purpose} if purpose else {}),
-            )
-            kill_point("after-attempt")
-
-        return self._gates_and_step(unit, attempt, Candidate.of(unit, completion.text),
-                                    gates or registry.names(registry.ANSWER, registry.UNIT), opened, required)
+    def _open_attempt(self, made: Extraction, completion, req, purpose: str | None) -> None:
+        """The attempt record: the answer's provenance and the candidate extraction made of it (None: the
+        answer holds none), written before any unit gate judges that candidate."""
+        answer, candidate = made.answer, made.candidate
+        prov = answer.provenance
+        if candidate is not None:
+            self._save(answer.unit, f"attempt-{prov.attempt}.candidate.cu", candidate.source)
+        self.ledger.append(
+            "attempt", target=self.target.name, unit=answer.unit, attempt=prov.attempt, run=self.run_id,
+            provider=prov.provider, model=prov.model, prompt_sha256=prov.prompt_sha256,
+            response_sha256=prov.response_sha256, candidate_sha256=candidate.sha256 if candidate else None,
+            usage=dict(completion.usage or {}), prompt_builder=req.meta["builder"],
+            **({"purpose": purpose} if purpose else {}),
+        )
+        kill_point("after-attempt")
 
     def reverify(self, step: Step) -> AttemptOutcome:
         """Run the gates that run the candidate (parity, perf) on a unit committed as 'built' before they
@@ -177,30 +205,35 @@ class Run:
         candidate = Candidate.of(step.unit, self.target.unit_path(step.unit).read_text())
         # the gates that run the candidate, and those making what they use (the library)
         again = registry.with_producers(registry.names(registry.UNIT, runs_candidate=True))
-        return self._gates_and_step(step.unit, int(step.attempt or 0), candidate, again)
+        return self._gates_and_step(_Trail(step.unit, int(step.attempt or 0)), candidate, again, self._context())
 
-    def _gates_and_step(self, unit: str, attempt: int, candidate: Candidate, gates, opened=None,
+    def _context(self) -> GateContext:
+        return GateContext(self.target, self.ws, progress=getattr(self.out, "steps", None))
+
+    def _judged(self, trail: "_Trail", res: GateResult) -> None:
+        """A gate's result, as it arrives: its evidence and gate record, its word in the outcome."""
+        trail.evidence.append(self._record_gate(trail.unit, trail.attempt, res))
+        trail.results.append(res)
+        trail.outcome.verdicts.append(verdict_word(res))
+
+    def _gates_and_step(self, trail: "_Trail", candidate: Candidate, gates, ctx: GateContext,
                         required: tuple[str, ...] = ()) -> AttemptOutcome:
-        target = self.target
-        ctx = GateContext(target, self.ws, progress=getattr(self.out, "steps", None))
-        outcome = AttemptOutcome(ok=False)
-        evidence: list[str] = []
-
-        def record(res: GateResult) -> None:
-            if opened is not None and not evidence:
-                opened(res, ctx)
-            evidence.append(self._record_gate(unit, attempt, res))
-            outcome.verdicts.append(verdict_word(res))
-
         try:
-            results = run_gates(candidate, ctx, gates, on_result=record)
+            run_gates(candidate, ctx, gates, on_result=lambda res: self._judged(trail, res))
         except EnvironmentFault as exc:
             # the machine's fault, not the answer's: the attempt opened for it is given up (it counts
             # for nothing, as a crash's would) and the run stops
-            if opened is not None and evidence:
-                self.ledger.append("reconcile", target=target.name, unit=unit, attempt=attempt,
+            if trail.opened:
+                self.ledger.append("reconcile", target=self.target.name, unit=trail.unit, attempt=trail.attempt,
                                    action="abandon-attempt", reason=f"environment fault, not the candidate's: {exc}")
             raise
+        return self._conclude(trail, ctx, candidate, required)
+
+    def _conclude(self, trail: "_Trail", ctx: GateContext, candidate: Candidate | None,
+                  required: tuple[str, ...]) -> AttemptOutcome:
+        """The route's end: the refusal (an answer gate's, a unit gate's, or a required gate that did not
+        pass) as a failure record, else the step landed."""
+        unit, attempt, outcome, results = trail.unit, trail.attempt, trail.outcome, trail.results
         refused = refusal(results)
         unproven = next((g for g in required if not passed(ctx.results.get(g))), None)
         if refused is None and unproven is not None:
@@ -208,15 +241,16 @@ class Run:
             refused = GateResult(unproven, False, f"{unproven} not established: {why}", check="unmeasured")
         if refused is not None:
             dsha = self._diagnostics(refused.diagnostics or refused.summary)
-            self.ledger.append("failure", target=target.name, unit=unit, attempt=attempt, gate=refused.gate,
+            self.ledger.append("failure", target=self.target.name, unit=unit, attempt=attempt, gate=refused.gate,
                                summary=refused.summary, diagnostics=dsha)
             kill_point("after-failure")
             outcome.gate, outcome.check, outcome.summary = refused.gate, refused.check, refused.summary
             return outcome
 
         # Every gate that ran passed: write the unit file, record the step, commit them together.
+        assert candidate is not None, "an answer gate passed without making a candidate"
         with self.records:
-            return self._land_step(unit, attempt, ctx.candidate, ctx, evidence, results, outcome)
+            return self._land_step(unit, attempt, candidate, ctx, trail.evidence, results, outcome)
 
     def _land_step(self, unit, attempt, candidate, ctx, evidence, results, outcome) -> AttemptOutcome:
         target = self.target
