@@ -30,7 +30,7 @@ from porter.digest import sha256_file
 from porter.errors import PorterError
 from porter.records.evidence import store_evidence
 from porter.gates import perf, registry, static
-from porter.gates.driver import Candidate, GateContext, ParityOptions, run_gates
+from porter.gates.driver import Candidate, GateContext, ParityOptions, refusal, run_gates
 from porter.gates.parity.compare import CHECK_ORDER
 from porter.gates.parity.gate import fresh_seeds
 from porter.spec import inputs_facts, load_specs
@@ -109,15 +109,17 @@ def _probe_counts(res) -> dict:
 
 def parity_on_library(target, unit: str, lib: Path, opts: CalibrateOptions, timeout: float | None = None,
                       env: dict | None = None, seeds: list[int] | None = None, fresh_process: bool = False):
-    """The parity gate, through the one driver, on a library that holds the unit under test
-    (env: a known-good variant's knobs, set in the parity child; seeds: the same for every library
-    of one unit, so its inputs and references are prepared once; fresh_process: a perf re-time)."""
+    """The unit gates judging output (the registry's: parity, and any other registered so), through the
+    one driver, on a library that holds the unit under test (a typed library candidate): the first
+    refusal, else the first of them's verdict (parity's: its evidence is what calibration keeps).
+    env: a known-good variant's knobs, set in the parity child; seeds: the same for every library
+    of one unit, so its inputs and references are prepared once; fresh_process: a perf re-time."""
     parity = ParityOptions(**{**asdict(opts.parity), "timeout": timeout or opts.parity.timeout,
                               **({"env": env} if env else {}), **({"seeds": seeds} if seeds else {}),
                               "fresh_process": fresh_process})
     ctx = GateContext(target, opts.workspace, parity=parity, library=Path(lib))
-    return run_gates(Candidate(unit, "", sha256_file(lib)), ctx,
-                     gates=registry.names(registry.UNIT, role=registry.OUTPUT))[0]
+    results = run_gates(Candidate.library(unit, lib), ctx, gates=registry.names(registry.UNIT, role=registry.OUTPUT))
+    return refusal(results) or results[0]
 
 
 def perf_on_mutant(target, unit: str, parity, known_good, retime_fn):

@@ -217,15 +217,20 @@ def end_to_end(ws: Path, target, r: Run) -> None:
     prefill_units = [u.unit for u in report.units if u.tier == "prefill"]
 
     def build_and_run() -> GateResult:
-        unit = (prefill_units or target.units)[0]  # any unit's current file: the build links them all
+        # the candidate: the whole backend as committed, named by its tree hash (what status's prefill
+        # line compares with HEAD's)
+        backend = Candidate.backend(E2E_UNIT, head_backend_tree(ws, target))
         ctx = GateContext(target, ws, progress=getattr(r.out, "steps", None))
+        # its library: the library gates link one unit's current file with every other unit's (any unit
+        # will do; the library gates judge one unit, so one is named as the build's anchor)
+        anchor = (prefill_units or target.units)[0]
         library = registry.names(registry.UNIT, role=registry.LIBRARY)
-        built = run_gates(Candidate.of(unit, target.unit_path(unit).read_text()), ctx, gates=library)[-1]
-        backend = registry.names(registry.BACKEND)
+        built = run_gates(Candidate.of(anchor, target.unit_path(anchor).read_text()), ctx, gates=library)[-1]
+        gates = registry.names(registry.BACKEND)
         if not built.ok:
-            return GateResult(backend[0], False, f"{backend[0]}: the backend does not build: {built.summary}",
+            return GateResult(gates[0], False, f"{gates[0]}: the backend does not build: {built.summary}",
                               check=built.gate)
-        return run_gates(Candidate(E2E_UNIT, "", head_backend_tree(ws, target) or ""), ctx, gates=backend)[-1]
+        return run_gates(backend, ctx, gates=gates)[-1]
 
     def record(res: GateResult) -> None:
         r._record_gate(E2E_UNIT, 0, res)
