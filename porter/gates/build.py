@@ -46,6 +46,7 @@ from porter.diagnostics import trim_diagnostics
 from porter.digest import sha256_bytes, sha256_file
 from porter.errors import EnvironmentFault, PorterError
 from porter.records.evidence import gate_facts
+from porter.gates.evidence import BuildEvidence
 from porter.gates import build_cache, compile_jail, elf_exports, host_link, load_time, nvcc_split
 from porter.host.keyed_lock import key_lock
 from porter.gates.result import GateResult
@@ -294,7 +295,7 @@ class _Build:
     def fail(self, stage: str, summary: str, diagnostics: str, **more) -> GateResult:
         self.ev.update(ok=False, stage=stage, summary=summary, **more)
         return GateResult(GATE, False, summary, diagnostics=diagnostics, metrics=dict(self.ev.get("metrics", {})),
-                          evidence=self.ev, check=stage)
+                          evidence=BuildEvidence.record(self.ev), check=stage)
 
     def trim(self, output: str, extra_strip: list | None = None) -> str:
         return trim_diagnostics(output, own=own_files(self.target, f"{self.unit}.cu", self.cache),
@@ -347,7 +348,7 @@ def _run(candidate, ctx, cache: Path) -> GateResult:
     ctx.library = library
     # the whole backend (every unit's current file) only for a gate that runs the engine on it
     ctx.whole_backend = lambda: whole_backend(b.target, cache, unit_sources(b.target, b.unit, candidate.source))
-    return GateResult(GATE, True, summary, evidence=b.ev,
+    return GateResult(GATE, True, summary, evidence=BuildEvidence.record(b.ev),
                       metrics={"compile_seconds": b.ev["compile_seconds"], "link_seconds": b.ev["link_seconds"]})
 
 

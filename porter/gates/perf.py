@@ -38,6 +38,7 @@ import statistics
 from porter.records.evidence import gate_facts, load_evidence
 from porter.gates import archs
 from porter.gates.archs import arch_of
+from porter.gates.evidence import ParityEvidence, PerfEvidence, evidence_of
 from porter.gates.result import GateResult
 
 MIN_LIMIT = 1.25  # the tightest limit: no candidate is refused for being within 25% of the known-good
@@ -98,27 +99,19 @@ def baseline(history, unit: str, spec_sha256: str | None, arch: str | None = Non
             break
     else:
         return None, f"no known-good timing on {arch} (calibrated on {arch_of(ev)}; calibrate on a GPU of that kind)"
-    timing = ev.get("timing")
-    if not timing or not timing.get("median_ms"):
+    known = ParityEvidence.of(ev)
+    if known.timing is None or not known.timing.median_ms:
         return None, "the calibration evidence has no timing"
-    limit = ev.get("perf_limit") or calibrated_limit(timing)
+    timing = known.timing.dump()
+    limit = known.perf_limit.dump() if known.perf_limit else calibrated_limit(timing)
     return dict(timing, calibration_record=rec.hash, known_good=rec.known_good, perf_limit=limit,
-                regime=regime_of(ev), gpu=(ev.get("device") or {}).get("name"), arch=arch_of(ev),
-                cases=cases_of(ev)), ""
+                regime=known.regime_name, gpu=known.gpu, arch=known.arch, cases=cases_of(known)), ""
 
 
-def cases_of(evidence: dict | None) -> dict[str, dict]:
+def cases_of(evidence: dict | ParityEvidence | None) -> dict[str, dict]:
     """case label -> timing, for every timed case a parity evidence record holds (in the spec's order).  A
-    record from before every case was kept holds its one judged case."""
-    out: dict[str, dict] = {}
-    ev = evidence or {}
-    for t in ev.get("timed_cases") or []:
-        if isinstance(t, dict) and t.get("case") and t.get("median_ms"):
-            out[t["case"]] = t
-    primary = ev.get("timing")
-    if isinstance(primary, dict) and primary.get("case") and primary.get("median_ms"):
-        out.setdefault(primary["case"], primary)
-    return out
+    record from before every case was kept holds its one judged case (ParityEvidence.timed)."""
+    return {case: t.dump() for case, t in ParityEvidence.of(evidence).timed().items()}
 
 
 def _baseline_case(base: dict, label: str) -> dict | None:
@@ -134,8 +127,8 @@ def _baseline_case(base: dict, label: str) -> dict | None:
 
 def regime_of(evidence: dict) -> str | None:
     """The regime an evidence record names: parity's {"name": ...}, or perf's own word."""
-    r = evidence.get("regime")
-    return r.get("name") if isinstance(r, dict) else r
+    ev = evidence_of(evidence) if isinstance(evidence, dict) and evidence.get("gate") else ParityEvidence.of(evidence)
+    return ev.regime_name if isinstance(ev, ParityEvidence) else ev.get("regime")
 
 
 def comparable(base: dict, mine: dict, regime: str | None, gpu: str | None, arch: str | None = None) -> str:
@@ -219,20 +212,20 @@ def run(candidate, ctx) -> GateResult:
 
 
 def _run_one(candidate, ctx, parity: GateResult, retime_fn) -> GateResult:
-    spec_sha = (parity.evidence.get("spec") or {}).get("sha256")
-    base, why = baseline(ctx.history, candidate.unit, spec_sha, arch_of(parity.evidence))
+    ran = ParityEvidence.of(parity.evidence)
+    base, why = baseline(ctx.history, candidate.unit, ran.spec.sha256 if ran.spec else None, ran.arch)
     return decide(ctx.target, candidate.unit, parity, base, why, retime_fn)
 
 
 def known_good_baseline(known_good: GateResult) -> tuple[dict | None, str]:
     """A known-good's parity result as a baseline (calibration judges its perf mutants against the run it
     just made, before anything is recorded)."""
-    ev = known_good.evidence or {}
-    timing = ev.get("timing")
-    if not known_good.ok or not timing or not timing.get("median_ms"):
+    ev = ParityEvidence.of(known_good.evidence)
+    if not known_good.ok or ev.timing is None or not ev.timing.median_ms:
         return None, "the known-good recorded no passing timing"
-    return dict(timing, perf_limit=calibrated_limit(timing), regime=regime_of(ev),
-                gpu=(ev.get("device") or {}).get("name"), arch=arch_of(ev), cases=cases_of(ev)), ""
+    timing = ev.timing.dump()
+    return dict(timing, perf_limit=calibrated_limit(timing), regime=ev.regime_name, gpu=ev.gpu, arch=ev.arch,
+                cases=cases_of(ev)), ""
 
 
 def decide(target, unit: str, parity: GateResult, base: dict | None, why: str, retime_fn) -> GateResult:
@@ -244,17 +237,18 @@ def decide(target, unit: str, parity: GateResult, base: dict | None, why: str, r
     its judged case was the one-token decode (issue: fast where users run it).  Now the verdict holds only
     when every timed case is within its own limit; the summary names the worst, with the geomean."""
     enabled, cap = perf_settings(target)
-    cand_sha = parity.evidence.get("candidate_sha256")
-    regime = regime_of(parity.evidence)
-    facts = gate_facts(target, unit, "perf", cand_sha, parity.evidence.get("toolchain", {}), regime=regime,
-                       max_slowdown=cap)
+    ran = ParityEvidence.of(parity.evidence)
+    regime = ran.regime_name
+    facts = PerfEvidence.record(gate_facts(target, unit, "perf", ran.candidate_sha256,
+                                           ran.toolchain.dump() if ran.toolchain else {}, regime=regime,
+                                           max_slowdown=cap))
     if not enabled:
         return GateResult("perf", False, "perf gate off ([perf] enabled = false)", skipped=True, evidence=facts)
-    mine = cases_of(parity.evidence)
+    mine = cases_of(ran)
     if not mine:
         return GateResult("perf", False, "perf skipped: the parity run recorded no timing", skipped=True,
                           evidence=facts)
-    gpu, arch = (parity.evidence.get("device") or {}).get("name"), arch_of(parity.evidence)
+    gpu, arch = ran.gpu, ran.arch
 
     def judge_one(t: dict) -> GateResult:
         b, w = None, why
@@ -301,17 +295,17 @@ def combine(verdicts: list[tuple[str, GateResult]]) -> GateResult:
         return verdicts[0][1]
     rows = []
     for c, r in verdicts:
-        ev = r.evidence or {}
-        rows.append({"case": c, "ok": r.ok, "skipped": r.skipped, "decided_by": ev.get("decided_by"),
-                     "ratio": ev.get("ratio"), "of_limit": _closeness(r), "limit": ev.get("limit"),
+        ev = PerfEvidence.of(r.evidence)
+        rows.append({"case": c, "ok": r.ok, "skipped": r.skipped, "decided_by": ev.decided_by,
+                     "ratio": ev.ratio, "of_limit": _closeness(r), "limit": ev.limit,
                      "median_ms": r.metrics.get("median_ms"),
                      "baseline_ms": r.metrics.get("baseline_ms"), "floor_ms": r.metrics.get("floor_ms")})
     refused = [(c, r) for c, r in judged if not r.ok]
     worst_case, worst = max(refused or judged, key=lambda cr: _closeness(cr[1]))
     ratios = [x["ratio"] for x in rows if x["decided_by"] == "known-good" and x["ratio"]]
     geomean = math.exp(sum(math.log(x) for x in ratios) / len(ratios)) if ratios else None
-    ev = dict(worst.evidence or {}, cases=rows, worst_case=worst_case, geomean_ratio=geomean,
-              cases_judged=len(judged))
+    ev = PerfEvidence.record(dict(worst.evidence or {}, cases=rows, worst_case=worst_case, geomean_ratio=geomean,
+                                  cases_judged=len(judged)))
     tail = ""
     if len(verdicts) > 1:
         tail = f" [worst of {len(judged)} timed cases" + (f"; geomean {geomean:.2f}x the known-good" if geomean else "") + "]"
@@ -324,11 +318,11 @@ def combine(verdicts: list[tuple[str, GateResult]]) -> GateResult:
 
 def _closeness(r: GateResult) -> float:
     """How near its limit one case came (1.0: at it): x the known-good over the limit, or time over the floor."""
-    ev = r.evidence or {}
-    if ev.get("decided_by") == "known-good" and ev.get("ratio") and ev.get("limit"):
-        return float(ev["ratio"]) / float(ev["limit"])
-    if ev.get("floor_ms") and r.metrics.get("median_ms"):
-        return float(r.metrics["median_ms"]) / float(ev["floor_ms"])
+    ev = PerfEvidence.of(r.evidence)
+    if ev.decided_by == "known-good" and ev.ratio and ev.limit:
+        return float(ev.ratio) / float(ev.limit)
+    if ev.floor_ms and r.metrics.get("median_ms"):
+        return float(r.metrics["median_ms"]) / float(ev.floor_ms)
     return 0.0
 
 
@@ -347,7 +341,8 @@ def confirm_slowdown(first: GateResult, judge, mine: dict[str, dict], again: Gat
         ev["confirmed"] = {"by": "none", "detail": f"the refusal stands: re-time impossible ({why})"[:300]}
         return dataclasses.replace(first, evidence=ev)
     second = judge(cases2)
-    worst = ev.get("worst_case")
+    was = PerfEvidence.of(ev)
+    worst = was.worst_case
     both = {"first": ev.get("candidate"), "first_summary": first.summary[:300], "first_worst_case": worst,
             "retime": cases2.get(worst) if worst else None, "retime_ok": second.ok}
     second.evidence = dict(second.evidence or {}, confirmed=both)
@@ -355,7 +350,7 @@ def confirm_slowdown(first: GateResult, judge, mine: dict[str, dict], again: Gat
         second.summary += (f"; the first timing ({first.metrics.get('median_ms', 0):.4g} ms on {worst!r}) was over "
                            "the limit, a re-time in a fresh process on fresh inputs is not")
         base = ev.get("baseline")
-        fast = [c for c, t in cases2.items() if suspicion(t, base if base and base.get("case") == c else None)]
+        fast = [c for c, t in cases2.items() if suspicion(t, base if was.baseline and was.baseline.case == c else None)]
         if fast:  # slow, then implausibly fast
             return GateResult("perf", False, f"perf refused: the first timing was over the limit and the re-time "
                               f"implausibly fast on {fast[0]!r}: not the same kernel"[:400],
@@ -374,8 +369,8 @@ def against_known_good(mine: dict, base: dict, facts: dict, cap: float | None, r
     ratio = mine["median_ms"] / base["median_ms"]
     line = (f"{mine['median_ms']:.4g} ms vs known-good {base['median_ms']:.4g} ms on {mine['case']!r} "
             f"({ratio:.3g}x; limit {limit:.3g}x from {basis}; regime {regime})")
-    evidence = dict(facts, candidate=mine, baseline=base, ratio=ratio, limit=limit, limit_basis=basis,
-                    pct_of_roofline=pct_of_roofline(mine), decided_by="known-good")
+    evidence = PerfEvidence.record(dict(facts, candidate=mine, baseline=base, ratio=ratio, limit=limit, limit_basis=basis,
+                                        pct_of_roofline=pct_of_roofline(mine), decided_by="known-good"))
     metrics = {"ratio": ratio, "median_ms": mine["median_ms"], "baseline_ms": base["median_ms"], "limit": limit}
     if ratio > limit:
         return GateResult("perf", False, f"perf failed: {line}", check="slowdown", diagnostics=(
@@ -410,13 +405,14 @@ def against_floor(mine: dict, facts: dict, no_baseline: str, frac: float | None 
     allowed, frac = floor_ms(mine, frac)
     if allowed is None:
         return GateResult("perf", False, f"perf skipped: {no_baseline}, and no roofline (device peak unknown)",
-                          skipped=True, evidence=dict(facts, candidate=mine))
+                          skipped=True, evidence=PerfEvidence.record(dict(facts, candidate=mine)))
     t = mine["median_ms"]
     line = (f"{t:.4g} ms on {mine['case']!r}; roofline {mine['roofline_ms']:.3g} ms for {mine.get('bytes')} bytes"
             f"{' / ' + str(mine['flops']) + ' FLOPs' if mine.get('flops') else ''}, floor {allowed:.4g} ms "
             f"({frac:g} of the roofline + {LAUNCH_ALLOWANCE_MS:g} ms launches; no known-good: {no_baseline})")
-    evidence = dict(facts, candidate=mine, floor_ms=allowed, floor_fraction=frac, pct_of_roofline=pct_of_roofline(mine),
-                    launch_allowance_ms=LAUNCH_ALLOWANCE_MS, decided_by="roofline floor")
+    evidence = PerfEvidence.record(dict(
+        facts, candidate=mine, floor_ms=allowed, floor_fraction=frac, pct_of_roofline=pct_of_roofline(mine),
+        launch_allowance_ms=LAUNCH_ALLOWANCE_MS, decided_by="roofline floor"))
     metrics = {"median_ms": t, "floor_ms": allowed, "roofline_ms": mine["roofline_ms"]}
     if t > allowed:
         return GateResult("perf", False, f"perf failed: {line}", check="floor", diagnostics=(
@@ -436,20 +432,21 @@ def speed(evidences: list[dict]) -> dict | None:
     out: dict = {}
     judged: dict = {}
     for d in evidences:
-        if not isinstance(d, dict):
+        if d is None or isinstance(d, (str, int, float, list)):
             continue
-        if d.get("gate") == "parity" and isinstance(d.get("timing"), dict):
-            t = d["timing"]
-            out.update(case=t.get("case"), time_ms=t.get("median_ms"), pct_roofline=pct_of_roofline(t),
-                       regime=regime_of(d))
-        elif d.get("gate") == "perf" and d.get("decided_by"):
-            base = d.get("baseline") or {}
-            judged.update(x_known_good=d.get("ratio"), limit=d.get("limit"), decided_by=d.get("decided_by"),
-                          floor_fraction=d.get("floor_fraction"), known_good_ms=base.get("median_ms"),
-                          cases_judged=d.get("cases_judged"), geomean_x_known_good=d.get("geomean_ratio"))
-            t = d.get("candidate") or {}
-            if t.get("median_ms"):  # the case perf's verdict names (the worst of those it judged)
-                judged.update(case=t.get("case"), time_ms=t["median_ms"], pct_roofline=pct_of_roofline(t))
+        ev = evidence_of(d)  # a malformed record: EvidenceError, one line
+        if ev.gate == "parity" and isinstance(ev, ParityEvidence) and ev.timing is not None:
+            t = ev.timing
+            out.update(case=t.case, time_ms=t.median_ms, pct_roofline=pct_of_roofline(t.dump()),
+                       regime=ev.regime_name)
+        elif ev.gate == "perf" and isinstance(ev, PerfEvidence) and ev.decided_by:
+            judged.update(x_known_good=ev.ratio, limit=ev.limit, decided_by=ev.decided_by,
+                          floor_fraction=ev.floor_fraction,
+                          known_good_ms=ev.baseline.median_ms if ev.baseline else None,
+                          cases_judged=ev.cases_judged, geomean_x_known_good=ev.geomean_ratio)
+            t = ev.candidate
+            if t is not None and t.median_ms:  # the case perf's verdict names (the worst of those it judged)
+                judged.update(case=t.case, time_ms=t.median_ms, pct_roofline=pct_of_roofline(t.dump()))
     out.update({k: v for k, v in judged.items() if v is not None or k not in out})
     if not out.get("time_ms"):
         return None

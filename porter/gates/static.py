@@ -34,6 +34,7 @@ import tree_sitter as ts
 
 from porter.target.cparse import canonical_type, function_definitions, parse_cuda
 from porter.records.evidence import gate_facts
+from porter.gates.evidence import StaticEvidence
 from porter.gates.extract import ExtractionError, check_includes
 from porter.gates.result import GateResult
 from porter.target.placeholder import MARKER, is_placeholder
@@ -431,7 +432,7 @@ def run(candidate, ctx) -> GateResult:
                        runtime_unit=unit in target.runtime_units)
 
     def result(ok: bool, summary: str, **more) -> GateResult:
-        ev = dict(facts, ok=ok, summary=summary, **more)
+        ev = StaticEvidence.record(dict(facts, ok=ok, summary=summary, **more))
         return GateResult(GATE, ok, summary, diagnostics=summary, evidence=ev, check=None if ok else "static")
 
     if is_placeholder(source):

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from porter.records import gitops
 from porter.records.evidence import gate_facts
+from porter.gates.evidence import ParityEvidence, SpeedupEvidence
 from porter.spec import SpecError, UnitSpec, load_spec
 from porter.gates.result import GateResult
 from porter.optimize.decide import ALPHA, MIN_GAIN, ROUNDS, decide
@@ -63,11 +64,15 @@ def committed_library(candidate, ctx) -> tuple[object, Path | None, str]:
 
 def run(candidate, ctx) -> GateResult:
     target, unit = ctx.target, candidate.unit
-    facts = gate_facts(target, unit, GATE, candidate.sha256, (ctx.results.get("parity").evidence or {}).get("toolchain", {})
-                       if ctx.results.get("parity") else {}, alpha=ALPHA, min_gain=MIN_GAIN, rounds=ROUNDS, reps=REPS)
+    ran = ParityEvidence.of(ctx.results["parity"].evidence) if ctx.results.get("parity") else None
+    facts = gate_facts(target, unit, GATE, candidate.sha256, ran.toolchain.dump() if ran and ran.toolchain else {},
+                       alpha=ALPHA, min_gain=MIN_GAIN, rounds=ROUNDS, reps=REPS)
+
+    def record() -> dict:  # the facts so far, as the speedup gate's evidence
+        return SpeedupEvidence.record(facts)
 
     def skipped(why: str) -> GateResult:
-        return GateResult(GATE, False, f"speedup skipped: {why}", skipped=True, evidence=facts)
+        return GateResult(GATE, False, f"speedup skipped: {why}", skipped=True, evidence=record())
 
     try:
         spec = load_spec(target, unit)
@@ -89,16 +94,16 @@ def run(candidate, ctx) -> GateResult:
     for k, side in enumerate(order):
         lib, sha = sides[side]
         res = time_round(target, timed_spec, lib, ctx, sha)
-        timing = (res.evidence or {}).get("timing") or {}
+        timing = ParityEvidence.of(res.evidence).timing
         if side == "new" and not res.ok and not res.skipped:
             facts.update(medians_ms=medians, failed_round=k)
             return GateResult(GATE, False, f"speedup refused: round {k + 1} of the candidate failed parity: "
-                              f"{res.summary}", check="parity", diagnostics=res.diagnostics, evidence=facts)
-        if not res.ok or not timing.get("median_ms"):
+                              f"{res.summary}", check="parity", diagnostics=res.diagnostics, evidence=record())
+        if not res.ok or timing is None or not timing.median_ms:
             facts.update(medians_ms=medians, failed_round=k)
             return skipped(f"round {k + 1} ({side}) gave no timing: {res.summary}")
-        medians[side].append(float(timing["median_ms"]))
-        roofline[side] = timing.get("roofline_ms") or roofline[side]
+        medians[side].append(float(timing.median_ms))
+        roofline[side] = timing.roofline_ms or roofline[side]
     d = decide(medians["old"], medians["new"])
     fractions = {s: (roofline[s] / m if roofline[s] else None)
                  for s, m in (("old", d.old_median_ms), ("new", d.new_median_ms))}
@@ -108,9 +113,9 @@ def run(candidate, ctx) -> GateResult:
                "old_median_ms": d.old_median_ms, "new_median_ms": d.new_median_ms}
     if d.wins:
         return GateResult(GATE, True, f"speedup: {ratio:.2f}x faster ({d.old_median_ms:.4g} -> {d.new_median_ms:.4g} ms, "
-                          f"p={d.p_value:.2g}, A/A margin {d.aa_margin:.1%})", metrics=metrics, evidence=facts)
+                          f"p={d.p_value:.2g}, A/A margin {d.aa_margin:.1%})", metrics=metrics, evidence=record())
     line = (f"speedup {d.verdict}: {d.why} (committed {d.old_median_ms:.4g} ms, candidate {d.new_median_ms:.4g} ms "
             f"over {ROUNDS} rounds each)")
-    return GateResult(GATE, False, line, check=d.verdict, metrics=metrics, evidence=facts, diagnostics=(
+    return GateResult(GATE, False, line, check=d.verdict, metrics=metrics, evidence=record(), diagnostics=(
         "The candidate is correct but not measurably faster than the committed code: "
         + d.why + ". Only a speedup the rank test and the A/A margin both confirm is kept."))

@@ -26,6 +26,7 @@ from porter.host import sandbox
 from porter.host import toolchain
 from porter.digest import sha256_file
 from porter.records.evidence import gate_facts
+from porter.gates.evidence import E2EEvidence
 from porter.errors import PorterError
 from porter.gates.e2e import calibration as cal_mod
 from porter.gates.e2e import tree, unchanged
@@ -170,14 +171,14 @@ def _against_committed(verdict, runs, records, head_tree, setup, cal_sha):
 
 def _evidence(target, ok, lib, lib_sha, tree_hash, head, head_tree, cal_path, cal_sha, setup, cmp, verdict, walls,
               error, **more) -> dict:
-    return gate_facts(
+    return E2EEvidence.record(gate_facts(
         target, E2E_UNIT, GATE, lib_sha, toolchain.host_facts(), ok=bool(ok), library={"path": str(lib), "sha256": lib_sha},
         tree_hash=tree_hash, commit=head, tree_matches_head=tree_hash == head_tree,
         backend_dirs=tree.backend_dirs(target), driver=target.spec.e2e.driver, setup=setup,
         calibration={"file": str(cal_path.relative_to(target.workspace)) if target.workspace in cal_path.parents
                      else str(cal_path), "sha256": cal_sha},
         verdict=verdict.to_json() if verdict else None, comparison=cmp.to_json() if cmp else None,
-        wall_s=walls, error=error, sandbox=sandbox.label(), **more)
+        wall_s=walls, error=error, sandbox=sandbox.label(), **more))
 
 
 def _diagnostics(cmp, rule) -> str:

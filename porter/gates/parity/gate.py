@@ -31,6 +31,7 @@ from porter.spec import (Call, Context, Exact, Flag, In, InOut, Map, Out, Same, 
 from porter.host import toolchain
 from porter.digest import sha256_file
 from porter.records.evidence import gate_facts
+from porter.gates.evidence import ParityEvidence
 from porter.gates.result import GateResult
 
 DEFAULT_TIMEOUT_S = 90.0
@@ -834,7 +835,7 @@ def _run_spec(target, spec, library: Path, *, workspace: Path | None = None, see
         lines.append(f"plan kept at {plan_dir}")
     metrics = {"ok": ok, "failed_checks": failed_checks, "n_failures": len(failures), "cases": d.n_cases,
                "worst_nmse": d.worst_nmse, **d.metrics}
-    return GateResult("parity", ok, summary, "\n".join(lines), _clean(metrics), _clean(evidence),
+    return GateResult("parity", ok, summary, "\n".join(lines), _clean(metrics), ParityEvidence.record(_clean(evidence)),
                       check=None if ok else first.check)
 
 

@@ -1,0 +1,157 @@
+"""Typed evidence (porter.gates.evidence): one model per gate's record, versioned, open to keys it does not
+declare, strict about the ones it does; old records (no version, extra keys) read the same, and a
+malformed one is a one-line error where a command reads it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from porter.gates import evidence as E
+from porter.gates import perf, registry
+from porter.records.evidence import check_evidence, store_evidence
+
+SHA = "cd" * 32
+
+
+def common(gate: str, **more) -> dict:
+    return {"target": "minimoe", "unit": "mini_gpu_add_tensor", "gate": gate, "ok": True, "candidate_sha256": SHA,
+            "toolchain": {"nvcc": "12.4", "gpu": "NVIDIA H200", "arch": "sm_90", "host": "h1"}, **more}
+
+
+TIMING = {"case": "decode 1x4096", "median_ms": 0.012, "roofline_ms": 0.004, "times_ms": [0.011, 0.012, 0.013],
+          "bytes": 65536, "gbps": 5.4}
+# one record of each gate as porter wrote them before evidence was typed: no `schema`, and keys no model
+# declares (each must survive a read and a re-dump unchanged)
+OLD = {
+    "static": common("static", summary="static checks passed", runtime_unit=False, parser_note="x"),
+    "build": common("build", stage="done", object_sha256="ab" * 32, object_cached=False, compile_seconds=1.5,
+                    link_seconds=0.4, library="/tmp/libminimoe.so", host_link={"kind": "pch"},
+                    linked={"mini_gpu_add_tensor": {"sha256": "ef" * 32, "role": "candidate", "placeholder": False}},
+                    nvcc_flags=["-O3"], glue={"glue.cu": "12" * 32}),
+    "parity": common("parity", mode="cuda", sandbox="bubblewrap 0.9.0", device={"name": "NVIDIA H200", "peak_gbps": 4800},
+                     library={"path": "/tmp/lib.so", "sha256": "34" * 32, "arch": ["sm_90"]},
+                     regime={"name": "device", "model_hook": None, "fresh_process": False},
+                     spec={"file": "targets/minimoe/parity/add.py", "sha256": "56" * 32},
+                     seeds=["00000000000000ff", "0000000000000100"], cases=[{"label": "decode", "timing": TIMING}],
+                     timing=TIMING, timed_cases=[TIMING], checks={"run": ["value"], "failed": []}, failures=[],
+                     a_key_from_the_future={"nested": [1, 2.5]}),
+    "perf": common("perf", regime="device", max_slowdown=None, decided_by="known-good", candidate=dict(TIMING, median_ms=0.018),
+                   baseline=dict(TIMING, calibration_record="78" * 32, known_good="upstream", regime="device",
+                                 gpu="NVIDIA H200", arch="sm_90", perf_limit={"limit": 1.5, "spread": 0.1, "basis": "b"},
+                                 cases={"decode 1x4096": TIMING}),
+                   ratio=1.5, limit=2.0, limit_basis="known-good spread", pct_of_roofline=22.2,
+                   cases=[{"case": "decode 1x4096", "ok": True, "skipped": False, "decided_by": "known-good",
+                           "ratio": 1.5, "of_limit": 0.75, "limit": 2.0, "median_ms": 0.018, "baseline_ms": 0.012,
+                           "floor_ms": None}],
+                   worst_case="decode 1x4096", geomean_ratio=1.5, cases_judged=1),
+    "speedup": common("speedup", alpha=0.05, min_gain=0.03, rounds=6, reps=30, committed_sha256="9a" * 32,
+                      order=["old", "new"], medians_ms={"old": [1.0, 1.1], "new": [0.5, 0.6]},
+                      decision={"old_median_ms": 1.05, "new_median_ms": 0.55, "p_value": 0.001, "wins": True,
+                                "verdict": "faster", "gain": 0.47},
+                      roofline_fraction={"old": 0.1, "new": 0.2}, case="decode 1x4096"),
+    "e2e": common("e2e", unit="e2e:prefill", library={"path": "/tmp/lib.so", "sha256": SHA}, tree_hash="bc" * 20,
+                  commit="de" * 20, tree_matches_head=True, backend_dirs=["cuda"], driver="driver.py", setup={},
+                  calibration={"file": "e2e.json", "sha256": "f0" * 32},
+                  verdict={"ok": True, "reason": "within", "stage": None, "token": None, "worst_ratio": "inf",
+                           "bad_tokens": None},
+                  comparison=None, wall_s={}, error=None, with_candidate={"unit": "mini_gpu_add_tensor",
+                                                                         "candidate_sha256": SHA}),
+}
+MODEL = {"static": E.StaticEvidence, "build": E.BuildEvidence, "parity": E.ParityEvidence, "perf": E.PerfEvidence,
+         "speedup": E.SpeedupEvidence, "e2e": E.E2EEvidence}
+
+
+def test_every_registered_gate_that_writes_evidence_has_its_model():
+    assert set(OLD) == set(registry.names()) - {"extract"}  # a new gate: add its old-shaped record above
+    for gate, model in MODEL.items():
+        assert E.model_for(gate) is model, gate
+    assert E.model_for("extract") is E.Evidence and E.model_for("a gate of long ago") is E.Evidence
+
+
+@pytest.mark.parametrize("gate", sorted(OLD))
+def test_an_old_record_reads_as_version_0_with_every_key_kept(gate):
+    old = OLD[gate]
+    ev = E.evidence_of(old)
+    assert type(ev) is MODEL[gate] and ev.version == 0 and ev.gate == gate and ev.ok is True
+    assert ev.candidate_sha256 == SHA and ev.toolchain.arch == "sm_90" and ev.arch == "sm_90"
+    assert ev.dump() == old  # nothing added (no version stamped on a read), nothing dropped, nothing coerced
+    assert json.dumps(ev.dump(), sort_keys=True) == json.dumps(old, sort_keys=True)
+
+
+@pytest.mark.parametrize("gate", sorted(OLD))
+def test_a_written_record_round_trips(gate, tmp_path):
+    rec = MODEL[gate].record(OLD[gate])
+    assert rec == {**OLD[gate], "schema": E.SCHEMA}  # the writer's keys, and the version
+    sha = store_evidence(tmp_path, rec)
+    back, problem = check_evidence(tmp_path, sha)
+    assert problem is None
+    ev = E.evidence_of(back)
+    assert type(ev) is MODEL[gate] and ev.version == E.SCHEMA and ev.dump() == rec
+    assert MODEL[gate].record(ev.dump()) == rec  # writing what was read changes nothing
+
+
+def test_typed_fields_read_what_the_dict_keys_held():
+    p = E.evidence_of(OLD["parity"])
+    assert p.timing.median_ms == OLD["parity"]["timing"]["median_ms"] and p.timing.get("gbps") == 5.4
+    assert p.regime_name == "device" and p.gpu == "NVIDIA H200" and p.spec.sha256 == "56" * 32
+    assert list(p.timed()) == ["decode 1x4096"] and p.get("a_key_from_the_future") == {"nested": [1, 2.5]}
+    f = E.evidence_of(OLD["perf"])
+    assert (f.ratio, f.limit, f.decided_by, f.worst_case, f.geomean_ratio) == (1.5, 2.0, "known-good", "decode 1x4096", 1.5)
+    assert f.baseline.median_ms == 0.012 and f.baseline.perf_limit.limit == 1.5
+    assert f.baseline.cases["decode 1x4096"].median_ms == 0.012
+    assert f.cases[0].baseline_ms == 0.012 and f.cases[0].get("of_limit") == 0.75
+    b = E.evidence_of(OLD["build"])
+    assert b.linked["mini_gpu_add_tensor"]["role"] == "candidate" and b.library == "/tmp/libminimoe.so"
+    assert b.object_sha256 == "ab" * 32
+    e = E.evidence_of(OLD["e2e"])
+    assert e.verdict.ok is True and e.verdict.get("worst_ratio") == "inf" and e.tree_matches_head is True
+    assert e.with_candidate.candidate_sha256 == SHA
+    s = E.evidence_of(OLD["speedup"])
+    assert s.decision.new_median_ms == 0.55 and s.decision.get("gain") == 0.47
+
+
+def test_a_regime_recorded_as_a_bare_word_still_reads():
+    p = E.evidence_of(dict(OLD["parity"], regime="host"))
+    assert p.regime_name == "host"
+
+
+def test_numbers_keep_their_type_and_nothing_is_coerced():
+    p = E.evidence_of(dict(OLD["parity"], timing=dict(TIMING, median_ms=3)))
+    assert p.timing.median_ms == 3 and type(p.timing.median_ms) is int
+    for bad, where in ((dict(OLD["parity"], ok="yes"), "ok"), (dict(OLD["perf"], ratio="1.5"), "ratio"),
+                       (dict(OLD["parity"], timing="fast"), "timing"),
+                       (dict(OLD["perf"], cases=[{"case": 3}]), "cases.0.case"),
+                       (dict(OLD["e2e"], verdict={"ok": 1}), "verdict.ok")):
+        with pytest.raises(E.EvidenceError) as err:
+            E.evidence_of(bad)
+        msg = str(err.value)
+        assert "\n" not in msg and f": {where}: " in msg and msg.startswith("malformed"), msg
+        assert err.value.exit_code == 3
+
+
+def test_a_record_that_is_not_an_object_is_refused():
+    for bad in ([1, 2], "parity", 3):
+        with pytest.raises(E.EvidenceError):
+            E.evidence_of(bad)
+    assert E.problem(OLD["perf"]) is None and "ratio" in E.problem(dict(OLD["perf"], ratio=[1]))
+
+
+def test_speed_reads_the_same_values_the_dict_keys_held():
+    """status's and report's speed column (perf.speed), computed from typed records, equals the figures the
+    records hold under their keys."""
+    s = perf.speed([OLD["parity"], OLD["perf"]])
+    assert s["time_ms"] == OLD["perf"]["candidate"]["median_ms"] and s["case"] == OLD["perf"]["candidate"]["case"]
+    assert s["x_known_good"] == OLD["perf"]["ratio"] and s["limit"] == OLD["perf"]["limit"]
+    assert s["known_good_ms"] == OLD["perf"]["baseline"]["median_ms"] and s["regime"] == "device"
+    assert s["geomean_x_known_good"] == OLD["perf"]["geomean_ratio"] and s["cases_judged"] == 1
+    assert s["pct_roofline"] == pytest.approx(100 * 0.004 / 0.018)
+    assert perf.speed([OLD["parity"]])["time_ms"] == TIMING["median_ms"]
+    with pytest.raises(E.EvidenceError):
+        perf.speed([dict(OLD["perf"], ratio="fast")])
+
+
+def test_cases_of_reads_through_the_model():
+    assert perf.cases_of(OLD["parity"]) == {TIMING["case"]: TIMING}
+    assert perf.cases_of(E.evidence_of(OLD["parity"])) == {TIMING["case"]: TIMING}
