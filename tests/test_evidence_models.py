@@ -155,3 +155,57 @@ def test_speed_reads_the_same_values_the_dict_keys_held():
 def test_cases_of_reads_through_the_model():
     assert perf.cases_of(OLD["parity"]) == {TIMING["case"]: TIMING}
     assert perf.cases_of(E.evidence_of(OLD["parity"])) == {TIMING["case"]: TIMING}
+
+
+# ---- where commands read evidence: status, report, perf's baseline -----------------------------------
+
+def test_status_speed_read_through_the_models_is_what_the_records_hold(tmp_path):
+    from porter.commands.status import derive
+    from ws_builder import TARGET, make_workspace
+
+    ws = make_workspace(tmp_path / "ws")
+    timing = {"case": "rows 4096", "median_ms": 0.02, "roofline_ms": 0.005, "regime": "device"}
+    perf_facts = {"decided_by": "known-good", "ratio": 1.25, "limit": 2.0, "cases_judged": 2, "geomean_ratio": 1.1,
+                  "baseline": {"case": "rows 4096", "median_ms": 0.016}}  # the time: parity's timed case
+    ws.port("mini_gpu_swiglu_tensor", timing=timing, perf_facts=perf_facts)
+    u = derive(ws.root, TARGET).unit("mini_gpu_swiglu_tensor")
+    assert u.state == "verified", u.reason
+    assert (u.speed["time_ms"], u.speed["x_known_good"], u.speed["limit"], u.speed["known_good_ms"]) == (0.02, 1.25, 2.0, 0.016)
+    assert (u.speed["case"], u.speed["regime"], u.speed["cases_judged"], u.speed["geomean_x_known_good"]) == \
+        ("rows 4096", "device", 2, 1.1)
+    assert u.speed["pct_roofline"] == pytest.approx(25.0)
+
+
+def test_a_malformed_record_is_one_line_where_status_and_report_read_it(tmp_path, capsys):
+    """Intact (it hashes to its name, the signed step names it) but not what porter writes: status says so in
+    one line (the unit is tampered), the report shows it beside the evidence, the command does not crash."""
+    from porter import cli
+    from porter.commands.status import derive
+    from porter.report.collect import _evidence
+    from ws_builder import TARGET, make_workspace
+
+    ws = make_workspace(tmp_path / "ws")
+    step, _ = ws.port("mini_gpu_swiglu_tensor", perf_facts={"decided_by": "known-good", "ratio": "1.2x"})
+    u = derive(ws.root, TARGET).unit("mini_gpu_swiglu_tensor")
+    assert u.state == "tampered" and "not what porter writes" in u.reason and "ratio" in u.reason, u.reason
+    assert "\n" not in u.reason
+    bad = [e for e in _evidence(ws.root, step["evidence"]) if e["problem"]]
+    assert len(bad) == 1 and "malformed perf evidence" in bad[0]["problem"] and bad[0]["data"]["ratio"] == "1.2x"
+    capsys.readouterr()
+    assert cli.main(["-C", str(ws.root), "status"]) == 3
+    out = capsys.readouterr()
+    assert "Traceback" not in out.out + out.err and "not what porter writes" in out.out + out.err
+
+
+def test_a_malformed_calibration_record_is_one_line_where_perf_reads_its_baseline(tmp_path):
+    from porter.records.history import History
+    from porter.records.ledger import Ledger
+
+    ws = tmp_path
+    ev = store_evidence(ws, {"target": "minimoe", "unit": "u", "gate": "parity", "ok": True, "candidate_sha256": None,
+                             "toolchain": {}, "timing": {"case": "c", "median_ms": "fast"}})
+    Ledger(ws).append("calibration", target="minimoe", unit="u", ok=True, spec_sha256=SHA, known_good="k",
+                      evidence=ev, summary="")
+    with pytest.raises(E.EvidenceError) as err:
+        perf.baseline(History.read(ws, "minimoe"), "u", SHA)
+    assert "\n" not in str(err.value) and "timing.median_ms" in str(err.value)

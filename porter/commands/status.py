@@ -65,6 +65,7 @@ from porter.records import witness
 from porter.errors import PorterError
 from porter.records.evidence import check_evidence, evidence_problem
 from porter.gates import archs as gate_archs, registry, static
+from porter.gates.evidence import E2EEvidence, Evidence, EvidenceError, SpeedupEvidence, WithCandidate, evidence_of
 from porter.gates.driver import Candidate, GateContext
 from porter.gates.e2e.state import E2E_UNIT, prefill_line, prefill_status
 from porter.gates.perf import speed, speed_cell, speed_line, speed_summary
@@ -353,13 +354,23 @@ class Integrity:
 
 
 class EvidenceCache:
+    """sha -> (the record as its gate's model, None) when ledger/evidence/<sha>.json is intact and reads as
+    its gate's evidence (porter.gates.evidence), else (None, the one-line problem): each file read once."""
+
     def __init__(self, workspace: Path):
         self.workspace = workspace
-        self._seen: dict[str, tuple[dict | None, str | None]] = {}
+        self._seen: dict[str, tuple[Evidence | None, str | None]] = {}
 
-    def __call__(self, sha: str) -> tuple[dict | None, str | None]:
+    def __call__(self, sha: str) -> tuple[Evidence | None, str | None]:
         if sha not in self._seen:
-            self._seen[sha] = check_evidence(self.workspace, sha)
+            data, problem = check_evidence(self.workspace, sha)
+            typed = None
+            if problem is None:
+                try:
+                    typed = evidence_of(data)
+                except EvidenceError as exc:
+                    problem = f"evidence {sha[:12]} is not what porter writes: {exc}"
+            self._seen[sha] = (typed, problem)
         return self._seen[sha]
 
 
@@ -445,18 +456,17 @@ def check_integrity(target: Target, history: History, ledger_integrity, data: by
             ev, problem = evidence(sha)
             if problem:
                 flag(step.unit, problem)
-            elif ev.get("gate") in registry.names(registry.BACKEND) and ev.get("unit") == E2E_UNIT \
-                    and ev.get("target") == target.name:
+            elif isinstance(ev, E2EEvidence) and ev.unit == E2E_UNIT and ev.target == target.name:
                 # an optimize step carries the e2e run of the backend built with its candidate
-                ran = ev.get("with_candidate") or {}
-                if ran.get("unit") != step.unit or ran.get("candidate_sha256") != step.candidate_sha256:
+                ran = ev.with_candidate or WithCandidate()
+                if ran.unit != step.unit or ran.candidate_sha256 != step.candidate_sha256:
                     flag(step.unit, f"e2e evidence {sha[:12]} ran the backend with "
-                                    f"{ran.get('unit') or 'no unit'}'s candidate {_short(ran.get('candidate_sha256'))}, "
+                                    f"{ran.unit or 'no unit'}'s candidate {_short(ran.candidate_sha256)}, "
                                     f"not this step's {_short(step.candidate_sha256)} (swapped)")
-            elif ev.get("unit") != step.unit or ev.get("target") != target.name:
-                flag(step.unit, f"evidence {sha[:12]} is for {ev.get('target')}/{ev.get('unit')}, not this unit (swapped)")
-            elif ev.get("candidate_sha256") != step.candidate_sha256:
-                flag(step.unit, f"evidence {sha[:12]} judged candidate {_short(ev.get('candidate_sha256'))}, not the step's {_short(step.candidate_sha256)}")
+            elif ev.unit != step.unit or ev.target != target.name:
+                flag(step.unit, f"evidence {sha[:12]} is for {ev.target}/{ev.unit}, not this unit (swapped)")
+            elif ev.candidate_sha256 != step.candidate_sha256:
+                flag(step.unit, f"evidence {sha[:12]} judged candidate {_short(ev.candidate_sha256)}, not the step's {_short(step.candidate_sha256)}")
     step_evidence = {e for s in steps.values() for e in s.evidence}
     for g in history.mine:  # refused attempts' evidence too (the audit and the report quote it): intact is
         # enough, since the signed gate record names it by hash (parsing 4k files would double status's time)
@@ -643,7 +653,7 @@ def _from_step(uh: UnitHistory, step: Step, f: UnitFile, evidence, committed: se
             # a verdict holds for the GPU kinds it ran on: one required kind without it is no verification
             return "built", (reason + f"; {', '.join(missing)} not measured (required; no passing parity on a "
                              "GPU of that kind): not verified")
-    if state == "verified" and evidence(proof)[0].get("sandbox") == "none":
+    if state == "verified" and evidence(proof)[0].sandbox == "none":
         return UNSANDBOXED, reason + "; the candidate ran outside the sandbox (--unsafe-no-sandbox)"
     if state == "verified" and not all(_passing(step, g, f.sha256, evidence)  # perf
                                        for g in registry.names(registry.UNIT, role=registry.SPEED)):
@@ -653,26 +663,25 @@ def _from_step(uh: UnitHistory, step: Step, f: UnitFile, evidence, committed: se
 
 def _passing(step: Step, gate: str, sha256: str, evidence) -> str | None:
     """The step's first evidence record of a passing `gate` run on this file content, or None."""
-    return next((sha for sha in step.evidence if (ev := evidence(sha)[0]) and ev.get("gate") == gate
-                 and ev.get("ok") is True and not ev.get("skipped") and ev.get("candidate_sha256") == sha256), None)
+    return next((sha for sha in step.evidence if (ev := evidence(sha)[0]) and ev.passing(gate, sha256)), None)
 
 
-def unmeasured(parity_evidence: dict | None, required: tuple[str, ...]) -> list[str]:
+def unmeasured(parity_evidence: dict | Evidence | None, required: tuple[str, ...]) -> list[str]:
     """The required architectures a parity evidence record holds no passing verdict for."""
     got = gate_archs.verdicts(parity_evidence)
     return [a for a in required if got.get(a) is not True]
 
 
-def _ran_on(ev: dict | None) -> str:
+def _ran_on(ev: Evidence | None) -> str:
     """"; parity ran on sm_121 (NVIDIA GB10, host spark-2)": the GPU kind a verification holds for, from
     its parity evidence (the host and GPU the worker's harness named, the architecture the child saw);
     "; parity passed on sm_90, sm_121" for a run on several required kinds."""
-    ev = ev if isinstance(ev, dict) else {}
-    if isinstance(ev.get("archs"), dict):
+    ev = ev if isinstance(ev, Evidence) else Evidence()
+    if ev.archs is not None:
         passed = [a for a, ok in gate_archs.verdicts(ev).items() if ok]
         return f"; parity passed on {', '.join(passed)}" if passed else ""
-    tc = ev.get("toolchain") if isinstance(ev.get("toolchain"), dict) else {}
-    arch, gpu, host = tc.get("arch"), tc.get("gpu"), tc.get("host")
+    tc = ev.toolchain
+    arch, gpu, host = (tc.arch, tc.gpu, tc.host) if tc is not None else (None, None, None)
     if not arch:
         return ""
     said = ", ".join(x for x in (str(gpu) if gpu else "", f"host {host}" if host else "") if x)
@@ -777,14 +786,14 @@ def derive(
                         prefill={"state": p_state, "commit": p_commit, "reason": p_reason})
 
 
-def _judging_evidence(uh: UnitHistory, state: str, f: UnitFile, evidence) -> list[dict]:
+def _judging_evidence(uh: UnitHistory, state: str, f: UnitFile, evidence) -> list[Evidence]:
     """The evidence a unit's state rests on, as far as GPU kinds go: the latest step's parity (and perf)
     for the current file where it is verified or built; the refusing gate's where it is failing."""
     if state in VERIFIED_STATES or state == "built":
         step = uh.last_step
         ran = registry.names(registry.UNIT, runs_candidate=True)  # parity and perf: they ran it on a GPU
         return [ev for sha in (step.evidence if step else []) if (ev := evidence(sha)[0])
-                and ev.get("gate") in ran and ev.get("candidate_sha256") == f.sha256]
+                and ev.gate in ran and ev.candidate_sha256 == f.sha256]
     if state in ("failing", "exhausted") and uh.failures:
         last = uh.refutation or uh.failures[-1]
         return [ev for g in uh.gates_of(last.attempt) if g.gate == last.gate and not g.ok and g.evidence
@@ -839,12 +848,12 @@ def speedups_landed(uh, evidence) -> list[dict]:
         if step.attempt not in won:
             continue
         for sha in step.evidence:
-            ev = evidence(sha)[0] or {}
-            d = ev.get("decision") or {}
-            if ev.get("gate") in judges and ev.get("ok") is True and d.get("new_median_ms"):
-                out.append({"attempt": step.attempt, "x": d["old_median_ms"] / d["new_median_ms"],
-                            "p_value": d.get("p_value"), "before_ms": d["old_median_ms"],
-                            "after_ms": d["new_median_ms"], "evidence": sha})
+            ev = evidence(sha)[0]
+            d = ev.decision if isinstance(ev, SpeedupEvidence) else None
+            if d is not None and ev.gate in judges and ev.ok is True and d is not None and d.new_median_ms:
+                out.append({"attempt": step.attempt, "x": d.old_median_ms / d.new_median_ms,
+                            "p_value": d.p_value, "before_ms": d.old_median_ms,
+                            "after_ms": d.new_median_ms, "evidence": sha})
     return out
 
 

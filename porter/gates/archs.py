@@ -17,12 +17,13 @@ from __future__ import annotations
 from typing import Callable
 
 from porter.host import arch as gpu_arch
+from porter.gates.evidence import Evidence
 from porter.gates.result import GateResult
 
 
 def arch_of(evidence: dict | None) -> str | None:
     """The GPU architecture a parity evidence record's child ran on ("sm_90"), None for the host stand-in."""
-    return ((evidence or {}).get("toolchain") or {}).get("arch") or None
+    return Evidence.of(evidence).arch
 
 
 def across(required: tuple[str, ...], served: tuple[str, ...], run_one: Callable[[str], GateResult],
@@ -76,18 +77,15 @@ def across(required: tuple[str, ...], served: tuple[str, ...], run_one: Callable
 
 def measured(evidence: dict | None) -> dict[str, dict]:
     """{arch: that kind's own evidence} for every kind a combined record holds a passing run of."""
-    per_arch = (evidence or {}).get("archs")
-    return {a: v["evidence"] for a, v in per_arch.items() if isinstance(v, dict) and v.get("ok") is True
-            and isinstance(v.get("evidence"), dict)} if isinstance(per_arch, dict) else {}
+    per_arch = Evidence.of(evidence).archs or {}
+    return {a: v.evidence for a, v in per_arch.items() if v.ok is True and v.evidence is not None}
 
 
 def verdicts(evidence: dict | None) -> dict[str, bool]:
     """{arch: passed} of one parity (or perf) evidence record: its per-architecture runs where it has them, else
     the one architecture its child saw (none for the host stand-in).  A kind not measured is absent."""
-    ev = evidence if isinstance(evidence, dict) else {}
-    per_arch = ev.get("archs")
-    if isinstance(per_arch, dict):
-        got = {a: v.get("ok") is True for a, v in per_arch.items() if isinstance(v, dict) and v.get("measured")}
+    ev = Evidence.of(evidence if isinstance(evidence, (dict, Evidence)) else None)
+    if ev.archs is not None:
+        got = {a: v.ok is True for a, v in ev.archs.items() if v.measured}
         return dict(sorted(got.items(), key=lambda kv: gpu_arch.order(kv[0])))
-    arch = arch_of(ev)
-    return {arch: ev.get("ok") is True} if arch else {}
+    return {ev.arch: ev.ok is True} if ev.arch else {}

@@ -38,7 +38,7 @@ import statistics
 from porter.records.evidence import gate_facts, load_evidence
 from porter.gates import archs
 from porter.gates.archs import arch_of
-from porter.gates.evidence import ParityEvidence, PerfEvidence, evidence_of
+from porter.gates.evidence import Evidence, ParityEvidence, PerfEvidence, evidence_of
 from porter.gates.result import GateResult
 
 MIN_LIMIT = 1.25  # the tightest limit: no candidate is refused for being within 25% of the known-good
@@ -432,7 +432,7 @@ def speed(evidences: list[dict]) -> dict | None:
     out: dict = {}
     judged: dict = {}
     for d in evidences:
-        if d is None or isinstance(d, (str, int, float, list)):
+        if not isinstance(d, (dict, Evidence)):
             continue
         ev = evidence_of(d)  # a malformed record: EvidenceError, one line
         if ev.gate == "parity" and isinstance(ev, ParityEvidence) and ev.timing is not None:

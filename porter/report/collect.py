@@ -15,6 +15,7 @@ from porter.commands.audit import audit
 from porter.gates import mutants
 from porter.errors import PorterError
 from porter.records.evidence import check_evidence
+from porter.gates.evidence import problem as malformed
 from porter.gates import registry
 from porter.records.history import Attempt, Failure, History, Step
 from porter.records.ledger import load_key
@@ -99,6 +100,8 @@ def _evidence(workspace: Path, shas: list[str]) -> list[dict]:
     out = []
     for sha in shas:
         ev, problem = check_evidence(workspace, sha)
+        if problem is None and (bad := malformed(ev)):  # intact, but not what porter writes
+            problem = f"evidence {sha[:12]} is not what porter writes: {bad}"
         out.append({"sha256": sha, "problem": problem, "data": ev or {}})
     return out
 

@@ -13,6 +13,7 @@ from pygments.lexers import get_lexer_by_name
 
 from porter.report.collect import SiteData, UnitPage, unit_page_name
 from porter.gates import registry
+from porter.gates.evidence import ParityEvidence, PerfEvidence, evidence_of
 from porter.gates.perf import speed, speed_line
 from porter.report.graph import critical_path_svg, legend_html
 from porter.commands.status import CRITICAL_TIERS, STATES, counts_line, speedups_line, state_label
@@ -57,15 +58,14 @@ def perf_of(u: UnitPage) -> dict | None:
     output = registry.names(registry.UNIT, role=registry.OUTPUT)  # parity: it times the calls it checks
     timed = registry.names(registry.UNIT, role=registry.SPEED)  # perf
     perf: dict = {}
-    for e in u.evidence:
-        d = e["data"]
-        if d.get("gate") in output and isinstance(d.get("timing"), dict):
-            perf.update(d["timing"])
-        if d.get("gate") in timed:
-            perf.update({"ratio": d.get("ratio"), "baseline_ms": (d.get("baseline") or {}).get("median_ms"),
-                         "max_slowdown": d.get("limit") or d.get("max_slowdown"),
-                         "limit_basis": d.get("limit_basis")})
-    s = speed([e["data"] for e in u.evidence])
+    readable = [evidence_of(e["data"]) for e in u.evidence if not e["problem"]]  # collect checked each
+    for d in readable:
+        if d.gate in output and isinstance(d, ParityEvidence) and d.timing is not None:
+            perf.update(d.timing.dump())
+        if d.gate in timed and isinstance(d, PerfEvidence):
+            perf.update({"ratio": d.ratio, "baseline_ms": d.baseline.median_ms if d.baseline else None,
+                         "max_slowdown": d.limit or d.max_slowdown, "limit_basis": d.limit_basis})
+    s = speed(readable)
     if s:
         perf.update(regime=s.get("regime"), pct_roofline=s.get("pct_roofline"), below_half=s.get("below_half"))
     if perf and not perf.get("ratio"):
