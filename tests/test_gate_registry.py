@@ -1,11 +1,14 @@
 """One registry of gates: a gate only a test knows (one module, one registry entry, no other file
-changed) is run by run_gates, `porter optimize` and `status --reverify`, ordered by `porter report`,
-and, declared as counting toward verified, is what a verified step must stand on."""
+changed) is run by run_gates, `porter run`, `porter optimize`, calibration and `status --reverify`,
+ordered by `porter report` and listed among a unit's evidence there, and, declared as counting toward
+verified, is what a verified step must stand on.  And one route for a candidate: the answer becomes a
+typed Candidate (extract) before any of those gates judges it."""
 
 from __future__ import annotations
 
 import json
 import re
+import subprocess
 import textwrap
 import types
 from dataclasses import replace
@@ -167,3 +170,155 @@ def test_a_gate_that_counts_toward_verified_is_what_a_verified_step_stands_on(li
     assert rows[UNIT].state == "tampered" and "lint" in rows[UNIT].reason, rows[UNIT].reason
     assert rows[OTHER].state == "verified", rows[OTHER].reason
     assert rows[OTHER].reason.startswith("parity evidence")  # the GPU gate's evidence is the one quoted
+
+
+# ---- a gate judging output, registered by a test: porter run, calibration, status and the report ----
+
+VET_MODULE = "porter_test_vet_gate"
+VET_MARK = "// vet: refuse me\n"
+
+
+@pytest.fixture
+def vet(lint, tmp_path, monkeypatch):
+    """The lint fixture's registry plus 'vet': a gate judging output (it uses the library, counts toward
+    verified) that reads the candidate's source, or the library file where the candidate is a prebuilt
+    library (calibration), and refuses what carries its mark; on the CPU, after parity's stand-in."""
+    (tmp_path / "mods" / f"{VET_MODULE}.py").write_text(textwrap.dedent(f'''
+        from pathlib import Path
+
+        from porter.gates.result import GateResult
+
+        seen = []
+
+        def run(candidate, ctx):
+            judged = candidate.source or Path(ctx.library).read_text(errors="replace")
+            seen.append((candidate.unit, "source" if candidate.source else "library"))
+            ok = {VET_MARK!r} not in judged
+            return GateResult("vet", ok, "vet ok" if ok else "vet: refused", check=None if ok else "vet")
+    '''))
+    vet_gate = registry.Gate("vet", VET_MODULE, role=registry.OUTPUT, uses=(registry.LIBRARY_FILE,), verifies=True)
+    gates = list(registry.ACTIVE)
+    gates.insert(registry.names().index("parity") + 1, vet_gate)
+    monkeypatch.setattr(registry, "ACTIVE", tuple(gates))
+    assert registry.problems() == []
+    mod = registry.get("vet").load()
+    mod.seen.clear()
+    return mod
+
+
+def _scripted(target, unit: str, answers: list[tuple[str, str]]) -> None:
+    """The workspace's scripted manifest: `answers` (text, the gate expected to refuse it or 'pass')."""
+    scripted = target.scripted_dir
+    entries = []
+    for n, (text, expect) in enumerate(answers, 1):
+        (scripted / "route").mkdir(parents=True, exist_ok=True)
+        (scripted / "route" / f"{n}.md").write_text(text)
+        entries.append(f'[[answer]]\nunit = "{unit}"\nfile = "route/{n}.md"\nexpect = "{expect}"\nwhy = "answer {n}"\n')
+    (scripted / "manifest.toml").write_text("\n".join(entries))
+    subprocess.run(["git", "-C", str(target.workspace), "add", "-A"], check=True, capture_output=True)
+    subprocess.run(["git", "-C", str(target.workspace), "commit", "-qm", "the route's answers"], check=True,
+                   capture_output=True)
+
+
+def test_porter_run_runs_the_registered_gate_and_the_report_shows_its_evidence(vet, tmp_path, monkeypatch, capsys):
+    """`porter run` (scripted provider on minimoe): the answer is extracted first (prose refused there,
+    recorded as an attempt with no candidate), then vet judges each candidate in its registry place: its
+    refusal is the attempt's, its pass is evidence of the step, and the report lists that evidence."""
+    import porter.run as run_command
+    from porter.gates import parity
+    from porter.records.ledger import Ledger
+
+    monkeypatch.setattr(parity, "available", lambda: (True, "stand-in"))  # parity's stand-in runs
+    monkeypatch.setattr(run_command, "preflight", lambda *a, **k: None)
+    monkeypatch.setattr(run_command, "check_environment", lambda *a, **k: None)  # build is a stand-in
+    monkeypatch.setattr(run_command, "take_baselines", lambda *a, **k: None)
+    from porter.target import load_target
+    from porter.workspace import init_workspace
+
+    root = init_workspace(tmp_path / "ws", [TARGET])
+    good = f"```cuda\n{SOURCES[UNIT]}```\n"
+    _scripted(load_target(root, TARGET), UNIT, [("I would write a kernel here.\n", "extract"),
+                                               (f"```cuda\n{VET_MARK}{SOURCES[UNIT]}```\n", "vet"), (good, "pass")])
+    assert main(["-C", str(root), "run", "--target", TARGET, "--provider", "scripted", "--unit", UNIT,
+                 "--max-attempts", "3"]) == 0, capsys.readouterr()
+    assert vet.seen == [(UNIT, "source"), (UNIT, "source")]  # the prose never became a candidate
+    records = [r for r in Ledger(root).records() if r.get("unit") == UNIT]
+    attempts = [r for r in records if r["kind"] == "attempt"]
+    assert [a["candidate_sha256"] is None for a in attempts] == [True, False, False]
+    assert [r["gate"] for r in records if r["kind"] == "failure"] == ["extract", "vet"]
+    gates = [(r["attempt"], r["gate"]) for r in records if r["kind"] == "gate"]
+    assert gates == [(1, "extract"), (2, "extract"), (2, "lint"), (2, "static"), (2, "build"), (2, "parity"),
+                     (2, "vet"), (3, "extract"), (3, "lint"), (3, "static"), (3, "build"), (3, "parity"),
+                     (3, "vet"), (3, "perf")]
+    # every attempt record comes before the gate records of its attempt (the route writes it)
+    kinds = [(r["kind"], r.get("attempt")) for r in records if r["kind"] in ("attempt", "gate")]
+    assert all(kinds.index(("attempt", n)) < kinds.index(("gate", n)) for n in (1, 2, 3))
+    (step,) = [r for r in records if r["kind"] == "step"]
+    assert step["attempt"] == 3 and step["state"] == registry.VERIFIED  # vet and parity's stand-in passed
+
+    page = (build(root, TARGET, tmp_path / "site").parent / "units" / f"{UNIT}.html").read_text()
+    evidence = page[page.index('id="evidence"'):]
+    assert re.search(r"<h3>vet <code>", evidence), evidence[:2000]  # the step's vet evidence, listed
+
+
+def test_calibration_runs_the_registered_gate_on_the_known_good(vet, tmp_path):
+    """Calibration's known-good path runs every unit gate judging output, asked of the registry: vet
+    reads the known-good library (a typed library candidate) and its refusal is the known-good's."""
+    from porter.calibration.calibrator import CalibrateOptions, calibrate
+
+    ws = make_workspace(tmp_path / "ws")
+    lib = tmp_path / "libknown_good.so"
+
+    class KnownGood:
+        describe = "a stand-in known-good library"
+
+        def prepare(self, mutants, progress):
+            pass
+
+        def known_good(self):
+            return lib
+
+        def has(self, unit):
+            return True
+
+    opts = CalibrateOptions(ws.root, units=[UNIT], with_mutants=False, ledger=False, variants=False, jobs=1)
+    lib.write_text("a library\n")
+    (row,) = calibrate(ws.target, KnownGood(), opts, out=lambda line: None)["rows"]
+    assert (row["kind"], row["got"], row["ok"]) == ("known-good", "pass", True)
+    lib.write_text(f"a library\n{VET_MARK}")
+    (row,) = calibrate(ws.target, KnownGood(), opts, out=lambda line: None)["rows"]
+    assert (row["kind"], row["got"], row["ok"]) == ("known-good", "vet", False)
+    assert vet.seen == [(UNIT, "library"), (UNIT, "library")]
+
+
+def test_status_wants_the_registered_gates_passing_evidence_for_verified(vet, tmp_path):
+    """vet counts toward verified: a step recorded verified without a passing vet record behind it is not
+    verified; with one it is."""
+    ws = make_workspace(tmp_path / "ws")
+    ws.port(UNIT, 1, state="verified")  # static, build, parity and perf records: no vet
+    source = SOURCES[OTHER]
+    cand = ws.write_unit(OTHER, source)
+    ws.attempt(OTHER, 1, source)
+    evidence = [ws.gate(OTHER, 1, g, True, cand)[1] for g in ("lint", "static", "build", "parity", "vet", "perf")]
+    ws.commit_step(ws.ledger.append("step", target=TARGET, unit=OTHER, attempt=1, state="verified",
+                                    candidate_sha256=cand, unit_file=ws.rel(ws.unit_path(OTHER)), evidence=evidence))
+    rows = {u.unit: u for u in derive(ws.root, target=ws.target).units}
+    assert rows[UNIT].state != "verified" and "vet" in rows[UNIT].reason, rows[UNIT].reason
+    assert rows[OTHER].state == "verified", rows[OTHER].reason
+
+
+def test_the_answer_becomes_a_typed_candidate_before_any_unit_gate(lint, tmp_path):
+    """The route's first step: extract_candidate runs the answer gates on the answer and returns the typed
+    candidate (its provenance the answer's); run_gates judges candidates only."""
+    from porter.gates.driver import Answer, Provenance, extract_candidate
+
+    ws = make_workspace(tmp_path / "ws")
+    prov = Provenance("scripted", "scripted:good.md", "p" * 64, "r" * 64, 4)
+    ctx = GateContext(ws.target, ws.root)
+    made = extract_candidate(Answer(UNIT, f"Here:\n```cuda\n{SOURCES[UNIT]}```\n", prov), ctx)
+    assert [verdict_word(r) for r in made.results] == ["extract ok"] and lint.seen == []  # no unit gate yet
+    assert made.candidate == Candidate.of(UNIT, SOURCES[UNIT], prov)
+    refused = extract_candidate(Answer(UNIT, "prose only", prov), GateContext(ws.target, ws.root))
+    assert refused.candidate is None and [verdict_word(r) for r in refused.results] == ["extract REFUSED"]
+    with pytest.raises(ValueError, match="judge"):
+        run_gates(made.candidate, ctx, gates=registry.names())
