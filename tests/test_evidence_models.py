@@ -103,7 +103,8 @@ def test_typed_fields_read_what_the_dict_keys_held():
     assert f.baseline.cases["decode 1x4096"].median_ms == 0.012
     assert f.cases[0].baseline_ms == 0.012 and f.cases[0].get("of_limit") == 0.75
     b = E.evidence_of(OLD["build"])
-    assert b.linked["mini_gpu_add_tensor"]["role"] == "candidate" and b.library == "/tmp/libminimoe.so"
+    assert b.linked["mini_gpu_add_tensor"].role == "candidate" and b.linked["mini_gpu_add_tensor"].placeholder is False
+    assert b.library == "/tmp/libminimoe.so"
     assert b.object_sha256 == "ab" * 32
     e = E.evidence_of(OLD["e2e"])
     assert e.verdict.ok is True and e.verdict.get("worst_ratio") == "inf" and e.tree_matches_head is True

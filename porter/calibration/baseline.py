@@ -22,6 +22,7 @@ from porter.calibration.libraries import BuildError, UpstreamLibraries
 from porter.errors import PorterError
 from porter.gates.driver import ParityOptions
 from porter.spec import load_specs
+from porter.gates.evidence import ParityEvidence
 from porter.gates.perf import baseline as perf_baseline, perf_settings
 
 PARALLEL_SPECS = 6
@@ -80,8 +81,8 @@ def take_baselines(target, workspace: Path, history, units: list[str], ledger, l
         for unit, res, secs in pool.map(one, todo):
             done += 1
             passed[unit] = res.ok
-            timing = (res.evidence or {}).get("timing") or {}
-            what = (f"{timing['median_ms']:.4g} ms on {timing.get('case')!r}" if res.ok and timing.get("median_ms")
+            timing = ParityEvidence.of(res.evidence).timing
+            what = (f"{timing.median_ms:.4g} ms on {timing.case!r}" if res.ok and timing and timing.median_ms
                     else res.summary[:200])
             line(f"  [{done}/{len(todo)}] {unit}: {'ok' if res.ok else 'KNOWN-GOOD REFUSED'}: {what} ({secs:.1f} s)")
             records[unit] = {"ok": False, "known_good_ok": res.ok, "mutants": 0, "mutants_rejected": 0,

@@ -35,13 +35,15 @@ from porter.gates.mutants import perf_rule_mutants
 from porter.gates import perf
 from porter.gates.driver import ParityOptions
 from porter.gates.parity.gate import fresh_seeds
+from porter.gates.evidence import ParityEvidence
 from porter.spec import load_specs
 
 PARALLEL_SPECS = 4  # inputs and references built side by side; the GPU runs still take turns
 
 
 def _timing(res) -> dict:
-    return (res.evidence or {}).get("timing") or {}
+    timing = ParityEvidence.of(res.evidence).timing
+    return timing.dump() if timing is not None else {}
 
 
 def _regime_run(target, unit, lib, opts: CalibrateOptions, seeds, regime: str | None, fresh: bool = False):
@@ -216,8 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         first, seeds = firsts[m.unit]
         mrows.append(judge_mutant(target, m, libs, opts, first, seeds))
         print(f"  mutant {m.name}: want {m.must_fail_check}, got {mrows[-1]['got']}", flush=True)
-    device = next((((f.evidence or {}).get("device") or {}).get("name") for f, _ in firsts.values()
-                   if (f.evidence or {}).get("device")), "unknown GPU")
+    device = next((gpu for f, _ in firsts.values() if (gpu := ParityEvidence.of(f.evidence).gpu)), "unknown GPU")
     seconds = time.monotonic() - t0
     text = render(target, rows, mrows, regimes, seconds, device) + "\n```toml\n" + floors_block(target, rows) + "```\n"
     out = Path(args.out)

@@ -228,6 +228,13 @@ class StaticEvidence(Evidence):
     runtime_unit: bool | None = None
 
 
+class LinkedUnit(Open):
+    """One unit's file in the library a build linked (porter.gates.build: Member.facts)."""
+    sha256: str | None = None
+    role: str | None = None  # "candidate", "called", "placeholder", ...
+    placeholder: bool | None = None
+
+
 class BuildEvidence(Evidence):
     stage: str | None = None
     object_sha256: str | None = None
@@ -235,7 +242,7 @@ class BuildEvidence(Evidence):
     compile_seconds: Num | None = None
     others_compile_seconds: Num | None = None
     link_seconds: Num | None = None
-    linked: dict[str, dict] | None = None  # unit -> its link facts (role, sha256, ...)
+    linked: dict[str, LinkedUnit] | None = None  # every unit's file in the library
     library: str | None = None  # the linked library's path
     compile_steps_ms: dict[str, Num] | None = None
 

@@ -22,6 +22,7 @@ from porter.calibration.libraries import BuildError
 from porter.gates.mutants import Mutant
 from porter.calibration.mutate.objects import DISTINCT, Built
 from porter.errors import PorterError
+from porter.gates.evidence import ParityEvidence
 from porter.gates.parity.gate import fresh_seeds
 
 # a mutant's time limit: this many times the known-good's run, at least MIN_TIMEOUT_S, at most the spec's
@@ -75,7 +76,7 @@ def run_unit(target, libs, good, unit: str, built: list[Built], opts, run=None) 
     res = run(lambda: calibrator.parity_on_library(target, unit, good, opts, seeds=seeds))
     kg_seconds = time.monotonic() - t0
     facts = {"ok": res.ok, "word": res.word, "summary": res.summary[:300], "seconds": round(kg_seconds, 2),
-             "device": ((res.evidence or {}).get("device") or {}).get("name")}
+             "device": ParityEvidence.of(res.evidence).gpu}
     mine = [b for b in built if b.status == DISTINCT]
     if not res.ok:
         why = f"the known-good was refused ({res.word}): {res.summary[:200]}"

@@ -41,6 +41,7 @@ from pathlib import Path
 from porter.host import sandbox
 from porter.target.cparse import calls_to
 from porter.gates import archs
+from porter.gates.evidence import BuildEvidence
 from porter.gates.parity import executors
 from porter.gates.parity.gate import prepare_cases, run_spec
 from porter.gates.parity.scenario import blocked_by, placeholders_among, scenario_uses
@@ -74,7 +75,7 @@ def waiting_on(target, spec, candidate, linked: dict | None = None) -> str | Non
     `linked` is the build gate's record of the library under test: with --jobs N a unit it calls can be
     committed between that link and this check (ds4's tensor_copy, linked while tensor_alloc was still a
     placeholder, was refused for alloc's NULL), so a placeholder in the library counts as unported too."""
-    in_library = {u for u, m in (linked or {}).items() if isinstance(m, dict) and m.get("placeholder")}
+    in_library = {u for u, m in (BuildEvidence.of({"linked": linked}).linked or {}).items() if m.placeholder}
 
     def unported(units) -> list[str]:
         units = sorted(units)
@@ -152,7 +153,7 @@ def run(candidate, ctx) -> GateResult:
     # a runtime scenario calls other units: on a library the build gate linked from the workspace it cannot
     # judge this one while they are placeholders (calibration libraries hold every unit)
     build = ctx.results.get("build")
-    why = waiting_on(target, spec, candidate, (build.evidence or {}).get("linked")) if build is not None else None
+    why = waiting_on(target, spec, candidate, BuildEvidence.of(build.evidence).linked) if build is not None else None
     if why:
         return GateResult("parity", False, f"parity skipped: {why}", skipped=True)
     sanitize = opts.sanitize
