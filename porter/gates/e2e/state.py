@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 from porter.gates.e2e import tree
+from porter.gates.evidence import E2EEvidence, EvidenceError
 from porter.gates.result import GateResult
 
 VERIFIED, STALE, UNVERIFIED = "verified", "stale", "unverified"
@@ -26,24 +27,25 @@ def prefill_state(e2e_records: list[dict], head_tree_hash: str | None) -> tuple[
     another tree; 'unverified' when nothing ever passed (or HEAD has no
     backend tree to compare).
     """
-    passing = [r for r in e2e_records if r.get("ok") is True and r.get("gate") == "e2e" and r.get("tree_hash")]
+    records = [E2EEvidence.of(r) for r in e2e_records]
+    passing = [r for r in records if r.ok is True and r.gate == "e2e" and r.tree_hash]
     if head_tree_hash is None:
         return UNVERIFIED, None, "no HEAD commit: no backend tree to verify"
     for rec in reversed(passing):
-        if rec["tree_hash"] == head_tree_hash:
-            if rec.get("tree_matches_head") is False:
+        if rec.tree_hash == head_tree_hash:
+            if rec.tree_matches_head is False:
                 # porter optimize runs e2e on the tree its step will make, before that commit exists: the
                 # record's commit is the one the step landed on, not one where this tree was measured
                 return VERIFIED, None, (f"e2e passed on this backend tree, run before it was committed (on top "
-                                        f"of {_short(rec.get('commit'))})")
-            return VERIFIED, rec.get("commit"), f"e2e passed on this backend tree ({_short(rec.get('commit'))})"
+                                        f"of {_short(rec.commit)})")
+            return VERIFIED, rec.commit, f"e2e passed on this backend tree ({_short(rec.commit)})"
     if passing:
         newest = passing[-1]
-        return STALE, newest.get("commit"), (f"e2e last passed at {_short(newest.get('commit'))}; the backend "
-                                             f"sources changed since")
-    failed = [r for r in e2e_records if r.get("gate") == "e2e" and r.get("ok") is False]
-    if failed and failed[-1].get("tree_hash") == head_tree_hash:
-        return UNVERIFIED, None, f"e2e failed on this backend tree: {failed[-1].get('summary', '')}"[:300]
+        return STALE, newest.commit, (f"e2e last passed at {_short(newest.commit)}; the backend "
+                                      f"sources changed since")
+    failed = [r for r in records if r.gate == "e2e" and r.ok is False]
+    if failed and failed[-1].tree_hash == head_tree_hash:
+        return UNVERIFIED, None, f"e2e failed on this backend tree: {failed[-1].summary or ''}"[:300]
     return UNVERIFIED, None, "no passing e2e record"
 
 
@@ -57,7 +59,8 @@ def prefill_line(state: tuple[str, str | None, str]) -> str:
 
 def e2e_records_from_ledger(workspace: Path, target: str, records: list) -> list[dict]:
     """The evidence of every e2e gate record of `target` among porter.records.history's typed records, in ledger
-    order; records whose evidence is missing, edited or swapped are left out (they cannot count)."""
+    order; records whose evidence is missing, edited, swapped or not what porter writes are left out (they
+    cannot count)."""
     from porter.records.evidence import check_evidence
     from porter.records.history import GateRecord
 
@@ -66,7 +69,13 @@ def e2e_records_from_ledger(workspace: Path, target: str, records: list) -> list
         if not isinstance(rec, GateRecord) or rec.gate != "e2e" or rec.target != target:
             continue
         ev, problem = check_evidence(workspace, str(rec.evidence))
-        if problem is None and ev.get("gate") == "e2e" and ev.get("target") == target and ev.get("ok") == rec.ok:
+        if problem is not None:
+            continue
+        try:
+            typed = E2EEvidence.of(ev)
+        except EvidenceError:
+            continue
+        if typed.gate == "e2e" and typed.target == target and typed.ok == rec.ok:
             out.append(ev)
     return out
 
@@ -82,7 +91,7 @@ def e2e_due(unit_states: dict[str, str], prefill_units: list[str], e2e_records: 
         return False, f"{len(waiting)} prefill-tier unit(s) not verified (first: {waiting[0]})"
     if head_tree_hash is None:
         return False, "no HEAD commit"
-    if any(r.get("tree_hash") == head_tree_hash for r in e2e_records if r.get("gate") == "e2e"):
+    if any(r.tree_hash == head_tree_hash for r in map(E2EEvidence.of, e2e_records) if r.gate == "e2e"):
         return False, "e2e already ran on this backend tree"
     return True, "every prefill-tier unit is verified and this backend tree has no e2e record"
 
