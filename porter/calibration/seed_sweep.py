@@ -33,6 +33,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable
 
+from porter.gates.evidence import ParityEvidence
+
 SWEEP_VERSION = 1  # the "seed_sweep" field of a calibration record; a record without it predates the sweep
 DEFAULT_SETS = 20  # K: `porter calibrate --seed-sets`
 ESCALATE_ABOVE = 0.5  # worst error / tolerance above which a spec gets more sets
@@ -138,11 +140,11 @@ def read_set(index: int, seeds: list[int] | list[str], result, tolerances: dict)
     """A parity GateResult of the known-good (ok, skipped, check, summary, evidence) as one seed set.
     `tolerances`: {output: Tol | Exact} (the spec's outputs).  Ratios come from the evidence's cases:
     each case's calls ("passes", "seed_index" p ran on the set's p-th seed) and their metrics."""
-    ev = getattr(result, "evidence", None) or {}
+    ev = ParityEvidence.of(getattr(result, "evidence", None))
     # the seeds it was asked to run on (the evidence names the same ones; a run given none names its own)
-    hexes = (hex_seeds(seeds) if not isinstance(seeds[0], str) else list(seeds)) if seeds else list(ev.get("seeds") or [])
+    hexes = (hex_seeds(seeds) if not isinstance(seeds[0], str) else list(seeds)) if seeds else list(ev.seeds or [])
     best: dict[tuple[str, str], CaseWorst] = {}
-    for case in ev.get("cases") or []:
+    for case in ev.cases or []:
         if not isinstance(case, dict):
             continue
         label = str(case.get("label") or case.get("id") or "?")
