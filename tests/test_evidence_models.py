@@ -210,3 +210,18 @@ def test_a_malformed_calibration_record_is_one_line_where_perf_reads_its_baselin
     with pytest.raises(E.EvidenceError) as err:
         perf.baseline(History.read(ws, "minimoe"), "u", SHA)
     assert "\n" not in str(err.value) and "timing.median_ms" in str(err.value)
+
+
+def test_a_writer_s_numpy_figures_are_written_as_the_numbers_they_hold():
+    """A GPU run's figures come through numpy: the strict model refused a numpy bool and kept a numpy int,
+    which no CPU test reached; record() writes them as Python values."""
+    import numpy as np
+
+    from porter.gates.evidence import ParityEvidence
+
+    rec = ParityEvidence.record({"target": "t", "unit": "u", "gate": "parity", "ok": np.bool_(True),
+                                 "timing": {"case": "c", "median_ms": np.float32(0.25), "bytes": np.int64(7),
+                                            "times_ms": [np.float64(0.25), np.float32(0.5)]}})
+    t = rec["timing"]
+    assert type(t["median_ms"]) is float and t["median_ms"] == 0.25 and type(t["bytes"]) is int
+    assert [type(x) for x in t["times_ms"]] == [float, float] and rec["ok"] is True

@@ -37,6 +37,22 @@ SCHEMA = 1  # the evidence version porter writes; a record without `schema` is v
 Num = Union[int, float]  # strict: an int stays an int on disk, a float a float
 
 
+def _plain(value):
+    """`value` with numpy scalars as the Python values they hold: a GPU run's figures come through numpy
+    and cupy, and the strict models refuse a numpy bool (an `ok` from an array comparison) and keep a numpy
+    int where JSON wants an int -- on a GPU, where no CPU test reaches, a verdict would have crashed."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_plain(v) for v in value)
+    item = getattr(value, "item", None)
+    if item is not None and type(value).__module__ == "numpy" and getattr(value, "shape", None) == ():
+        return item()
+    return value
+
+
 class EvidenceError(PorterError):
     """An evidence record that does not fit its gate's model (exit 3: not what porter writes)."""
 
@@ -211,7 +227,7 @@ class Evidence(Open):
         version, and returned as a plain dict with the keys it was given."""
         if not isinstance(data, dict):
             raise TypeError("evidence must be a dict")
-        return cls.of({"schema": SCHEMA, **data}).dump()
+        return cls.of({"schema": SCHEMA, **_plain(data)}).dump()
 
     @property
     def arch(self) -> str | None:
