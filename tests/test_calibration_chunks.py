@@ -136,7 +136,7 @@ def test_one_specs_mutants_spread_over_the_run_slots_and_never_more_runs_than_jo
     target = load_target(REPO, "minimoe")
     lock = threading.Condition()
     state = {"now": 0, "most": 0, "per_unit": {}, "good_done": set(), "order_bad": [], "jobs": 1, "calls": 0,
-             "total": None}
+             "total": None, "by_unit": {}}
 
     def fake_parity(target, unit, lib, opts, timeout=None, env=None, seeds=None, fresh_process=False):
         mutant = Path(lib).name != "good.so"
@@ -149,6 +149,7 @@ def test_one_specs_mutants_spread_over_the_run_slots_and_never_more_runs_than_jo
             per[0] += 1
             per[1] = max(per[1], per[0])
             state["calls"] += 1
+            state["by_unit"][unit] = state["by_unit"].get(unit, 0) + 1
             lock.notify_all()
             # hold the slot until every slot is taken (or no call is left to take one): overlap by
             # construction, not by a sleep that a loaded machine may not honour; the timeout only ends a
@@ -168,8 +169,8 @@ def test_one_specs_mutants_spread_over_the_run_slots_and_never_more_runs_than_jo
     monkeypatch.setattr(calibrator, "parity_on_library", fake_parity)
     units = ["mini_gpu_matmul_q8_0_tensor", "mini_gpu_swiglu_tensor", "mini_gpu_add_tensor"]
 
-    def rows(jobs):
-        opts = CalibrateOptions(tmp_path, units, None, True, ParityOptions(mode="host"), show_static=False,
+    def rows(jobs, which=units):
+        opts = CalibrateOptions(tmp_path, which, None, True, ParityOptions(mode="host"), show_static=False,
                                 ledger=False, jobs=jobs)
         report = calibrate(target, StandInLibs(tmp_path), opts, out=lambda *a: None)
         return [(r["unit"], r["kind"], r["name"], r["got"], r["ok"]) for r in report["rows"]]
@@ -182,5 +183,11 @@ def test_one_specs_mutants_spread_over_the_run_slots_and_never_more_runs_than_jo
     state.update(most=0, per_unit={}, good_done=set())
     assert rows(3) == one
     assert state["most"] == 3  # the slots filled, never more
-    assert state["per_unit"]["mini_gpu_matmul_q8_0_tensor"][1] > 1  # one spec's mutants side by side
     assert not state["order_bad"], f"a mutant ran before its unit's known-good: {state['order_bad']}"
+    # one spec's mutants side by side: the heavy unit alone (with the others, which unit a freed slot goes
+    # to is the semaphore's choice; alone, its mutants are all there is to fill the slots)
+    heavy = "mini_gpu_matmul_q8_0_tensor"
+    # by_unit counted both runs above: one run of the heavy unit is half of it
+    state.update(jobs=3, total=state["by_unit"][heavy] // 2, calls=0, most=0, per_unit={}, good_done=set())
+    assert rows(3, [heavy]) == [r for r in one if r[0] == heavy]
+    assert state["per_unit"][heavy][1] == 3 and not state["order_bad"]

@@ -30,6 +30,7 @@ from porter.digest import sha256_file
 from porter.errors import PorterError
 from porter.records.evidence import store_evidence
 from porter.gates import perf, registry, static
+from porter.gates.evidence import ParityEvidence
 from porter.gates.driver import Candidate, GateContext, ParityOptions, refusal, run_gates
 from porter.gates.parity.compare import CHECK_ORDER
 from porter.gates.parity.gate import fresh_seeds
@@ -100,7 +101,7 @@ class Row:
 
 def _probe_counts(res) -> dict:
     out: dict = {}
-    for c in (res.evidence or {}).get("cases", []):
+    for c in ParityEvidence.of(res.evidence).cases or []:
         for p in c.get("passes", []):
             k = p.get("probe") or "none"
             out[k] = out.get(k, 0) + 1
@@ -132,7 +133,12 @@ def perf_on_mutant(target, unit: str, parity, known_good, retime_fn):
 def _row(unit, kind, name, expect, res, ok, seconds, static_verdict=None) -> Row:
     m = res.metrics or {}
     return Row(unit, kind, name, expect, res.word, ok, res.summary, round(seconds, 2), m.get("failed_checks", []),
-               static_verdict, m.get("worst_nmse"), (res.evidence or {}).get("timing"), _probe_counts(res))
+               static_verdict, m.get("worst_nmse"), _timing_of(res), _probe_counts(res))
+
+
+def _timing_of(res) -> dict | None:
+    t = ParityEvidence.of(res.evidence).timing
+    return t.dump() if t is not None else None
 
 
 def _static_verdict(target, m: Mutant) -> str | None:
@@ -304,7 +310,7 @@ def _unit_runs(target, libs, opts, good, plan, mutants, specs, unit, out) -> tup
         summary = f"{sweep['reason']}; {summary}"[:300]
     if variants_ok < len(variants):
         summary = f"refuses {len(variants) - variants_ok} of upstream's {len(variants)} env-knob variants; {summary}"[:300]
-    blind = (res.evidence or {}).get("zero_answer_passes") or []
+    blind = ParityEvidence.of(res.evidence).zero_answer_passes or []
     if blind:
         summary = (f"an all-zero answer passes {len(blind)} case(s) (reference too small for the tolerance): "
                    f"{blind[0]}; {summary}")[:300]
@@ -333,9 +339,10 @@ def record(target, workspace: Path, records: dict, describe: str, good_lib: Path
                       calibration_role="known-good")
             if r.get("seed_sweep"):  # per case: the worst error/tolerance over every seed set, and its seeds
                 ev["seed_sweep"] = r["seed_sweep"]
-            if (ev.get("timing") or {}).get("median_ms"):
+            timing = ParityEvidence.of(ev).timing
+            if timing is not None and timing.median_ms:
                 # the perf limit this known-good's own spread allows, kept with the calibration it came from
-                ev["perf_limit"] = calibrated_limit(ev["timing"])
+                ev["perf_limit"] = calibrated_limit(timing.dump())
             ev_sha = store_evidence(Path(workspace), ev)
         ledger.append("calibration", target=target.name, unit=unit, ok=bool(r["ok"]),
                       spec_sha256=spec.sha256 if spec else None,
