@@ -377,53 +377,74 @@ class EvidenceCache:
 def check_integrity(target: Target, history: History, ledger_integrity, data: bytes, gitv: GitView,
                     evidence: EvidenceCache, rollback: tuple[list[str], dict[str, str]] = ([], {}),
                     former_units: list[str] = ()) -> Integrity:
-    units = set(target.units) | set(former_units)
-    issues: dict[str, list[str]] = defaultdict(list)
-    problems: list[str] = []
-
-    def flag(unit: str | None, text: str) -> None:
-        if unit in units:
-            issues[unit].append(text)
-        else:
-            problems.append(text if unit is None else f"{unit}: {text}")
-
-    ledger_problems = list(ledger_integrity.problems)
-    committed_lines = 0
-    if gitv.ledger_blob is not None:
-        if gitv.committed_prefix(data):
-            committed_lines = data[: gitv.ledger_size].count(b"\n")
-        else:
-            ours, theirs = data.split(b"\n"), gitv.committed_ledger().split(b"\n")
-            n = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
-            ledger_problems.append(
-                f"ledger.jsonl differs from the one committed at HEAD from line {n + 1} (committed lines rewritten or removed)"
-            )
-            committed_lines = n
-
+    found = _Found(set(target.units) | set(former_units))
+    ledger_problems, committed_lines = _ledger_against_head(ledger_integrity, data, gitv)
     ledger_problems += rollback[0]
     for unit, text in rollback[1].items():
-        flag(unit, text)
-
+        found.flag(unit, text)
     for lineno, text in ledger_integrity.bad_lines.items():
         rec = history.by_line.get(lineno)
         if rec is not None and (rec.target or target.name) == target.name and isinstance(rec.unit, str):
-            flag(rec.unit, f"ledger {text}")
+            found.flag(rec.unit, f"ledger {text}")
+    commit_of_step = _commits_against_steps(target, history.steps, gitv, evidence, found)
+    _steps_against_commits_and_evidence(target, history, commit_of_step, committed_lines, evidence, found)
+    _refused_attempts_evidence(history, found)
+    latest = {}  # the step each unit's state rests on, when committed: its commit must hold what it names
+    for step_hash, step in history.steps.items():
+        if step_hash in commit_of_step and history.unit(step.unit).last_step is step:
+            latest[step_hash] = commit_of_step[step_hash]
+    for step_hash, text in _commits_lacking_files(gitv, history.steps, latest).items():
+        found.flag(history.steps[step_hash].unit, text)
+    return Integrity(dict(found.issues), found.problems, ledger_problems, commit_of_step, committed_lines)
 
-    # commits against step records
-    steps = history.steps
+
+class _Found:
+    """What check_integrity finds: per unit of this target (former ones included), or about the workspace."""
+
+    def __init__(self, units: set[str]):
+        self.units = units
+        self.issues: dict[str, list[str]] = defaultdict(list)
+        self.problems: list[str] = []
+
+    def flag(self, unit: str | None, text: str) -> None:
+        if unit in self.units:
+            self.issues[unit].append(text)
+        else:
+            self.problems.append(text if unit is None else f"{unit}: {text}")
+
+
+def _ledger_against_head(ledger_integrity, data: bytes, gitv: GitView) -> tuple[list[str], int]:
+    """(the ledger's problems, how many of its lines HEAD committed): the working ledger must extend the
+    committed one, never rewrite it."""
+    problems = list(ledger_integrity.problems)
+    if gitv.ledger_blob is None:
+        return problems, 0
+    if gitv.committed_prefix(data):
+        return problems, data[: gitv.ledger_size].count(b"\n")
+    ours, theirs = data.split(b"\n"), gitv.committed_ledger().split(b"\n")
+    n = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+    problems.append(f"ledger.jsonl differs from the one committed at HEAD from line {n + 1} (committed lines "
+                    "rewritten or removed)")
+    return problems, n
+
+
+def _commits_against_steps(target: Target, steps: dict[str, Step], gitv: GitView, evidence: EvidenceCache,
+                           found: _Found) -> dict[str, Commit]:
+    """Each step commit's trailers against the step record it names; returns step hash -> its newest commit."""
     commit_of_step: dict[str, Commit] = {}
     for c in gitv.commits:  # newest first
         unit = c.first("Porter-Unit")
         ctarget = c.first("Porter-Target")
         if unit is None and c.first("Porter-Step") is None:
             continue  # not a step commit (other Porter-* trailers may come later)
-        if (ctarget is not None and ctarget != target.name) or (ctarget is None and unit not in units):
+        if (ctarget is not None and ctarget != target.name) or (ctarget is None and unit not in found.units):
             continue
         where = f"commit {c.sha[:10]}"
         step_hash = c.first("Porter-Step")
         step = steps.get(step_hash) if step_hash else None
         if step is None:
-            flag(unit, f"{where} names step {_short(step_hash)} that is not in the ledger (step record deleted or trailer rewritten)")
+            found.flag(unit, f"{where} names step {_short(step_hash)} that is not in the ledger (step record deleted "
+                             "or trailer rewritten)")
             continue
         commit_of_step.setdefault(step_hash, c)
         for label, got, want in (
@@ -432,55 +453,61 @@ def check_integrity(target: Target, history: History, ledger_integrity, data: by
             ("Porter-Candidate", c.first("Porter-Candidate"), step.candidate_sha256),
         ):
             if got != want:
-                flag(step.unit, f"{where} trailer {label}: {_short(got)} disagrees with its step record ({_short(want)})")
+                found.flag(step.unit, f"{where} trailer {label}: {_short(got)} disagrees with its step record "
+                                      f"({_short(want)})")
         trailer_ev = c.trailers.get("porter-evidence", [])
         if sorted(trailer_ev) != sorted(step.evidence):
             extra = [e for e in trailer_ev if e not in step.evidence]
-            what = f"names evidence {_short(extra[0])} not in its step record" if extra else "lacks evidence its step record names"
-            flag(step.unit, f"{where} trailer Porter-Evidence {what} (trailer rewritten?)")
+            what = f"names evidence {_short(extra[0])} not in its step record" if extra else \
+                "lacks evidence its step record names"
+            found.flag(step.unit, f"{where} trailer Porter-Evidence {what} (trailer rewritten?)")
         for sha in trailer_ev:
             _, problem = evidence(sha)
             if problem:
-                flag(step.unit, f"{where}: {problem}")
+                found.flag(step.unit, f"{where}: {problem}")
+    return commit_of_step
 
-    # step records against commits and evidence
+
+def _steps_against_commits_and_evidence(target: Target, history: History, commit_of_step: dict[str, Commit],
+                                        committed_lines: int, evidence: EvidenceCache, found: _Found) -> None:
+    """Each live step record: complete, committed once HEAD holds its line, its evidence intact and about
+    this unit's candidate (an optimize step's e2e run about the backend built with it)."""
     by_unit_attempt: dict = {}
-    for step_hash, step in steps.items():
+    for step_hash, step in history.steps.items():
         if step_hash in history.abandoned_steps:
             continue
         for text in _incomplete(history, step, by_unit_attempt):
-            flag(step.unit, text)
+            found.flag(step.unit, text)
         if step_hash not in commit_of_step and step.line <= committed_lines:
-            flag(step.unit, f"step record at ledger line {step.line} (attempt {step.attempt}, {step.state}) has no commit (commit dropped?)")
+            found.flag(step.unit, f"step record at ledger line {step.line} (attempt {step.attempt}, {step.state}) "
+                                  "has no commit (commit dropped?)")
         for sha in step.evidence:
             ev, problem = evidence(sha)
             if problem:
-                flag(step.unit, problem)
+                found.flag(step.unit, problem)
             elif isinstance(ev, E2EEvidence) and ev.unit == E2E_UNIT and ev.target == target.name:
                 # an optimize step carries the e2e run of the backend built with its candidate
                 ran = ev.with_candidate or WithCandidate()
                 if ran.unit != step.unit or ran.candidate_sha256 != step.candidate_sha256:
-                    flag(step.unit, f"e2e evidence {sha[:12]} ran the backend with "
-                                    f"{ran.unit or 'no unit'}'s candidate {_short(ran.candidate_sha256)}, "
-                                    f"not this step's {_short(step.candidate_sha256)} (swapped)")
+                    found.flag(step.unit, f"e2e evidence {sha[:12]} ran the backend with "
+                                          f"{ran.unit or 'no unit'}'s candidate {_short(ran.candidate_sha256)}, "
+                                          f"not this step's {_short(step.candidate_sha256)} (swapped)")
             elif ev.unit != step.unit or ev.target != target.name:
-                flag(step.unit, f"evidence {sha[:12]} is for {ev.target}/{ev.unit}, not this unit (swapped)")
+                found.flag(step.unit, f"evidence {sha[:12]} is for {ev.target}/{ev.unit}, not this unit (swapped)")
             elif ev.candidate_sha256 != step.candidate_sha256:
-                flag(step.unit, f"evidence {sha[:12]} judged candidate {_short(ev.candidate_sha256)}, not the step's {_short(step.candidate_sha256)}")
-    step_evidence = {e for s in steps.values() for e in s.evidence}
-    for g in history.mine:  # refused attempts' evidence too (the audit and the report quote it): intact is
-        # enough, since the signed gate record names it by hash (parsing 4k files would double status's time)
+                found.flag(step.unit, f"evidence {sha[:12]} judged candidate {_short(ev.candidate_sha256)}, not the "
+                                      f"step's {_short(step.candidate_sha256)}")
+
+
+def _refused_attempts_evidence(history: History, found: _Found) -> None:
+    """Refused attempts' evidence too (the audit and the report quote it): intact is enough, since the signed
+    gate record names it by hash (parsing 4k files would double status's time)."""
+    step_evidence = {e for s in history.steps.values() for e in s.evidence}
+    for g in history.mine:
         if isinstance(g, GateRecord) and g.evidence is not None and g.evidence not in step_evidence:
             problem = evidence_problem(history.workspace, g.evidence)
             if problem:
-                flag(g.unit, f"{g.gate} gate record at ledger line {g.line}: {problem}")
-    latest = {}  # the step each unit's state rests on, when committed: its commit must hold what it names
-    for step_hash, step in steps.items():
-        if step_hash in commit_of_step and history.unit(step.unit).last_step is step:
-            latest[step_hash] = commit_of_step[step_hash]
-    for step_hash, text in _commits_lacking_files(gitv, steps, latest).items():
-        flag(steps[step_hash].unit, text)
-    return Integrity(dict(issues), problems, ledger_problems, commit_of_step, committed_lines)
+                found.flag(g.unit, f"{g.gate} gate record at ledger line {g.line}: {problem}")
 
 
 def _commits_lacking_files(gitv: GitView, steps: dict[str, Step], commit_of_step: dict[str, Commit]) -> dict[str, str]:
