@@ -229,15 +229,20 @@ def _retimed(median_ms, ok=True, skipped=False, summary="parity ok"):
     return GateResult("parity", ok, summary, skipped=skipped, evidence={"timing": {"case": CASE, "median_ms": median_ms}})
 
 
-def test_more_than_10x_faster_than_the_known_good_stands_only_if_a_fresh_retime_agrees(workspace, monkeypatch):
-    _calibrate(workspace, 0.5, times=[0.5, 0.5, 0.51])
-    asked = []
-
+def _retime_answering(asked: list):
+    """result -> a stand-in for perf.retime that answers `result` and notes the unit it was asked about."""
     def answer(result):
         def retime(candidate, ctx):
             asked.append(candidate.unit)
             return result
         return retime
+    return answer
+
+
+def test_more_than_10x_faster_than_the_known_good_stands_only_if_a_fresh_retime_agrees(workspace, monkeypatch):
+    _calibrate(workspace, 0.5, times=[0.5, 0.5, 0.51])
+    asked = []
+    answer = _retime_answering(asked)
 
     monkeypatch.setattr(perf, "retime", answer(_retimed(0.4)))  # fresh process: the honest time shows
     r = _perf(workspace, _parity(0.01))
@@ -329,12 +334,7 @@ def test_a_slowdown_stands_only_when_a_fresh_retime_is_slow_too(workspace, monke
     one H200) and verified on the next attempt: a refusal is confirmed by a re-time in a fresh process."""
     _calibrate(workspace, 12.37, times=[12.30, 12.35, 12.37, 12.36, 12.41, 12.38, 12.33, 12.40, 12.37, 12.39])
     asked = []
-
-    def answer(result):
-        def retime(candidate, ctx):
-            asked.append(candidate.unit)
-            return result
-        return retime
+    answer = _retime_answering(asked)
 
     monkeypatch.setattr(perf, "retime", answer(_retimed(36.0)))  # slow again: refused, both times kept
     r = _perf(workspace, _parity(36.43))
