@@ -12,6 +12,7 @@ known-good over 20 fresh seed sets, 0 refusals, each worst ratio recorded.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -437,3 +438,15 @@ def test_routed_moe_one_draws_only_calls_whose_rounding_no_right_kernel_can_take
         for (_, v, band, _), row in zip(mod.code_bands(c), _upstream_mid(c)):
             iscale = np.float32(-127.0) / row[np.argmax(np.abs(row))]
             assert float((np.abs((iscale * row).astype(np.float64) - v) / band).max()) < 0.5
+
+
+def test_a_refused_set_is_reproduced_from_the_command_line(porter_cli, tmp_path):
+    """The record names a refused set's seeds in hex; `porter calibrate --seeds` takes them back."""
+    from porter.calibration.command import parse_seeds
+
+    assert parse_seeds(",".join(sw.hex_seeds([1234, 1027]))) == [1234, 1027]
+    for bad in ("zz,01", "01", "01,02,03", "1" * 17 + ",01"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_seeds(bad)
+    r = porter_cli(tmp_path, "calibrate", "--target", "minimoe", "--seeds", "nothex")
+    assert r.returncode == 2 and "is not hex seeds" in r.stderr.strip().splitlines()[-1], r.stderr

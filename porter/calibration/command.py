@@ -37,6 +37,20 @@ from porter.spec import MODEL_ENV
 from porter.target import load_target
 
 
+def parse_seeds(text: str) -> list[int]:
+    """'00000000000004d2,0000000000000403' (hex, as evidence and the seed sweep's record write seeds) ->
+    [1234, 1027]: one seed per pass of a seed set, so two."""
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        seeds = [int(p, 16) for p in parts]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not hex seeds (e.g. 00000000000004d2,0000000000000403)") \
+            from None
+    if len(seeds) != 2 or any(s < 0 or s >= 2**64 for s in seeds):
+        raise argparse.ArgumentTypeError(f"a seed set is two 64-bit hex seeds, one per pass; got {text!r}")
+    return seeds
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--known-good", default="scripted", metavar="SRC",
                    help="'scripted' (the target's scripted good answers, default), 'upstream' (the target's upstream "
@@ -55,6 +69,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"{seed_sweep.ESCALATE_FACTOR}K on a spec whose worst error passes "
                         f"{seed_sweep.ESCALATE_ABOVE:g} of its tolerance): a spec it fails on any set is not "
                         "calibrated; 1 = one run")
+    p.add_argument("--seeds", metavar="HEX,HEX", type=parse_seeds, default=None,
+                   help="the known-good's first seed set (and its mutants') on these seeds, as a refused set's "
+                        "record names them (the margin table, --json): with --seed-sets 1 --no-mutants it "
+                        "reproduces that set")
     p.add_argument("--jobs", type=int, default=None, metavar="N",
                    help="parity runs in flight at once, over all specs (default: min(4, CPUs)); "
                         "each GPU still runs one at a time")
@@ -101,7 +119,7 @@ def run(args) -> int:
             raise PorterError(f"chunk {args.chunk} holds no spec (fewer specs than chunks)")
     opts = CalibrateOptions(ws, units, args.mutant, not args.no_mutants,
                             ParityOptions(mode=args.mode, sanitize=args.sanitize, timeout=args.timeout,
-                                          timing_reps=args.timing_reps),
+                                          timing_reps=args.timing_reps, seeds=getattr(args, "seeds", None)),
                             show_static=args.static, ledger=not args.no_ledger and not args.no_mutants,
                             variants=getattr(args, "variants", True),
                             seed_sets=getattr(args, "seed_sets", seed_sweep.DEFAULT_SETS))
