@@ -36,7 +36,7 @@ from pathlib import Path
 from porter.gates.elf_exports import _SECTION, _SYMBOL
 
 ET_REL = 1
-SHT_SYMTAB, SHT_RELA = 2, 4
+SHT_SYMTAB, SHT_RELA, SHT_NOBITS = 2, 4, 8
 SHT_INIT_ARRAY, SHT_FINI_ARRAY, SHT_PREINIT_ARRAY = 14, 15, 16
 STT_FUNC, STT_SECTION, STT_GNU_IFUNC = 2, 3, 10
 STB_LOCAL = 0
@@ -91,6 +91,19 @@ def _sections(data: bytes) -> tuple[list[tuple], int]:
     if shstrndx == 0xFFFF:
         shstrndx = sections[0][6]
     return sections, shstrndx
+
+
+def section_table(data: bytes) -> list[tuple[bytes, int, int, int, bytes, int]]:
+    """(name, type, flags, index, content, size) of each section of a 64-bit little-endian relocatable
+    object (NotReadable for anything else); a NOBITS section's content is empty."""
+    sections, shstrndx = _sections(data)
+    names_off = sections[shstrndx][4]
+    out = []
+    for i, (nm, typ, flags, _addr, off, size, *_rest) in enumerate(sections):
+        start = names_off + nm
+        out.append((data[start:data.index(b"\0", start)], typ, flags, i,
+                    b"" if typ == SHT_NOBITS else data[off:off + size], size))
+    return out
 
 
 def _check(data: bytes) -> list[str]:

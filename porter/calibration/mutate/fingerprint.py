@@ -26,7 +26,8 @@ import struct
 from functools import lru_cache
 from pathlib import Path
 
-ELF_MAGIC = b"\x7fELF"
+from porter.gates import load_time
+
 FATBIN_MAGIC = 0xBA55ED50
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 FATBIN_SECTION = b".nv_fatbin"
@@ -111,21 +112,12 @@ def fatbin_entries(blob: bytes) -> list[tuple[int, int, bytes]]:
 
 
 def _sections(data: bytes) -> list[tuple[bytes, int, int, int, bytes, int]]:
-    """(name, type, flags, index, content, size) of each section of an ELF64 little-endian object;
-    [] for anything else."""
-    if len(data) < 0x40 or not data.startswith(ELF_MAGIC) or data[4] != 2 or data[5] != 1:
+    """The build gate's reading of an object's sections (porter.gates.load_time.section_table); [] for
+    anything it does not read as a relocatable ELF64 object."""
+    try:
+        return load_time.section_table(data)
+    except (load_time.NotReadable, struct.error, IndexError, ValueError):
         return []
-    shoff = struct.unpack_from("<Q", data, 0x28)[0]
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
-    heads = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
-    names_at = heads[shstrndx][4] if shstrndx < shnum else 0
-
-    def name(off: int) -> bytes:
-        start = names_at + off
-        return data[start:data.index(b"\0", start)]
-
-    return [(name(nm), typ, flags, i, b"" if typ == SHT_NOBITS else data[off:off + size], size)
-            for i, (nm, typ, flags, _addr, off, size, _link, _info, _align, _ent) in enumerate(heads)]
 
 
 def _symtab_without_sizes_in(content: bytes, section_index: int) -> bytes:
