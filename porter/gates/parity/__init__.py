@@ -44,7 +44,7 @@ from porter.gates import archs
 from porter.gates.evidence import BuildEvidence
 from porter.gates.parity import executors
 from porter.gates.parity.gate import prepare_cases, run_spec
-from porter.gates.parity.scenario import blocked_by, placeholders_among, scenario_uses
+from porter.gates.parity.scenario import placeholders_among, scenario_uses
 from porter.spec import SpecError, UnitSpec, load_spec
 from porter.gates.result import GateResult
 from porter.host.toolchain import cuda_device_here
@@ -81,8 +81,7 @@ def waiting_on(target, spec, candidate, linked: dict | None = None) -> str | Non
         units = sorted(units)
         return sorted(set(placeholders_among(target, units)) | (set(units) & in_library))
 
-    waiting = sorted(set(blocked_by(target, spec)) | (set(scenario_uses(target, spec)) & in_library)) \
-        if spec is not None else []
+    waiting = unported(scenario_uses(target, spec))  # [] for an op spec, or none
     if waiting:
         return f"the scenario for {candidate.unit} also calls unported {', '.join(waiting)}"
     waiting = unported(calls_to(candidate.source, set(target.units) - {candidate.unit}))
