@@ -263,12 +263,15 @@ def decide(target, unit: str, parity: GateResult, base: dict | None, why: str, r
     def judge(cases: dict[str, dict]) -> GateResult:
         return combine([(t["case"], judge_one(t)) for t in cases.values()])
 
+    def doubt_of(t: dict) -> str | None:
+        return suspicion(t, _baseline_case(base, t["case"]) if base else None)
+
     res = judge(mine)
     if res.skipped:
         return res
     if not res.ok:
-        return confirm_slowdown(res, judge, mine, retime_fn())
-    doubts = [(t, d) for t in mine.values() if (d := suspicion(t, _baseline_case(base, t["case"]) if base else None))]
+        return confirm_slowdown(res, judge, doubt_of, mine, retime_fn())
+    doubts = [(t, d) for t in mine.values() if (d := doubt_of(t))]
     if not doubts:
         return res
     first, doubt = doubts[0]
@@ -326,7 +329,8 @@ def _closeness(r: GateResult) -> float:
     return 0.0
 
 
-def confirm_slowdown(first: GateResult, judge, mine: dict[str, dict], again: GateResult | None) -> GateResult:
+def confirm_slowdown(first: GateResult, judge, doubt_of, mine: dict[str, dict],
+                     again: GateResult | None) -> GateResult:
     """A slowdown stands once a re-time in a fresh process on fresh inputs is slow too.  With --jobs 8 on one
     H200, upstream's own embed_token_hc (0.0147 ms, launch latency) was timed at 1.96x against a 1.56x limit
     and verified on the next attempt: one measurement of a tiny case is not evidence of a slow kernel, and
@@ -341,16 +345,14 @@ def confirm_slowdown(first: GateResult, judge, mine: dict[str, dict], again: Gat
         ev["confirmed"] = {"by": "none", "detail": f"the refusal stands: re-time impossible ({why})"[:300]}
         return dataclasses.replace(first, evidence=ev)
     second = judge(cases2)
-    was = PerfEvidence.of(ev)
-    worst = was.worst_case
+    worst = PerfEvidence.of(ev).worst_case
     both = {"first": ev.get("candidate"), "first_summary": first.summary[:300], "first_worst_case": worst,
             "retime": cases2.get(worst) if worst else None, "retime_ok": second.ok}
     second.evidence = dict(second.evidence or {}, confirmed=both)
     if second.ok:
         second.summary += (f"; the first timing ({first.metrics.get('median_ms', 0):.4g} ms on {worst!r}) was over "
                            "the limit, a re-time in a fresh process on fresh inputs is not")
-        base = ev.get("baseline")
-        fast = [c for c, t in cases2.items() if suspicion(t, base if was.baseline and was.baseline.case == c else None)]
+        fast = [c for c, t in cases2.items() if doubt_of(t)]  # judged as any first timing is, case by case
         if fast:  # slow, then implausibly fast
             return GateResult("perf", False, f"perf refused: the first timing was over the limit and the re-time "
                               f"implausibly fast on {fast[0]!r}: not the same kernel"[:400],
