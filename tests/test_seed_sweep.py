@@ -144,6 +144,19 @@ def _runs(results: list[GateResult]):
     return run, seen
 
 
+def _unit_sweep(target, tmp_path, monkeypatch, results: list[GateResult]):
+    """(rows, record, seeds each run was given) of calibrator._unit_runs for UNIT on a stand-in known-good
+    whose parity runs answer `results` in order, with 20 seed sets and nothing else."""
+    run, seen = _runs(results)
+    monkeypatch.setattr(calibrator, "parity_on_library", run)
+    libs = SimpleNamespace(has=lambda unit: True, describe="stand-in")
+    spec = SimpleNamespace(sha256="1" * 64, path=None, outputs=TOLS)
+    opts = calibrator.CalibrateOptions(tmp_path, with_mutants=False, variants=False, seed_sets=20)
+    rows, rec = calibrator._unit_runs(target, libs, opts, tmp_path / "lib.so", None, [], {UNIT: spec}, UNIT,
+                                      lambda line: None)
+    return rows, rec, seen
+
+
 def test_the_calibrator_refuses_a_spec_whose_known_good_fails_one_set_of_twenty(tmp_path, monkeypatch):
     """Through calibrator._unit_runs: 20 runs, each on its own explicit seeds; the 13th refuses the
     known-good, so the record is not calibrated, says which set, and its ledger line keeps the seeds."""
@@ -151,13 +164,7 @@ def test_the_calibrator_refuses_a_spec_whose_known_good_fails_one_set_of_twenty(
     ok = result(True, {"c": [out_metrics(1e-7)]})
     bad = result(False, {"c": [out_metrics(2e-6)]}, summary="parity failed [values]: c: out: NMSE 2.0e-06 > 1.0e-06",
                  check="values")
-    run, seen = _runs([ok] * 12 + [bad] + [ok] * 7)
-    monkeypatch.setattr(calibrator, "parity_on_library", run)
-    libs = SimpleNamespace(has=lambda unit: True, describe="stand-in")
-    spec = SimpleNamespace(sha256="1" * 64, path=None, outputs=TOLS)
-    opts = calibrator.CalibrateOptions(tmp_path, with_mutants=False, variants=False, seed_sets=20)
-    rows, rec = calibrator._unit_runs(target, libs, opts, tmp_path / "lib.so", None, [], {UNIT: spec}, UNIT,
-                                      lambda line: None)
+    rows, rec, seen = _unit_sweep(target, tmp_path, monkeypatch, [ok] * 12 + [bad] + [ok] * 7)
     assert len(seen) == 20 and all(s and len(s) == 2 for s in seen)
     assert len({tuple(s) for s in seen}) == 20  # fresh seeds for every set
     assert not rec["ok"] and not rec["known_good_ok"] and rec["seed_sweep"]["failed"]["seed_set"] == 13
@@ -171,22 +178,14 @@ def test_the_calibrator_refuses_a_spec_whose_known_good_fails_one_set_of_twenty(
     assert kept["failed"]["seed_set"] == 13 and kept["failed"]["seeds"] == sw.hex_seeds(seen[12])
     assert "cases" not in kept  # the per-case table is in the evidence, not the ledger line
     # ... and the same run, all twenty passing: calibrated as far as the known-good goes
-    run, seen = _runs([ok] * 20)
-    monkeypatch.setattr(calibrator, "parity_on_library", run)
-    rows, rec = calibrator._unit_runs(target, libs, opts, tmp_path / "lib.so", None, [], {UNIT: spec}, UNIT,
-                                      lambda line: None)
+    rows, rec, seen = _unit_sweep(target, tmp_path, monkeypatch, [ok] * 20)
     assert rec["known_good_ok"] and rec["seed_sweep"]["ok"] and rec["seed_sweep"]["sets"] == 20
 
 
 def test_a_known_good_refused_on_its_first_set_is_not_swept_further(tmp_path, monkeypatch):
     target = load_target(REPO, "minimoe")
-    run, seen = _runs([result(False, {}, summary="parity failed [rc]", check="rc")] * 20)
-    monkeypatch.setattr(calibrator, "parity_on_library", run)
-    libs = SimpleNamespace(has=lambda unit: True, describe="stand-in")
-    spec = SimpleNamespace(sha256="1" * 64, path=None, outputs=TOLS)
-    opts = calibrator.CalibrateOptions(tmp_path, with_mutants=False, variants=False, seed_sets=20)
-    rows, rec = calibrator._unit_runs(target, libs, opts, tmp_path / "lib.so", None, [], {UNIT: spec}, UNIT,
-                                      lambda line: None)
+    rows, rec, seen = _unit_sweep(target, tmp_path, monkeypatch,
+                                  [result(False, {}, summary="parity failed [rc]", check="rc")] * 20)
     assert len(seen) == 1 and not rec["known_good_ok"] and rec["seed_sweep"]["sets"] == 1
 
 
