@@ -220,6 +220,8 @@ def end_to_end(ws: Path, target, r: Run) -> None:
         # the candidate: the whole backend as committed, named by its tree hash (what status's prefill
         # line compares with HEAD's)
         backend = Candidate.backend(E2E_UNIT, head_backend_tree(ws, target))
+        # a silent step of minutes (ds4: about 280 s on an H200) reads as a hang in a cron log
+        r.out.line("e2e: building the engine on the reference and the ported backend, one prefill on each")
         ctx = GateContext(target, ws, progress=getattr(r.out, "steps", None))
         # its library: the library gates link one unit's current file with every other unit's (any unit
         # will do; the library gates judge one unit, so one is named as the build's anchor)
