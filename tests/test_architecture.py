@@ -175,6 +175,7 @@ GATE_NAMES_ALLOWED = {
     ("porter.calibration.command", "static"): "the --no-static option's dest",
     ("porter.calibration.perf_table", "perf"): "a column of the perf table and its rows' key",
     ("porter.spec", "parity"): "targets/<t>/parity/, the folder a target's specs live in",
+    ("porter.commands.status", "throughput"): "status --json's key for the engine's tokens/s lines",
     # a benchmark that times the chain stage by stage: its stages' names are its table's labels
     ("porter.bench.parity", "extract"): "the parity bench's stage label",
     ("porter.bench.parity", "static"): "the parity bench's stage label",

@@ -58,9 +58,19 @@ OLD = {
                            "bad_tokens": None},
                   comparison=None, wall_s={}, error=None, with_candidate={"unit": "mini_gpu_add_tensor",
                                                                          "candidate_sha256": SHA}),
+    "throughput": common("throughput", unit="e2e:prefill", tree_hash="bc" * 20, commit="de" * 20,
+                         tree_matches_head=True, library={"path": "/tmp/lib.so"}, prefill_tokens=2048,
+                         decode_tokens=128, rounds=3, setup={"engine": "ds4-bench"}, wall_s=60.5, summary="fast",
+                         samples=[{"backend": "upstream", "wall_s": 9.5, "prefill_tokens": 2048, "prefill_s": 1.1,
+                                   "decode_tokens": 128, "decode_s": 2.2}],
+                         verdict={"ok": True, "reason": "fast", "consistency": {}, "skipped": False,
+                                  "phases": [{"phase": "prefill", "ok": True, "upstream_tps": 1800.0,
+                                              "candidate_tps": 1790.5, "ratio": 0.99, "margin": 0.02,
+                                              "p_value": 0.4, "reason": "fast"}]}),
 }
 MODEL = {"static": E.StaticEvidence, "build": E.BuildEvidence, "parity": E.ParityEvidence, "perf": E.PerfEvidence,
-         "speedup": E.SpeedupEvidence, "e2e": E.E2EEvidence}
+         "speedup": E.SpeedupEvidence, "e2e": E.E2EEvidence,
+         "throughput": E.ThroughputEvidence}
 
 
 def test_every_registered_gate_that_writes_evidence_has_its_model():

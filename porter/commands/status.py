@@ -68,6 +68,7 @@ from porter.gates import archs as gate_archs, registry, static
 from porter.gates.evidence import E2EEvidence, Evidence, EvidenceError, SpeedupEvidence, WithCandidate, evidence_of
 from porter.gates.driver import Candidate, GateContext
 from porter.gates.e2e.state import E2E_UNIT, prefill_line, prefill_status
+from porter.gates.e2e.throughput_state import throughput_lines, throughput_status
 from porter.gates.perf import speed, speed_cell, speed_line, speed_summary
 from porter.records.history import Attempt, GateRecord, History, Step, UnitHistory
 from porter.digest import sha256_bytes
@@ -201,6 +202,9 @@ class StatusReport:
     problems: list[str] = field(default_factory=list)  # tampering not tied to one unit
     # prefill, from e2e evidence whose backend tree hash is HEAD's only: state, commit, reason
     prefill: dict = field(default_factory=lambda: {"state": "unverified", "commit": None, "reason": ""})
+    # the engine's tokens/s against upstream's, from throughput evidence (porter.gates.e2e.throughput_state);
+    # None where the target declares no throughput benchmark
+    throughput: dict | None = None
 
     @property
     def tampered(self) -> bool:
@@ -237,6 +241,7 @@ class StatusReport:
             "problems": self.problems,
             "notes": self.notes,
             "prefill": self.prefill,
+            "throughput": self.throughput,
             "speed": self.speed,
         }
 
@@ -808,9 +813,12 @@ def derive(
                    "problems": integ.ledger_problems, "notes": list(li.notes), "committed_records": integ.committed_lines}
     p_state, p_commit, p_reason = (prefill_status(workspace, target, history.mine) if prefill
                                    else ("unverified", None, "not derived"))
+    engine_speed = (throughput_status(workspace, target, history.mine)
+                    if prefill and target.spec.e2e is not None and target.spec.e2e.throughput is not None else None)
     return StatusReport(target=target.name, units=results, counts=_count(results), critical_path=critical,
                         ledger=ledger_info, notes=notes, problems=integ.problems,
-                        prefill={"state": p_state, "commit": p_commit, "reason": p_reason})
+                        prefill={"state": p_state, "commit": p_commit, "reason": p_reason},
+                        throughput=engine_speed)
 
 
 def _judging_evidence(uh: UnitHistory, state: str, f: UnitFile, evidence) -> list[Evidence]:
@@ -994,6 +1002,9 @@ def render(report: StatusReport, console=None, wide: bool = False) -> None:
         say(line)
     say(prefill_line((report.prefill["state"], report.prefill["commit"], report.prefill["reason"])),
         "bold green" if report.prefill["state"] == "verified" else None)
+    if report.throughput is not None:
+        for line in throughput_lines(report.throughput):
+            say(line, "bold red" if "SLOW" in line else None)
     cp = report.critical_path
     if cp["available"]:
         say(f"critical path ({'+'.join(cp['tiers'])}, {cp['counts']['total']} units): "

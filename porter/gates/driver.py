@@ -73,6 +73,7 @@ class GateContext:
     # progress of a long job inside a gate (the first build of every placeholder object): a
     # factory (what, total) -> porter.term.Steps given by the command that owns the terminal; None: silent
     progress: Callable | None = None
+    log: Callable | None = None  # a line for the run's log (a backend gate's minutes of runs, one by one)
 
     def __post_init__(self):
         self.workspace = Path(self.workspace or self.target.workspace)

@@ -333,6 +333,37 @@ class E2EEvidence(Evidence):
     with_candidate: WithCandidate | None = None
 
 
+class PhaseVerdict(Open):
+    phase: str | None = None
+    ok: bool | None = None
+    upstream_tps: Num | None = None
+    candidate_tps: Num | None = None
+    ratio: Num | None = None
+    margin: Num | None = None
+    p_value: Num | None = None
+
+
+class ThroughputVerdict(Open):
+    ok: bool | None = None
+    reason: str | None = None
+    phases: list[PhaseVerdict] = Field(default_factory=list)
+
+
+class ThroughputEvidence(Evidence):
+    """The throughput gate's record: the engine's samples as porter saw them, and the verdict on them."""
+
+    tree_hash: str | None = None
+    commit: str | None = None
+    tree_matches_head: bool | None = None
+    verdict: ThroughputVerdict | None = None
+    samples: list[dict] | None = None
+    prefill_tokens: int | None = None
+    decode_tokens: int | None = None
+
+    def phase(self, name: str) -> PhaseVerdict | None:
+        return next((p for p in (self.verdict.phases if self.verdict else []) if p.phase == name), None)
+
+
 _BY_ROLE = {registry.SOURCE: StaticEvidence, registry.LIBRARY: BuildEvidence, registry.OUTPUT: ParityEvidence,
             registry.SPEED: PerfEvidence}
 
@@ -344,7 +375,7 @@ def model_for(gate) -> type[Evidence]:
     if g is None:
         return Evidence
     if g.judges == registry.BACKEND:
-        return E2EEvidence
+        return ThroughputEvidence if g.role == registry.SPEED else E2EEvidence
     if g.judges == registry.SPEEDUP:
         return SpeedupEvidence
     return _BY_ROLE.get(g.role, Evidence)

@@ -80,6 +80,9 @@ ACTIVE: tuple[Gate, ...] = (
     Gate("speedup", "porter.optimize.ab", judges=SPEEDUP, role=SPEED, needs=("perf",), uses=(LIBRARY_FILE,),
          rechecked=False, runs_candidate=True),
     Gate("e2e", "porter.gates.e2e.gate", judges=BACKEND, role=OUTPUT, uses=(LIBRARY_FILE,), rechecked=False),
+    # the engine's tokens/s against upstream's: only on a backend e2e found right
+    Gate("throughput", "porter.gates.e2e.throughput_gate", judges=BACKEND, role=SPEED, needs=("e2e",),
+         uses=(LIBRARY_FILE,), rechecked=False),
 )
 
 

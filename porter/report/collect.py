@@ -17,6 +17,7 @@ from porter.errors import PorterError
 from porter.records.evidence import check_evidence
 from porter.gates.evidence import problem as malformed
 from porter.gates import registry
+from porter.gates.e2e.throughput_state import throughput_lines
 from porter.records.history import Attempt, Failure, History, Step
 from porter.records.ledger import load_key
 from porter.target.plan import TIERS, ranked_units
@@ -74,6 +75,7 @@ class SiteData:
     entries: dict[str, list[str]]
     refused: dict[str, int] = field(default_factory=dict)  # gate -> answers it refused, over every unit
     notes: list[str] = field(default_factory=list)
+    throughput: list[str] = field(default_factory=list)  # status's tokens/s lines, one per phase
 
 
 def prefill_slot(value) -> dict:
@@ -224,4 +226,5 @@ def collect(workspace: Path, target_name: str | None = None, source=None) -> Sit
     return SiteData(target=target.name, workspace=workspace, status=status, units=pages, tiers=tiers,
                     critical=status.critical_path, prefill=prefill, ledger=status.ledger,
                     calibration=[calibration[u] for u in sorted(calibration)], runs=_runs(history),
-                    entries=entries, refused=refused, notes=notes + list(status.notes))
+                    entries=entries, refused=refused, notes=notes + list(status.notes),
+                    throughput=throughput_lines(status.throughput) if status.throughput else [])

@@ -56,7 +56,8 @@ from porter.errors import PorterError
 from porter.host.toolchain import nvcc_path
 from porter.gates import registry
 from porter.gates.driver import Candidate, GateContext, run_gates
-from porter.gates.e2e.state import E2E_UNIT, head_backend_tree, run_e2e_if_due
+from porter.gates.e2e.state import E2E_UNIT, head_backend_tree, prefill_status, run_e2e_if_due
+from porter.gates.e2e.throughput_state import throughput_due, throughput_records_from_ledger
 from porter.gates.result import GateResult
 from porter.records.history import Usage
 from porter.records.ledger import Ledger, load_key
@@ -208,37 +209,58 @@ def _run_locked(opts: RunOptions, target, key, provider, signer, budget_s: float
 
 
 def end_to_end(ws: Path, target, r: Run) -> None:
-    """The e2e gate on the whole backend once every prefill-tier unit is verified, and again after any
-    of them changed (a new backend tree at HEAD); its record is what status's prefill line reads."""
+    """The backend gates on the whole backend once every prefill-tier unit is verified, and again after
+    any of them changed (a new backend tree at HEAD): e2e (its record is what status's prefill line
+    reads), then throughput on a backend e2e passed; throughput alone where e2e passed on this tree
+    before and its speed was never measured (a run cut short, a porter that had no throughput gate)."""
     if target.spec.e2e is None or not r.parity_ok:
         return
     report = derive(ws, target=target)
     states = {u.unit: u.state for u in report.units}
     prefill_units = [u.unit for u in report.units if u.tier == "prefill"]
+    output_gates = registry.names(registry.BACKEND, role=registry.OUTPUT)
 
-    def build_and_run() -> GateResult:
+    def record(res: GateResult) -> None:
+        r._record_gate(E2E_UNIT, 0, res)
+        colour = "green" if res.ok else "yellow" if res.skipped else "red"
+        r.out.line(f"{res.gate}: {res.summary}", colour)
+
+    def build_and_run(gates: tuple[str, ...], proven: tuple[str, ...] = ()) -> GateResult:
+        """`gates` on the backend as committed, each result recorded as it comes; `proven`: gates whose
+        passing record on this very tree stands for them (what a gate's `needs` asks for)."""
         # the candidate: the whole backend as committed, named by its tree hash (what status's prefill
         # line compares with HEAD's)
         backend = Candidate.backend(E2E_UNIT, head_backend_tree(ws, target))
         # a silent step of minutes (ds4: about 280 s on an H200) reads as a hang in a cron log
-        r.out.line("e2e: building the engine on the reference and the ported backend, one prefill on each")
-        ctx = GateContext(target, ws, progress=getattr(r.out, "steps", None))
+        r.out.line(f"{', '.join(gates)}: building the engine on the reference and the ported backend, then "
+                   "running both")
+        ctx = GateContext(target, ws, progress=getattr(r.out, "steps", None), log=r.out.line)
+        for name in proven:
+            ctx.results[name] = GateResult(name, True, f"{name} passed on this backend tree (its record)")
         # its library: the library gates link one unit's current file with every other unit's (any unit
         # will do; the library gates judge one unit, so one is named as the build's anchor)
         anchor = (prefill_units or target.units)[0]
         library = registry.names(registry.UNIT, role=registry.LIBRARY)
         built = run_gates(Candidate.of(anchor, target.unit_path(anchor).read_text()), ctx, gates=library)[-1]
-        gates = registry.names(registry.BACKEND)
         if not built.ok:
-            return GateResult(gates[0], False, f"{gates[0]}: the backend does not build: {built.summary}",
-                              check=built.gate)
-        return run_gates(backend, ctx, gates=gates)[-1]
+            res = GateResult(gates[0], False, f"{gates[0]}: the backend does not build: {built.summary}",
+                             check=built.gate)
+            record(res)
+            return res
+        return run_gates(backend, ctx, gates=gates, on_result=record)[0]
 
-    def record(res: GateResult) -> None:
-        r._record_gate(E2E_UNIT, 0, res)
-        r.out.line(f"e2e: {res.summary}", "green" if res.ok else "red")
-
-    run_e2e_if_due(target, ws, states, prefill_units, r.history().mine, run=build_and_run, record=record)
+    # a target without [e2e.throughput] has no benchmark to run: no skipped record per backend tree
+    speed = registry.names(registry.BACKEND, role=registry.SPEED) if target.spec.e2e.throughput else ()
+    ran = run_e2e_if_due(target, ws, states, prefill_units, r.history().mine,
+                         run=lambda: build_and_run(output_gates + speed), record=lambda res: None)
+    if ran is not None:
+        return
+    records = r.history().mine
+    verified_here = prefill_status(ws, target, records)[0] == "verified"
+    if speed and throughput_due(
+            throughput_records_from_ledger(ws, target.name, records), head_backend_tree(ws, target),
+            verified_here)[0]:
+        build_and_run(speed, proven=output_gates)
 
 
 def finish(ws: Path, target, r: Run, results: dict[str, str], stop_reason: str | None, run_dir: Path) -> int:

@@ -127,6 +127,14 @@ class FixtureSpec(_Strict):
     file: str
 
 
+class ThroughputSpec(_Strict):
+    """[e2e.throughput]: the engine's benchmark, upstream's backend against the port's (porter.gates.e2e.throughput)."""
+
+    prefill_tokens: int = Field(2048, ge=1)  # one prefill of this many prompt tokens
+    decode_tokens: int = Field(128, ge=1)  # then this many greedy steps at that depth
+    rounds: int = Field(3, ge=1)  # ABBA rounds: 4 runs each, 2 per backend
+
+
 class E2ESpec(_Strict):
     """[e2e]: how porter.gates.e2e builds the engine against a backend and what it compares (see its README)."""
 
@@ -140,6 +148,7 @@ class E2ESpec(_Strict):
     runs: int = Field(1, ge=1)
     calibration: str = "e2e/calibration.json"  # relative to the target folder; written by the calibration run
     options: dict = Field(default_factory=dict)  # driver-specific settings
+    throughput: ThroughputSpec | None = None  # absent: no tokens/s verdict for this target
 
 
 class ScriptedSpec(_Strict):

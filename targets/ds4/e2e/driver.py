@@ -124,8 +124,9 @@ def scratch_copy(target, dest: Path, n_layer: int, cuda_rules: list[tuple[str, s
 
 
 def make_command(build_dir: Path, backend: str, *, library: Path | None = None, cuda_arch: str = "sm_90",
-                 jobs: int = 8) -> list[str]:
-    """backend 'cpu' -> ds4's `make cpu`; 'cuda' -> `make ds4` with ds4_cuda.o, or `library` in its place."""
+                 jobs: int = 8, program: str = "ds4") -> list[str]:
+    """backend 'cpu' -> ds4's `make cpu`; 'cuda' -> `make <program>` (ds4, or ds4-bench for throughput)
+    with ds4_cuda.o, or `library` in its place."""
     base = ["make", "-C", str(build_dir), "-f", "Makefile", "-f", MAKE_FRAGMENT, f"-j{jobs}"]
     if backend == "cpu":
         return base + ["cpu", "CPU_CORE_OBJS=ds4_cpu.o ds4_e2e_accessor_cpu.o"]
@@ -136,7 +137,7 @@ def make_command(build_dir: Path, backend: str, *, library: Path | None = None, 
     # (nine builds of ds4_cuda.cu run side by side in a calibration)
     nvccflags = (f"NVCCFLAGS=-O3 --use_fast_math -arch={cuda_arch} -Xcompiler -march=native "
                  "-Xcompiler -pthread")
-    cmd = base + ["ds4", f"CUDA_ARCH={cuda_arch}", f"CORE_OBJS={core}", nvccflags]
+    cmd = base + [program, f"CUDA_ARCH={cuda_arch}", f"CORE_OBJS={core}", nvccflags]
     nvcc = shutil.which("nvcc")
     if nvcc:  # ds4's Makefile assumes /usr/local/cuda; use the toolkit on PATH
         from porter.host.toolchain import toolkit_root
@@ -285,14 +286,15 @@ class Ds4Reduced:
                                  self.target.arch.archs)).encode() + ours)
         return f"{v.backend}-{v.source}-{h.hexdigest()[:10]}"
 
-    def build(self, v: Ds4Variant) -> Path:
+    def build(self, v: Ds4Variant, program: str = "ds4") -> Path:
         d = self.scratch / "build" / self.build_key(v)
-        exe = d / "ds4"
+        exe = d / program
         if exe.is_file():
             return d
-        scratch_copy(self.target, d, self.n_layer, v.rules)
+        if not (d / MAKE_FRAGMENT).is_file():  # a program of a build made before shares its objects
+            scratch_copy(self.target, d, self.n_layer, v.rules)
         cmd = make_command(d, v.backend, library=v.library, cuda_arch=self.target.arch.archs[-1],
-                           jobs=max(1, min(self.jobs, 8)))
+                           jobs=max(1, min(self.jobs, 8)), program=program)
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
         (d / "porter-build.log").write_text(" ".join(cmd) + "\n" + proc.stdout + proc.stderr)
         if proc.returncode != 0 or not exe.is_file():
@@ -520,6 +522,97 @@ def prefill_pair(target, scratch: Path, library: Path, model: Path | None):
     return ref, [red.run(built, cand_v) for _ in range(target.spec.e2e.runs)], red.setup()
 
 
+# ------------------------------------------------------------------ throughput (porter.gates.e2e.throughput_gate)
+
+BENCH_EXE = "ds4-bench"
+BENCH_CSV_MAX = 4096  # a header and one frontier's row
+BENCH_HEADER = "ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,kvcache_bytes"
+
+
+def bench_command(build_dir: Path, model: Path, prompt_file: Path, csv: Path, prefill: int, decode: int) -> list[str]:
+    """ds4-bench at one frontier: a prefill of `prefill` tokens from an empty context, then `decode`
+    greedy steps at that depth (EOS skipped, so every run decodes the same count)."""
+    return [str(Path(build_dir) / BENCH_EXE), "-m", str(model), "--cuda", "--prompt-file", str(prompt_file),
+            "--ctx-start", str(prefill), "--ctx-max", str(prefill), "--gen-tokens", str(decode), "--csv", str(csv)]
+
+
+def parse_bench_csv(raw: bytes, backend: str, wall_s: float):
+    """ds4-bench's CSV as a throughput.Sample: exactly its header and one row of numbers, or PorterError
+    (the engine's process wrote it, and a process holding the candidate's code can write anything)."""
+    from porter.gates.e2e.throughput import Sample
+
+    try:
+        lines = raw.decode("ascii").strip().splitlines()
+    except UnicodeDecodeError:
+        raise PorterError("ds4-bench's CSV is not ASCII text") from None
+    if len(lines) != 2 or lines[0].strip() != BENCH_HEADER:
+        raise PorterError(f"ds4-bench's CSV is not its header and one row ({len(lines)} line(s))")
+    cells = lines[1].split(",")
+    try:
+        ctx, pre_tok, pre_tps, gen_tok, gen_tps, _kv = (int(cells[0]), int(cells[1]), float(cells[2]),
+                                                         int(cells[3]), float(cells[4]), int(cells[5]))
+    except (ValueError, IndexError):
+        raise PorterError(f"ds4-bench's row is not six numbers: {lines[1][:120]!r}") from None
+    if not (pre_tps > 0 and gen_tps > 0) or ctx != pre_tok:
+        raise PorterError(f"ds4-bench's row does not describe one prefill from empty: {lines[1][:120]!r}")
+    # the CSV gives rates (2 decimals); the judge works in seconds, the unit porter's clock measures
+    return Sample(backend, wall_s, pre_tok, pre_tok / pre_tps, gen_tok, gen_tok / gen_tps)
+
+
+class Ds4Bench:
+    """Two builds of ds4-bench on the fixture: upstream's backend and the workspace's library."""
+
+    def __init__(self, red: Ds4Reduced, builds: dict[str, tuple[Path, Ds4Variant]], prefill: int, decode: int):
+        self.red, self.builds, self.prefill, self.decode = red, builds, prefill, decode
+        self.prompt_file = red.scratch / "bench-prompt.txt"
+        # byte tokens: a margin past the frontier, since ds4-bench refuses a prompt shorter than it
+        self.prompt_file.write_text(prompt_text(prefill + 64))
+        self.setup = {"engine": BENCH_EXE, "layers": red.n_layer, "model_seed": int(red.opts.get("seed", 0)),
+                      "prefill_tokens": prefill, "decode_tokens": decode, "upstream": "ds4_cuda.cu of the checkout"}
+
+    def run(self, backend: str):
+        build_dir, v = self.builds[backend]
+        out = self.red.scratch / "bench-out" / f"{backend}-{time.monotonic_ns()}"
+        out.mkdir(parents=True)
+        csv = out / "bench.csv"
+        cmd = bench_command(build_dir, self.red.model, self.prompt_file, csv, self.prefill, self.decode)
+        env = {"DS4_THREADS": str(os.cpu_count() or 1), "DS4_LOCK_FILE": str(out / "ds4.lock")}
+        t0 = time.monotonic()
+        try:
+            proc = cbuild.run_engine(cmd, reads=[build_dir, self.red.model, self.prompt_file, *self.red.linked(v)],
+                                     writes=[out], env=env, timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise PorterError(f"ds4-bench ({backend}) ran past {RUN_TIMEOUT_S}s") from None
+        wall = time.monotonic() - t0  # porter's clock, from outside the process the candidate runs in
+        (out / "stderr.txt").write_text(proc.stderr)
+        if proc.returncode != 0:
+            raise PorterError(f"ds4-bench ({backend}) failed (exit {proc.returncode}): "
+                              f"{(proc.stderr.strip().splitlines() or ['no message'])[-1][:300]}")
+        return parse_bench_csv(cbuild.read_engine_output(csv, BENCH_CSV_MAX), backend, wall)
+
+
+def throughput_runner(target, scratch: Path, library: Path, model: Path | None, *, prefill_tokens: int,
+                      decode_tokens: int, log=print) -> Ds4Bench:
+    from porter.gates.e2e.throughput import CANDIDATE, UPSTREAM
+
+    red = Ds4Reduced(target, scratch, model)
+    up = Ds4Variant("upstream-cuda", "reference", source="upstream")
+    # library None: upstream against itself (the A/A check), the same executable on both sides
+    cand = up if library is None else Ds4Variant("candidate", "candidate", source="library", library=Path(library))
+    # the fixture (GBs written) and two long nvcc builds, side by side
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        model_f = pool.submit(red.ensure_model, log)
+        up_f = pool.submit(red.build, up, BENCH_EXE)
+        cand_f = up_f if cand is up else pool.submit(red.build, cand, BENCH_EXE)
+        model_f.result()
+        try:
+            up_dir = up_f.result()
+        except PorterError as exc:
+            raise ReferenceFailure(f"upstream's ds4-bench: {exc}") from exc
+        cand_dir = cand_f.result()
+    return Ds4Bench(red, {UPSTREAM: (up_dir, up), CANDIDATE: (cand_dir, cand)}, prefill_tokens, decode_tokens)
+
+
 def _prepare_command(target, args, scratch: Path) -> int:
     prepare_ds4(target, scratch, args.model)
     return 0
@@ -534,9 +627,33 @@ def _logprob_command(target, args, scratch: Path) -> int:
     return 0 if res.ok else 1
 
 
+def _throughput_command(target, args, scratch: Path) -> int:
+    """The throughput gate on a library named by --library: a path, `reference` (every unit's slice of the
+    checkout as `porter run --provider reference` ports it) or `upstream` (upstream's ds4-bench against
+    itself: the A/A check, which must come out fast).  Prints the verdict; stores nothing."""
+    from porter.gates.e2e.throughput_gate import run_throughput
+
+    which = args.library or "reference"
+    if which == "reference":
+        lib = reference_slices_library(target, scratch / "build-cache")
+    elif which == "upstream":
+        lib = None
+    else:
+        lib = Path(which)
+    print(f"throughput of {which} ({lib or 'the same ds4-bench on both sides'}) against upstream's ds4-bench")
+    res = run_throughput(target, args.workspace, lib, scratch=scratch, model=args.model, log=print)
+    print(res.summary)
+    if res.diagnostics:
+        print(res.diagnostics)
+    return 0 if res.ok else 1
+
+
 COMMANDS = {
     "prepare": ("write the synthetic GGUF and run every build into --scratch (the slow half of calibrate)",
                 _prepare_command),
+    "throughput": ("ABBA ds4-bench runs, upstream's backend against --library (a path, reference or upstream: "
+                   "the A/A check), judged by porter.gates.e2e.throughput; prints the verdict",
+                   _throughput_command),
     "logprob": ("build porter's vector driver against --library, run ds4's official logprob vectors on --model "
                 "(the user's real GGUF) and judge its raw results here; stored as e2e evidence", _logprob_command),
 }
