@@ -52,3 +52,47 @@ def test_chunks_from_different_gpus_or_not_a_table_are_refused(tmp_path, chunks,
     (tmp_path / "junk.json").write_text("{not json")
     assert perf_table.from_json(target, [str(tmp_path / "junk.json")], tmp_path / "t.md") == 2
     assert "not a perf-table JSON" in capsys.readouterr().err
+
+
+def _timed(case, ms, nbytes, flops=None):
+    return {"case": case, "median_ms": ms, "p90_ms": ms * 1.05, "reps": 10, "bytes": nbytes, "flops": flops,
+            "gbps": nbytes / (ms * 1e-3) / 1e9, "peak_gbps": 4800.0, "peak_fp32_tflops": 60.0,
+            "roofline_ms": max(nbytes / 4.8e12 * 1e3, (flops or 0) / 60e12 * 1e3), "times_ms": [ms] * 10}
+
+
+def _parity(cases):
+    from porter.gates.result import GateResult
+
+    ev = {"gate": "parity", "ok": True, "timing": cases[0], "timed_cases": cases}
+    return GateResult("parity", True, "parity ok", evidence=ev)
+
+
+def test_the_table_shows_every_timed_case_with_its_bound_and_the_verdict_on_it():
+    """perf judges every timed case (a prefill-only waste hides in a case that is not the decode one), so
+    the table the must-show reads lists each case, not one per op."""
+    from porter.gates.result import GateResult
+
+    decode = _timed("decode: 1 token", 0.02, 8_000_000)
+    prefill = _timed("prefill: 2048 tokens", 4.0, 8_000_000, flops=2 * 2048 * 4096 * 4096)
+    first = _parity([decode, prefill])
+    again = _parity([dict(decode, median_ms=0.021), dict(prefill, median_ms=9.0)])
+    verdict = GateResult("perf", False, "perf refused", evidence={
+        "gate": "perf", "ok": False, "cases": [
+            {"case": decode["case"], "ok": True, "ratio": 1.05, "decided_by": "known-good"},
+            {"case": prefill["case"], "ok": False, "ratio": 2.25, "decided_by": "known-good"}]})
+    rows = perf_table.case_rows(first, again, verdict)
+    assert [r["case"] for r in rows] == [decode["case"], prefill["case"]]
+    assert [r["bound"] for r in rows] == ["memory", "compute"]
+    assert [r["perf"] for r in rows] == ["pass", "fail"] and rows[1]["again_ms"] == 9.0 and rows[1]["ratio"] == 2.25
+    target = load_target(REPO, "minimoe")
+    text = "\n".join(perf_table.cases_block(target, [{"unit": "ds4_gpu_matmul", "cases": rows}]))
+    assert "| ds4_gpu_matmul | prefill: 2048 tokens | 4 |" in text and "| compute |" in text
+    assert "2 timed cases over 1 ops; the known-good re-timed in a fresh process passes 1 of the 2 judged" in text
+    # a known-good that never passed parity: its cases are listed, judged by nothing
+    assert [r["perf"] for r in perf_table.case_rows(first, None, None)] == [None, None]
+    assert perf_table.cases_block(target, [{"unit": "old row without cases"}]) == []
+
+
+def test_a_case_without_declared_bytes_or_flops_is_bound_by_nothing_measured():
+    assert perf_table.bound_by({"bytes": None, "flops": None, "peak_gbps": 4800.0}) == "-"
+    assert perf_table.bound_by({"bytes": 10**9, "flops": None, "peak_gbps": 4800.0, "peak_fp32_tflops": None}) == "memory"

@@ -35,7 +35,7 @@ from porter.gates.mutants import perf_rule_mutants
 from porter.gates import perf
 from porter.gates.driver import ParityOptions
 from porter.gates.parity.gate import fresh_seeds
-from porter.gates.evidence import ParityEvidence
+from porter.gates.evidence import ParityEvidence, PerfEvidence
 from porter.spec import load_specs
 
 PARALLEL_SPECS = 4  # inputs and references built side by side; the GPU runs still take turns
@@ -59,6 +59,7 @@ def measure_unit(target, unit: str, good: Path, opts: CalibrateOptions, regimes:
     t = _timing(first)
     row.update(ms=t.get("median_ms"), pct_roofline=perf.pct_of_roofline(t), gbps=t.get("gbps"),
                limit=perf.calibrated_limit(t)["limit"] if t else None)
+    again = verdict = None
     if first.ok and t.get("median_ms"):
         again = _regime_run(target, unit, good, opts, seeds, None, fresh=True)
         base, why = perf.known_good_baseline(first)
@@ -67,6 +68,7 @@ def measure_unit(target, unit: str, good: Path, opts: CalibrateOptions, regimes:
         row.update(again_ms=_timing(again).get("median_ms"), perf=verdict.word, perf_summary=verdict.summary[:300])
         if row["pct_roofline"]:
             row["suggested_floor"] = round(row["pct_roofline"] / 200.0, 4)
+    row["cases"] = case_rows(first, again, verdict)
     for name in regimes:
         other = _regime_run(target, unit, good, opts, seeds, name)
         ot = _timing(other)
@@ -74,6 +76,35 @@ def measure_unit(target, unit: str, good: Path, opts: CalibrateOptions, regimes:
         row[f"{name}_pct_roofline"] = perf.pct_of_roofline(ot)
         row[f"{name}_known_good"] = other.word
     return row, first, seeds
+
+
+def case_rows(first, again, verdict) -> list[dict]:
+    """Every case the known-good's first run timed, in the spec's order: its time and roofline share, what
+    bounds it (bytes or FLOPs: the larger roofline term), the limit its spread allows, the fresh-process
+    time and the perf gate's verdict on that case (perf judges every timed case, not one per op)."""
+    judged = {c.case: c for c in (PerfEvidence.of(verdict.evidence).cases or [])} if verdict is not None else {}
+    again_cases = perf.cases_of(again.evidence) if again is not None else {}
+    out = []
+    for case, t in perf.cases_of(first.evidence).items():
+        v = judged.get(case)
+        out.append({"case": case, "ms": t.get("median_ms"), "pct_roofline": perf.pct_of_roofline(t),
+                    "bound": bound_by(t), "bytes": t.get("bytes"), "flops": t.get("flops"),
+                    "limit": perf.calibrated_limit(t)["limit"] if t.get("median_ms") else None,
+                    "again_ms": (again_cases.get(case) or {}).get("median_ms"),
+                    "ratio": v.ratio if v is not None else None,
+                    "perf": None if v is None else "skipped" if v.skipped else "pass" if v.ok else "fail"})
+    return out
+
+
+def bound_by(t: dict) -> str:
+    """'compute' where the case's FLOPs at the GPU's peak take longer than its bytes at peak bandwidth,
+    'memory' otherwise; '-' where the spec declares neither term the GPU can be measured against."""
+    gbps, tflops = t.get("peak_gbps"), t.get("peak_fp32_tflops")
+    mem = t["bytes"] / (gbps * 1e9) if t.get("bytes") and gbps else None
+    flop = t["flops"] / (tflops * 1e12) if t.get("flops") and tflops else None
+    if mem is None and flop is None:
+        return "-"
+    return "compute" if (flop or 0) > (mem or 0) else "memory"
 
 
 def judge_mutant(target, m, libs, opts: CalibrateOptions, first, seeds) -> dict:
@@ -112,6 +143,7 @@ def render(target, rows: list[dict], mutants: list[dict], regimes: list[str], se
             cells += [_f(r.get(f"{name}_ms")), _f(r.get(f"{name}_pct_roofline"), "{:.1f}")]
         cells.append(_f(r.get("suggested_floor"), "{:.3g}"))
         lines.append("| " + " | ".join(str(c).replace("|", "/") for c in cells) + " |")
+    lines += cases_block(target, rows)
     if mutants:
         lines += ["", "## perf mutants", "", "| mutant | unit | must fail by | got | ok |", "|---|---|---|---|---|"]
         for m in mutants:
@@ -122,6 +154,28 @@ def render(target, rows: list[dict], mutants: list[dict], regimes: list[str], se
     lines += ["", f"known-good passes perf in the {prod} regime on {passed} of {len(rows)} timed ops; "
               f"{refused} of {len(mutants)} perf mutants refused by the check they name"]
     return "\n".join(lines) + "\n"
+
+
+def cases_block(target, rows: list[dict]) -> list[str]:
+    """The table's every-case section: one line per timed case of every op (rows of runs made before the
+    cases were kept have none, and add no line)."""
+    every = [(r, c) for r in rows for c in r.get("cases") or []]
+    if not every:
+        return []
+    judged = [c for _, c in every if c.get("perf") in ("pass", "fail")]
+    out = ["", "## every timed case", "",
+           "The perf gate judges each of these against the known-good's first run (`x`: the fresh run's time "
+           "over it; `limit`: what that case's own spread allows).", "",
+           "| unit | case | ms | % roofline | bound by | limit | again ms | x | perf |", "|---|---|---|---|---|---|---|---|---|"]
+    for r, c in every:
+        cells = [r["unit"].removeprefix(target.symbol_prefix), c.get("case") or "-", _f(c.get("ms")),
+                 _f(c.get("pct_roofline"), "{:.1f}"), c.get("bound") or "-", _f(c.get("limit"), "{:.3g}x"),
+                 _f(c.get("again_ms")), _f(c.get("ratio"), "{:.2f}"), c.get("perf") or "-"]
+        out.append("| " + " | ".join(str(x).replace("|", "/") for x in cells) + " |")
+    passed = sum(1 for c in judged if c["perf"] == "pass")
+    out += ["", f"{len(every)} timed cases over {sum(1 for r in rows if r.get('cases'))} ops; the known-good "
+            f"re-timed in a fresh process passes {passed} of the {len(judged)} judged"]
+    return out
 
 
 def floors_block(target, rows: list[dict]) -> str:
