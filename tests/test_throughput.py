@@ -394,3 +394,35 @@ def test_run_measures_throughput_after_e2e_and_alone_where_e2e_passed_before(gat
     assert chains[-1] == (speed, output), "throughput alone, e2e's record standing for its need"
     assert [r.gate for r in ledger] == list(output + speed)
     assert any(line.startswith("throughput: throughput ok") for line in Out.lines)
+
+
+def test_ds4s_runner_skips_on_upstreams_build_and_fails_on_the_candidates(ds4_driver, monkeypatch, tmp_path):
+    """Which side failed to build decides: upstream's is no verdict (skipped), the candidate's is its own."""
+    target = types.SimpleNamespace(spec=types.SimpleNamespace(e2e=types.SimpleNamespace(layers=5, prompt_tokens=64,
+                                                                                        options={})))
+    monkeypatch.setattr(ds4_driver.Ds4Reduced, "ensure_model", lambda self, log=print: self.model)
+    built = []
+
+    def build(self, v, program="ds4"):
+        built.append((v.name, program))
+        if v.name in failing:
+            raise PorterError(f"ds4 build {v.name} failed: nvcc error")
+        return tmp_path / v.name
+
+    monkeypatch.setattr(ds4_driver.Ds4Reduced, "build", build)
+    failing = {"upstream-cuda"}
+    with pytest.raises(ReferenceFailure, match="upstream's ds4-bench"):
+        ds4_driver.throughput_runner(target, tmp_path, tmp_path / "lib.so", None, prefill_tokens=PRE,
+                                     decode_tokens=DEC, log=lambda *_: None)
+    failing = {"candidate"}
+    with pytest.raises(PorterError, match="candidate failed") as err:
+        ds4_driver.throughput_runner(target, tmp_path, tmp_path / "lib.so", None, prefill_tokens=PRE,
+                                     decode_tokens=DEC, log=lambda *_: None)
+    assert not isinstance(err.value, ReferenceFailure)
+    failing = set()
+    built.clear()
+    bench = ds4_driver.throughput_runner(target, tmp_path, None, None, prefill_tokens=PRE, decode_tokens=DEC,
+                                         log=lambda *_: None)
+    assert built == [("upstream-cuda", "ds4-bench")], "A/A: one build, the same executable on both sides"
+    assert bench.builds[tp.UPSTREAM] == bench.builds[tp.CANDIDATE]
+    assert len((tmp_path / "bench-prompt.txt").read_text()) >= PRE

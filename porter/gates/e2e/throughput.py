@@ -119,7 +119,8 @@ def consistency(samples: list[Sample]) -> tuple[str | None, dict]:
     if med > limit:
         return (f"the candidate's engine spent {med:.2f} s outside the phases it reported (median), upstream's at "
                 f"most {up.max():.2f} s (+{noise:.2f} s noise): its reported times do not account for the wall "
-                f"time porter measured"), facts
+                f"time porter measured (a slower model load or setup, or a report that understates its phases; "
+                f"either way not as fast as upstream)"), facts
     return None, facts
 
 
