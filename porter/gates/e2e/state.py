@@ -61,22 +61,28 @@ def e2e_records_from_ledger(workspace: Path, target: str, records: list) -> list
     """The evidence of every e2e gate record of `target` among porter.records.history's typed records, in ledger
     order; records whose evidence is missing, edited, swapped or not what porter writes are left out (they
     cannot count)."""
+    return [ev for ev, _ in backend_records(workspace, target, records, "e2e", E2EEvidence)]
+
+
+def backend_records(workspace: Path, target: str, records: list, gate: str, model) -> list[tuple[dict, object]]:
+    """(evidence, as `model`) of every `gate` record of `target` whose evidence is intact, fits the model
+    and agrees with its ledger line (gate, target, ok), in ledger order: what a backend gate's state reads."""
     from porter.records.evidence import check_evidence
     from porter.records.history import GateRecord
 
     out = []
     for rec in records:
-        if not isinstance(rec, GateRecord) or rec.gate != "e2e" or rec.target != target:
+        if not isinstance(rec, GateRecord) or rec.gate != gate or rec.target != target:
             continue
         ev, problem = check_evidence(workspace, str(rec.evidence))
         if problem is not None:
             continue
         try:
-            typed = E2EEvidence.of(ev)
+            typed = model.of(ev)
         except EvidenceError:
             continue
-        if typed.gate == "e2e" and typed.target == target and typed.ok == rec.ok:
-            out.append(ev)
+        if typed.gate == gate and typed.target == target and typed.ok == rec.ok:
+            out.append((ev, typed))
     return out
 
 

@@ -9,30 +9,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from porter.gates.e2e.state import E2E_UNIT, head_backend_tree
+from porter.gates.e2e.state import E2E_UNIT, backend_records, head_backend_tree
 from porter.gates.e2e.throughput_gate import GATE
-from porter.gates.evidence import EvidenceError, ThroughputEvidence
+from porter.gates.evidence import ThroughputEvidence
 
 
 def throughput_records_from_ledger(workspace: Path, target: str, records: list) -> list[ThroughputEvidence]:
     """Every throughput record of `target` whose evidence is intact and fits, in ledger order."""
-    from porter.records.evidence import check_evidence
-    from porter.records.history import GateRecord
-
-    out = []
-    for rec in records:
-        if not isinstance(rec, GateRecord) or rec.gate != GATE or rec.target != target:
-            continue
-        ev, problem = check_evidence(workspace, str(rec.evidence))
-        if problem is not None:
-            continue
-        try:
-            typed = ThroughputEvidence.of(ev)
-        except EvidenceError:
-            continue
-        if typed.gate == GATE and typed.target == target and typed.unit == E2E_UNIT and typed.ok == rec.ok:
-            out.append(typed)
-    return out
+    return [typed for _, typed in backend_records(workspace, target, records, GATE, ThroughputEvidence)
+            if typed.unit == E2E_UNIT]
 
 
 def throughput_due(records: list[ThroughputEvidence], head_tree_hash: str | None, prefill_verified_here: bool
