@@ -149,6 +149,36 @@ def test_prefill_slot_shows_what_derive_reports(ws, tmp_path, monkeypatch):
     assert "prefill verified at 0123abcd" in text and "no end-to-end evidence" not in text
 
 
+def test_the_overview_plots_the_engines_tokens_per_second_against_upstream(ws, tmp_path, monkeypatch):
+    """Status's throughput state is what the overview lists and draws: both phases, each bar with its figure,
+    a slow phase marked, upstream's margin shaded; nothing is drawn where nothing was measured."""
+    from porter.report import collect
+    from porter.report.speed_chart import throughput_svg
+
+    measured = {"state": "measured", "ok": False, "commit": "0123abcd" * 5, "reason": "", "phases": {
+        "prefill": {"tps": 1038.1, "upstream_tps": 1087.4, "ratio": 0.95, "ok": True, "p_value": 0.114, "margin": 0.114},
+        "decode": {"tps": 11.5, "upstream_tps": 23.6, "ratio": 0.49, "ok": False, "p_value": 0.002, "margin": 0.045}}}
+    real = collect.derive
+
+    def with_throughput(*a, **k):
+        st = real(*a, **k)
+        st.throughput = measured
+        return st
+
+    monkeypatch.setattr(collect, "derive", with_throughput)
+    site = build(ws.root, TARGET, tmp_path / "speed").parent
+    html = (site / "index.html").read_text()
+    text = text_of(html)
+    assert "prefill: 1038.1 t/s (0.95x upstream, fast" in text and "decode: 11.5 t/s (0.49x upstream, SLOW" in text
+    svg = html[html.index('<svg class="throughput"'):html.index("</svg>", html.index('<svg class="throughput"'))]
+    assert "1087.4 t/s" in svg and "1038.1 t/s (0.95x, fast)" in svg and "11.5 t/s (0.49x, SLOW)" in svg
+    assert svg.count('fill="#cf222e"') == 1 and "A/A margin 11.4%" in svg
+    assert throughput_svg(None) == "" and throughput_svg({"state": "unmeasured", "phases": {}}) == ""
+    monkeypatch.setattr(collect, "derive", real)  # the workspace's own status: no throughput declared, no chart
+    plain = (build(ws.root, TARGET, tmp_path / "plain").parent / "index.html").read_text()
+    assert '<svg class="throughput"' not in plain and "t/s" not in text_of(plain)
+
+
 def test_cli_writes_the_site(ws, tmp_path, capsys):
     out = tmp_path / "cli-site"
     assert main(["-C", str(ws.root), "report", "--out", str(out)]) == 0

@@ -16,6 +16,7 @@ from porter.gates import registry
 from porter.gates.evidence import ParityEvidence, PerfEvidence, evidence_of
 from porter.gates.perf import speed, speed_line
 from porter.report.graph import critical_path_svg, legend_html
+from porter.report.speed_chart import throughput_svg
 from porter.commands.status import CRITICAL_TIERS, STATES, counts_line, speedups_line, state_label
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -104,7 +105,7 @@ def write_site(site: SiteData, out: Path) -> list[Path]:
         pages.append(path)
 
     (out / "style.css").write_text(stylesheet())
-    put("index.html", "index.html.j2")
+    put("index.html", "index.html.j2", speed_chart=Markup(throughput_svg(site.status.throughput)))
     svg = critical_path_svg(site.units, site.entries, link=unit_page_name)
     put("graph.html", "graph.html.j2", svg=Markup(svg), legend=Markup(legend_html()))
     for u in site.units:
