@@ -238,6 +238,18 @@ def test_run_e2e_writes_evidence_bound_to_the_backend_tree(ws, target, calibrati
     assert prefill_state([ev], head_tree)[:2] == ("verified", _git(ws, "rev-parse", "HEAD").strip())
     assert prefill_line(prefill_state([ev], head_tree)).startswith("prefill: verified at ")
 
+    # without a scratch of the caller's, porter's own (GBs for ds4) is gone with the gate, whatever it decided
+    import tempfile
+
+    own_tmp = tmp_path / "own-tmp"
+    own_tmp.mkdir()
+    before, tempfile.tempdir = tempfile.tempdir, str(own_tmp)
+    try:
+        again = run_e2e(target, ws, cpu_library("good", ["-DMINI_CPU_DOT=float"]), options=E2EOptions(store=False))
+    finally:
+        tempfile.tempdir = before
+    assert again.ok and list(own_tmp.iterdir()) == []
+
     # a backend with half-precision sums: rejected, first at a named layer and token
     bad = run_e2e(target, ws, cpu_library("half", ["-DMINI_CPU_DOT=_Float16"]), options=E2EOptions(scratch=tmp_path))
     assert not bad.ok and not bad.skipped

@@ -254,6 +254,26 @@ def test_the_gate_runs_abba_and_records_a_fast_verdict_bound_to_the_backend_tree
     assert "upstream t/s" in res.diagnostics
 
 
+def test_without_a_scratch_of_the_callers_porters_own_is_removed_with_the_gate(gate_env, monkeypatch):
+    import tempfile
+
+    own_tmp = gate_env.ws / "own-tmp"
+    own_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(own_tmp))
+    seen = []
+    gate_env.use(StandIn({tp.UPSTREAM: [(1.0, 2.0)] * 6, tp.CANDIDATE: [(1.0, 2.0)] * 6}))
+    real_use = throughput_gate.load_driver(gate_env.target).throughput_runner
+
+    def remember(target, scratch, *a, **k):
+        seen.append(scratch)
+        (scratch / "fixture.gguf").write_bytes(b"GBs")
+        return real_use(target, scratch, *a, **k)
+
+    monkeypatch.setattr(throughput_gate, "load_driver", lambda t: types.SimpleNamespace(throughput_runner=remember))
+    assert throughput_gate.run_throughput(gate_env.target, gate_env.ws, gate_env.lib, log=lambda *_: None).ok
+    assert seen and seen[0].parent == own_tmp and list(own_tmp.iterdir()) == []
+
+
 def test_the_gate_refuses_a_slow_backend(gate_env):
     gate_env.use(StandIn({tp.UPSTREAM: [(1.0, 2.0), (1.01, 2.0), (0.99, 2.0)] * 2,
                           tp.CANDIDATE: [(2.0, 2.0), (2.02, 2.0), (1.98, 2.0)] * 2}))

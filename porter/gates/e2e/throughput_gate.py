@@ -71,7 +71,11 @@ def run_throughput(target, workspace: Path, library: Path | None, *, scratch: Pa
              "tree_matches_head": tree_hash == (tree.tree_hash_at(ws, dirs, head) if head else None),
              "library": {"path": str(library) if library else "upstream (A/A)"}, "prefill_tokens": spec.prefill_tokens,
              "decode_tokens": spec.decode_tokens, "rounds": spec.rounds}
-    scratch = Path(scratch) if scratch else Path(tempfile.mkdtemp(prefix=f"porter-throughput-{target.name}-"))
+    if scratch is None:  # porter's own scratch (GBs: the fixture, two builds) goes with the gate
+        with tempfile.TemporaryDirectory(prefix=f"porter-throughput-{target.name}-",
+                                         ignore_cleanup_errors=True) as tmp:
+            return run_throughput(target, workspace, library, scratch=Path(tmp), model=model, log=log)
+    scratch = Path(scratch)
     t0 = time.monotonic()
     try:
         runner = make_runner(target, scratch, library and Path(library), model, prefill_tokens=spec.prefill_tokens,
