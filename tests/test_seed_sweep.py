@@ -347,46 +347,6 @@ def test_every_minimoe_known_good_passes_twenty_fresh_seed_sets(tmp_path_factory
 MOE = "ds4_gpu_routed_moe_one_tensor"
 
 
-def _upstream_mid(call):
-    """mid as ds4_cuda.cu's decode kernels compute it in float32 for IQ2_XXS experts: each block dot an exact
-    integer sum times 0.125 * (f16 d * Q8_K d), summed per lane over every 8th block, the 8 lanes reduced
-    by the quarter-warp tree, clamped, then (g / (1 + expf(-g))) * u * w."""
-    import numpy as np
-
-    from reference import ds4_ops as ops, quant
-    from reference.quant import QT
-
-    f32 = np.float32
-    a = call.args
-    m = a["model_map"].array
-    in_dim, mid_dim, nb = int(a["expert_in_dim"]), int(a["expert_mid_dim"]), int(a["expert_in_dim"]) // 256
-    xq, xd = ops.quantize_q8_K(np.asarray(a["x"].array, dtype=f32).reshape(1, in_dim))
-    xv = ops._dequant_activation(xq, xd, 256)[0]
-    c = f32(a["clamp"])
-    rows = []
-    for k, e in enumerate(np.asarray(a["selected"].array)):
-        sums = []
-        for off in (a["gate_offset"], a["up_offset"]):
-            raw = np.ascontiguousarray(ops._weight_bytes(m, int(off) + int(e) * int(a["gate_expert_bytes"]),
-                                                         mid_dim * int(a["gate_row_bytes"])))
-            w = quant.dequantize(raw, QT.IQ2_XXS, (mid_dim, in_dim)).astype(np.float64)
-            dw = quant._parse(QT.IQ2_XXS, raw)["d"].astype(np.float64).reshape(mid_dim, nb)
-            dots = (w.reshape(mid_dim, nb, 256) * xv.reshape(1, nb, 256)).sum(axis=2)
-            scale = 0.125 * dw * xd[0].astype(np.float64)[None, :]
-            bsum = np.rint(np.divide(dots, scale, out=np.zeros_like(dots), where=scale != 0))
-            terms = (f32(0.125) * (dw.astype(f32) * xd[0][None, :]).astype(f32)) * bsum.astype(f32)
-            lanes = np.zeros((mid_dim, 8), dtype=f32)
-            for b in range(nb):
-                lanes[:, b % 8] += terms[:, b]
-            v = lanes
-            sums.append(((v[:, 0] + v[:, 4]) + (v[:, 2] + v[:, 6])) + ((v[:, 1] + v[:, 5]) + (v[:, 3] + v[:, 7])))
-        g, u = sums
-        if c > f32(1e-6):
-            g, u = np.minimum(g, c), np.clip(u, -c, c)
-        rows.append(((g / (f32(1) + np.exp(-g))) * u) * f32(np.asarray(a["weights"].array)[k]))
-    return np.stack(rows).astype(f32)
-
-
 def test_routed_moe_one_draws_only_calls_whose_rounding_no_right_kernel_can_take_out_of_tolerance():
     """The 17-block case upstream was refused on ("NMSE 3.471e-06 > 1.0e-06").  Its first draw for this seed
     holds a mid code within float32 reach of a Q8_K rounding boundary: rounding that one code the other way,
@@ -398,45 +358,34 @@ def test_routed_moe_one_draws_only_calls_whose_rounding_no_right_kernel_can_take
     import numpy as np
 
     from conftest import NO_DS4, ds4_checkout
+    from ds4_moe_upstream import code_error_over_band, flip_one, reference, upstream_mid
     from porter.spec import Context, load_spec
-    from reference import ds4_matmul_ops as mo, ds4_ops as ops, quant
-    from reference.quant import QT
 
     checkout = ds4_checkout()
     if checkout is None:
         pytest.skip(NO_DS4)
     target = load_target(REPO, "ds4", checkout)
     spec = load_spec(target, MOE)
-    mod = sys.modules[spec.build.__module__]
+    F = sys.modules[spec.build.__module__].F
     shape = next(s for s in spec.shapes if "17 blocks" in s.label)
     ctx = Context.for_target(target)
 
-    raw = mod.M.build(shape, ctx, np.random.default_rng([5, 2]), batch=False)  # the draw as it was made before
-    bands = mod.code_bands(raw)
-    assert mod.flip_risk(raw, bands)[0] > 1e-6
+    raw, mid = sys.modules[spec.build.__module__].M.draw(shape, ctx, np.random.default_rng([5, 2]), batch=False)
+    bands = F.code_bands(raw, mid)
+    assert F.flip_risk(raw, mid, bands)[0] > 1e-6
     # the most ambiguous code, rounded the other way by one step: out moves by more than the NMSE bound
-    a = raw.args
-    mid = np.asarray(raw.expect["mid"], dtype=np.float32)
-    q, d = ops.quantize_q8_K(mid)
-    k, j = min(((k, j) for k, (_, v, band, _) in enumerate(bands) for j in range(v.size)),
-               key=lambda kj: (abs(abs(bands[kj[0]][1][kj[1]]) % 1 - 0.5) / bands[kj[0]][2][kj[1]]))
-    v = bands[k][1][j]
-    q2 = q.astype(np.int64)
-    q2[k, j] += 1 if v > q2[k, j] else -1
-    down = mo.expert_matrix(a["model_map"].array, int(a["down_offset"]) + bands[k][0] * int(a["down_expert_bytes"]),
-                            int(a["down_row_bytes"]), quant.row_bytes(QT.Q2_K, 256), 256, QT.Q2_K, 256)
+    s, j = min(((s, j) for s in bands for j in range(s.v.size)),
+               key=lambda sj: abs(abs(sj[0].v[sj[1]]) % 1 - 0.5) / sj[0].band[sj[1]])
     ref = raw.expect["out"].astype(np.float64)
-    moved = ref + float(d[k, 0]) * (q2[k, j] - int(q[k, j])) * down[:, j]
+    moved = flip_one(raw, mid, s, j)[0]
     assert ((moved - ref) ** 2).sum() / (ref ** 2).sum() > spec.outputs["out"].nmse
 
     call = spec.build(shape, ctx, np.random.default_rng([5, 2]))
     assert call.note.startswith("draw ") and not call.note.startswith("draw 1:"), call.note  # that draw was refused
-    nmse, err = mod.flip_risk(call)
-    assert nmse <= mod.FLIP_SHARE * spec.outputs["out"].nmse and err <= mod.FLIP_SHARE * spec.outputs["out"].max_err_rms
-    for c in (raw, call):  # upstream's float32 codes stay well inside the band
-        for (_, v, band, _), row in zip(mod.code_bands(c), _upstream_mid(c)):
-            iscale = np.float32(-127.0) / row[np.argmax(np.abs(row))]
-            assert float((np.abs((iscale * row).astype(np.float64) - v) / band).max()) < 0.5
+    nmse, err = F.flip_risk(call, reference(call)[1])
+    assert nmse <= F.FLIP_SHARE * spec.outputs["out"].nmse and err <= F.FLIP_SHARE * spec.outputs["out"].max_err_rms
+    for c, m in ((raw, mid), (call, reference(call)[1])):  # upstream's float32 codes stay well inside the band
+        assert code_error_over_band(F.code_bands(c, m), upstream_mid(c)) < 0.5
 
 
 def test_a_refused_set_is_reproduced_from_the_command_line(porter_cli, tmp_path):

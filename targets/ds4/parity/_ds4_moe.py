@@ -42,6 +42,12 @@ def select(rng, n_tokens, n_expert, pool_size):
 
 
 def build(shape, ctx, rng, batch: bool):
+    return draw(shape, ctx, rng, batch)[0]
+
+
+def draw(shape, ctx, rng, batch: bool):
+    """(call, mid): mid is the reference's float32 SwiGLU output [n_tokens][n_expert][mid_dim] (None for an
+    error case), which _ds4_moe_flips judges the call's Q8_K codes by (the batch spec does not compare it)."""
     d = shape.dims
     n_tok = d.get("n_tokens", 1)
     n_expert, in_dim, mid_dim, out_dim = d["n_expert"], d["in_dim"], d["mid_dim"], d["out_dim"]
@@ -85,13 +91,40 @@ def build(shape, ctx, rng, batch: bool):
         args["n_tokens"] = n_tok
         args["mid_is_f16"] = Flag()
     if shape.expect == "error":
-        return Call(args=args)
+        return Call(args=args), None
     out, mid = mo.routed_moe(m.array, g.offset, u.offset, d_off, gate_type, down_type, g.expert_bytes,
                              g.row_bytes, dn.expert_bytes, dn.row_bytes, in_dim, mid_dim, out_dim, sel, weights,
                              n_expert, d["clamp"], x, n_tok)
     if batch:
-        return Call(args=args, expect={"out": out})
-    return Call(args=args, expect={"out": out[0], "mid": mid[0]})
+        return Call(args=args, expect={"out": out}), mid
+    return Call(args=args, expect={"out": out[0], "mid": mid[0]}), mid
+
+
+def redraw_x(shape, rng, call, mid, tokens):
+    """(call, mid) with the x rows of `tokens` drawn again as draw() draws them and the reference's rows of
+    those tokens computed again; the selection, the router weights, the experts and every other row stay
+    (the reference's rows are independent: each token sums its own slots in expert order)."""
+    a = call.args
+    n_tok, in_dim, out_dim = int(a.get("n_tokens", 1)), int(a["expert_in_dim"]), int(a["out_dim"])
+    t = np.asarray(sorted(tokens), dtype=np.int64)
+    x = np.array(a["x"].array, dtype=np.float32).reshape(n_tok, in_dim)
+    x[t] = (rng.standard_normal((t.size, in_dim)) * shape.dims.get("x_scale", 1.0)).astype(np.float32)
+    sel = np.asarray(a["selected"].array).reshape(n_tok, -1)[t]
+    weights = np.asarray(a["weights"].array, dtype=np.float32).reshape(n_tok, -1)[t]
+    m = a["model_map"].array
+    out_t, mid_t = mo.routed_moe(m, a["gate_offset"], a["up_offset"], a["down_offset"], a["gate_type"],
+                                 a["down_type"], a["gate_expert_bytes"], a["gate_row_bytes"], a["down_expert_bytes"],
+                                 a["down_row_bytes"], in_dim, a["expert_mid_dim"], out_dim, sel, weights,
+                                 a["n_expert"], a["clamp"], x[t], t.size)
+    ref = call.expect["out"]
+    out = np.array(ref).reshape(n_tok, out_dim)
+    out[t] = out_t
+    mid = np.array(mid)
+    mid[t] = mid_t
+    expect = {"out": out.reshape(ref.shape).astype(ref.dtype)}
+    if "mid" in call.expect:
+        expect["mid"] = mid[0]
+    return Call(args={**a, "x": In(x.reshape(a["x"].array.shape))}, expect=expect), mid
 
 
 def moved(s):
