@@ -227,6 +227,23 @@ def _floats(path: Path, n: int) -> np.ndarray:
     return np.frombuffer(raw[:len(raw) - len(raw) % 4], dtype=np.float32).copy()
 
 
+def run_sandboxed(what: str, cmd: list[str], reads: list[Path], out: Path, env: dict) -> float:
+    """One engine run in the sandbox, writing only `out` (its stderr kept there as stderr.txt); a timeout
+    or a non-zero exit is a PorterError naming `what`.  Returns the run's wall time on porter's clock,
+    taken from outside the process the candidate's code runs in."""
+    t0 = time.monotonic()
+    try:
+        proc = cbuild.run_engine(cmd, reads=reads, writes=[out], env=env, timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise PorterError(f"{what} ran past {RUN_TIMEOUT_S}s") from None
+    wall = time.monotonic() - t0
+    (out / "stderr.txt").write_text(proc.stderr)
+    if proc.returncode != 0:
+        raise PorterError(f"{what} failed (exit {proc.returncode}): "
+                          f"{(proc.stderr.strip().splitlines() or ['no message'])[-1][:300]}")
+    return wall
+
+
 # ------------------------------------------------------------------ the reduced run
 
 @dataclass
@@ -315,20 +332,10 @@ class Ds4Reduced:
         if not self.prompt_file.is_file():
             self.prompt_file.write_text(prompt_text(self.n_prompt))
         cmd = run_command(build_dir, self.model, v.backend, self.prompt_file, ctx=self.n_prompt + 256)
-        t0 = time.monotonic()
         # the CPU reference leaves two cores to the GPU runs it overlaps with
         threads = max(1, (os.cpu_count() or 4) - 2) if v.backend == "cpu" else None
-        try:
-            proc = cbuild.run_engine(cmd, reads=[build_dir, self.model, self.prompt_file, *self.linked(v)],
-                                     writes=[out], env=run_env(out, self.positions, v.env, threads),
-                                     timeout=RUN_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            raise PorterError(f"ds4 {v.name} ran past {RUN_TIMEOUT_S}s") from None
-        wall = time.monotonic() - t0
-        (out / "stderr.txt").write_text(proc.stderr)
-        if proc.returncode != 0:
-            raise PorterError(f"ds4 {v.name} failed (exit {proc.returncode}): "
-                              f"{(proc.stderr.strip().splitlines() or ['no message'])[-1][:300]}")
+        wall = run_sandboxed(f"ds4 {v.name}", cmd, [build_dir, self.model, self.prompt_file, *self.linked(v)], out,
+                             run_env(out, self.positions, v.env, threads))
         # the exit code and stderr above are diagnostics (a failure fails closed); what is judged is
         # what porter reads and checks from the files the run wrote
         # (bounded at twice the records a prefill makes: room for a path that records a position again)
@@ -577,17 +584,8 @@ class Ds4Bench:
         csv = out / "bench.csv"
         cmd = bench_command(build_dir, self.red.model, self.prompt_file, csv, self.prefill, self.decode)
         env = {"DS4_THREADS": str(os.cpu_count() or 1), "DS4_LOCK_FILE": str(out / "ds4.lock")}
-        t0 = time.monotonic()
-        try:
-            proc = cbuild.run_engine(cmd, reads=[build_dir, self.red.model, self.prompt_file, *self.red.linked(v)],
-                                     writes=[out], env=env, timeout=RUN_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            raise PorterError(f"ds4-bench ({backend}) ran past {RUN_TIMEOUT_S}s") from None
-        wall = time.monotonic() - t0  # porter's clock, from outside the process the candidate runs in
-        (out / "stderr.txt").write_text(proc.stderr)
-        if proc.returncode != 0:
-            raise PorterError(f"ds4-bench ({backend}) failed (exit {proc.returncode}): "
-                              f"{(proc.stderr.strip().splitlines() or ['no message'])[-1][:300]}")
+        wall = run_sandboxed(f"ds4-bench ({backend})", cmd,
+                             [build_dir, self.red.model, self.prompt_file, *self.red.linked(v)], out, env)
         return parse_bench_csv(cbuild.read_engine_output(csv, BENCH_CSV_MAX), backend, wall)
 
 
