@@ -174,6 +174,8 @@ def test_the_overview_plots_the_engines_tokens_per_second_against_upstream(ws, t
     assert "1087.4 t/s" in svg and "1038.1 t/s (0.95x, fast)" in svg and "11.5 t/s (0.49x, SLOW)" in svg
     assert svg.count('fill="#cf222e"') == 1 and "A/A margin 11.4%" in svg
     assert throughput_svg(None) == "" and throughput_svg({"state": "unmeasured", "phases": {}}) == ""
+    no_margin = {"state": "measured", "phases": {"prefill": dict(measured["phases"]["prefill"], margin=None)}}
+    assert "1038.1 t/s (0.95x, fast)" in throughput_svg(no_margin)  # a record without a margin still draws
     monkeypatch.setattr(collect, "derive", real)  # the workspace's own status: no throughput declared, no chart
     plain = (build(ws.root, TARGET, tmp_path / "plain").parent / "index.html").read_text()
     assert '<svg class="throughput"' not in plain and "t/s" not in text_of(plain)

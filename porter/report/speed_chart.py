@@ -16,7 +16,7 @@ def throughput_svg(state: dict | None) -> str:
     if not state or state.get("state") == "unmeasured" or not state.get("phases"):
         return ""
     phases = state["phases"]
-    top = max(max(p["upstream_tps"], p["tps"]) * (1 + p.get("margin") or 0) for p in phases.values()) or 1.0
+    top = max(max(p["upstream_tps"], p["tps"]) * (1 + (p.get("margin") or 0)) for p in phases.values()) or 1.0
     scale = BAR_W / top
     rows, y = [], 4
     for phase, p in phases.items():
