@@ -327,6 +327,10 @@ def test_status_shows_the_measurement_of_heads_tree_and_calls_another_trees_stal
     slow = throughput_lines(throughput_state([_ev("T", ok=False, ratio=0.5)], "T"))
     assert "SLOW" in slow[0]
     assert throughput_lines(throughput_state([], "T")) == ["throughput: unmeasured (no throughput record)"]
+    cut = _ev("T")
+    cut.verdict.phases[0].margin = None  # a record without the figures the gate writes is no measurement
+    assert throughput_state([cut], "T")["state"] == "unmeasured"
+    assert throughput_state([_ev("T", ratio=0.9), cut], "T")["phases"]["prefill"]["ratio"] == 0.9
 
 
 def test_throughput_is_due_once_per_backend_tree_after_e2e_passed_there():

@@ -36,7 +36,8 @@ def throughput_due(records: list[ThroughputEvidence], head_tree_hash: str | None
 def throughput_state(records: list[ThroughputEvidence], head_tree_hash: str | None) -> dict:
     """{state, ok, phases: {phase: {tps, ratio, ok, p_value, margin}}, commit, reason} of the newest judged
     record: 'measured' on HEAD's tree, 'stale' on another, 'unmeasured' when none was judged."""
-    judged = [r for r in records if r.verdict is not None and r.verdict.phases]
+    judged = [r for r in records if r.verdict is not None and r.verdict.phases and all(_figures(p) for p in
+                                                                                      r.verdict.phases)]
     if not judged:
         newest = records[-1] if records else None
         why = (newest.summary if newest is not None and getattr(newest, "summary", None) else "no throughput record")
@@ -47,6 +48,13 @@ def throughput_state(records: list[ThroughputEvidence], head_tree_hash: str | No
                         "p_value": p.p_value, "margin": p.margin} for p in rec.verdict.phases}
     return {"state": "measured" if here else "stale", "ok": rec.ok, "phases": phases, "commit": rec.commit,
             "reason": rec.verdict.reason or ""}
+
+
+def _figures(phase) -> bool:
+    """The phase holds every figure the gate writes: a record without them (hand-made, or cut) measured
+    nothing status could show, and is read as no measurement rather than crash a status line."""
+    return all(getattr(phase, k) is not None for k in ("phase", "ok", "candidate_tps", "upstream_tps", "ratio",
+                                                      "margin", "p_value"))
 
 
 def throughput_lines(state: dict) -> list[str]:
