@@ -323,11 +323,17 @@ class SpeedupEvidence(Evidence):
     case: str | None = None
 
 
-class E2EEvidence(Evidence):
-    library: FileRef | None = None
+class BackendEvidence(Evidence):
+    """What a record of a gate judging the whole backend says of the backend it ran on (status ties a
+    verdict to HEAD by the tree hash)."""
+
     tree_hash: str | None = None
     commit: str | None = None
     tree_matches_head: bool | None = None
+
+
+class E2EEvidence(BackendEvidence):
+    library: FileRef | None = None
     verdict: E2EVerdict | None = None
     error: str | None = None
     with_candidate: WithCandidate | None = None
@@ -349,12 +355,9 @@ class ThroughputVerdict(Open):
     phases: list[PhaseVerdict] = Field(default_factory=list)
 
 
-class ThroughputEvidence(Evidence):
+class ThroughputEvidence(BackendEvidence):
     """The throughput gate's record: the engine's samples as porter saw them, and the verdict on them."""
 
-    tree_hash: str | None = None
-    commit: str | None = None
-    tree_matches_head: bool | None = None
     verdict: ThroughputVerdict | None = None
     samples: list[dict] | None = None
     prefill_tokens: int | None = None
