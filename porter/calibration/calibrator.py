@@ -123,6 +123,14 @@ def parity_on_library(target, unit: str, lib: Path, opts: CalibrateOptions, time
     return refusal(results) or results[0]
 
 
+def baseline_alone() -> bool:
+    """Whether the known-good's run, the perf baseline of the unit's mutants, must be a fresh child holding
+    the GPU alone: where warm workers share a GPU (--per-gpu K > 1), a warm run's timing is a busy GPU's."""
+    from porter.gates.parity import executors
+
+    return executors.workers_per_gpu() > 1
+
+
 def perf_on_mutant(target, unit: str, parity, known_good, retime_fn):
     """The perf gate's verdict on a perf mutant that passed parity, against the known-good run of this same
     calibration (same seeds, same device, same regime); `retime_fn`: its parity again in a fresh process."""
@@ -245,7 +253,7 @@ def _unit_runs(target, libs, opts, good, plan, mutants, specs, unit, out) -> tup
     seeds = opts.parity.seeds or fresh_seeds(2)
     slots = opts.slots
     run = slots.run if slots is not None else (lambda fn: fn())
-    res = run(lambda: parity_on_library(target, unit, good, opts, seeds=seeds))
+    res = run(lambda: parity_on_library(target, unit, good, opts, seeds=seeds, fresh_process=baseline_alone()))
     rows.append(_row(unit, "known-good", libs.describe, "pass", res, res.ok, time.monotonic() - t1))
     out(f"  {'ok ' if res.ok else 'BAD'} {unit}: {res.summary}")
     if not res.ok:

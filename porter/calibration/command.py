@@ -32,6 +32,7 @@ from porter.errors import PorterError
 from porter.target.gguf_file import check_model_file
 from porter.gates import parity
 from porter.gates.driver import ParityOptions
+from porter.gates.parity import executors
 from porter.gates.parity.executors import executor_arguments, use_executor
 from porter.spec import MODEL_ENV
 from porter.target import load_target
@@ -76,6 +77,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", type=int, default=None, metavar="N",
                    help="parity runs in flight at once, over all specs (default: min(4, CPUs)); "
                         "each GPU still runs one at a time")
+    p.add_argument("--per-gpu", type=int, default=None, metavar="K",
+                   help="K warm parity workers share each GPU (default 1; also $PORTER_PARITY_WORKERS_PER_GPU): "
+                        "for --mutate and the seed sweep, whose runs are judged by values; every timing that "
+                        "decides a verdict (the known-good's baseline, a perf re-time) is then taken by a fresh "
+                        "child holding the GPU alone. Give --jobs at least K per GPU")
     p.add_argument("--timeout", type=float, default=120.0, metavar="S", help="time limit per parity child (default 120)")
     p.add_argument("--timing-reps", type=int, default=10, metavar="N", help="CUDA-event timing repetitions")
     p.add_argument("--build-dir", metavar="DIR", help="object/library cache (default runs/build-cache)")
@@ -92,7 +98,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     mutate.add_arguments(p)
 
 
+def apply_per_gpu(args) -> None:
+    """--per-gpu K for this process and the parity executor it makes (read once, when it is made)."""
+    k = getattr(args, "per_gpu", None)
+    if k is None:
+        return
+    if k < 1:
+        raise PorterError(f"--per-gpu must be at least 1, not {k}")
+    os.environ[executors.PER_GPU_ENV] = str(k)
+
+
 def run(args) -> int:
+    apply_per_gpu(args)
     if getattr(args, "mutate", False):
         return mutate.run(args)
     stray = mutate.stray_options(args)

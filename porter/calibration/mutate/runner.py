@@ -37,8 +37,10 @@ def as_mutant(b: Built) -> Mutant:
     return Mutant(m.unit, m.name, "any", m.note, ORIGIN, source=m.source)
 
 
-def mutant_timeout(known_good_seconds: float, limit: float | None) -> float:
-    t = max(MIN_TIMEOUT_S, MUTANT_TIMEOUT * known_good_seconds)
+def mutant_timeout(known_good_seconds: float, limit: float | None, sharing: int = 1) -> float:
+    """`sharing`: the plans that may run on the GPU beside it (--per-gpu): the known-good ran alone, a mutant
+    may run that many times slower without looping, and a timeout must not pass for a kill."""
+    t = max(MIN_TIMEOUT_S, MUTANT_TIMEOUT * known_good_seconds) * max(1, sharing)
     return min(t, limit) if limit else t
 
 
@@ -73,7 +75,8 @@ def run_unit(target, libs, good, unit: str, built: list[Built], opts, run=None) 
     run = run or (lambda fn: fn())
     seeds = opts.parity.seeds or fresh_seeds(2)
     t0 = time.monotonic()
-    res = run(lambda: calibrator.parity_on_library(target, unit, good, opts, seeds=seeds))
+    res = run(lambda: calibrator.parity_on_library(target, unit, good, opts, seeds=seeds,
+                                                   fresh_process=calibrator.baseline_alone()))
     kg_seconds = time.monotonic() - t0
     facts = {"ok": res.ok, "word": res.word, "summary": res.summary[:300], "seconds": round(kg_seconds, 2),
              "device": ParityEvidence.of(res.evidence).gpu}
@@ -81,7 +84,9 @@ def run_unit(target, libs, good, unit: str, built: list[Built], opts, run=None) 
     if not res.ok:
         why = f"the known-good was refused ({res.word}): {res.summary[:200]}"
         return facts, [{"id": b.mutation.id, "outcome": "not-run", "error": why} for b in mine]
-    timeout = mutant_timeout(kg_seconds, opts.parity.timeout)
+    from porter.gates.parity import executors
+
+    timeout = mutant_timeout(kg_seconds, opts.parity.timeout, executors.workers_per_gpu())
 
     def one(b: Built) -> dict:
         m = as_mutant(b)

@@ -8,7 +8,10 @@ whose workers are WarmPools), so neither of them imports the other's chooser.
 $PORTER_PARITY_EXECUTOR: "warm" (default), "spawn", or "ray" (cluster.RayExecutor:
 one such warm worker per GPU of a Ray cluster, $PORTER_RAY_ADDRESS).  $PORTER_PARITY_WORKERS:
 how many workers (default: one per visible CUDA device, one in host mode; with Ray, one per GPU
-of the cluster).
+of the cluster).  $PORTER_PARITY_WORKERS_PER_GPU (`porter calibrate --per-gpu K`): K warm workers
+share each GPU, for the runs whose timing is not what they are for (mutation testing, the seed
+sweep): their plans run side by side and every timing that decides a verdict is taken by a fresh
+child holding the GPU alone (pool.DeviceGate).  Default 1: one plan per GPU at a time.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import os
 import subprocess
 import threading
 
+from porter.errors import PorterError
 from porter.host import arch as gpu_arch
 from porter.gates.parity.cluster import RayExecutor
 from porter.gates.parity.pool import Executor, OnSlot, SanitizingExecutor, SpawnExecutor, WarmPool
@@ -38,6 +42,17 @@ def visible_gpus() -> list[int]:
         return [0]
 
 
+PER_GPU_ENV = "PORTER_PARITY_WORKERS_PER_GPU"
+
+
+def workers_per_gpu() -> int:
+    """How many warm workers share one GPU ($PORTER_PARITY_WORKERS_PER_GPU, default 1)."""
+    raw = os.environ.get(PER_GPU_ENV, "1").strip() or "1"
+    if not raw.isdigit() or int(raw) < 1:
+        raise PorterError(f"{PER_GPU_ENV} must be a whole number of at least 1, not {raw!r}")
+    return int(raw)
+
+
 def executor(mode: str) -> Executor:
     """The process-wide executor for `mode` (made on first use, closed at exit)."""
     kind = os.environ.get("PORTER_PARITY_EXECUTOR", "warm").lower()
@@ -51,7 +66,7 @@ def executor(mode: str) -> Executor:
                 ex = RayExecutor(mode, n_workers=int(n) if n else None)
             elif mode == "cuda":
                 gpus = visible_gpus() or [None]
-                slots = gpus[: int(n)] if n else gpus
+                slots = [g for g in (gpus[: int(n)] if n else gpus) for _ in range(workers_per_gpu())]
                 # CUDA_VISIBLE_DEVICES renumbers: a worker gets the physical index of its GPU
                 ex = WarmPool(mode, len(slots), slots)
             else:

@@ -25,6 +25,7 @@ executor's workers are WarmPools, so this module names no other executor.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -299,12 +300,60 @@ def outside_files(plan_dir: Path) -> list[str]:
     return sorted(set(runner.external_files(plan_dir)) - {_library(plan_dir)})
 
 
+class DeviceGate:
+    """Who may use one GPU at once.  A warm worker's plan holds it *shared*: where a pool has several slots on
+    one GPU (PORTER_PARITY_WORKERS_PER_GPU), their plans run side by side and each timing they record is only
+    a first reading (perf believes a slow one only after a re-time; contention never makes a call faster).
+    A fresh child (a perf re-time, the known-good's baseline run under shared slots, a sanitizer rerun) holds
+    it *exclusive*: it waits for the plans running there, and new ones wait for it, so the timing that
+    decides is taken alone on the GPU.  A waiting exclusive holder goes before new shared ones, or a busy
+    pool would starve the re-times."""
+
+    def __init__(self):
+        self._cv = threading.Condition()
+        self._shared = 0
+        self._exclusive = False
+        self._waiting = 0
+
+    @contextlib.contextmanager
+    def shared(self):
+        with self._cv:
+            while self._exclusive or self._waiting:
+                self._cv.wait()
+            self._shared += 1
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._shared -= 1
+                self._cv.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self):
+        with self._cv:
+            self._waiting += 1
+            try:
+                while self._exclusive or self._shared:
+                    self._cv.wait()
+            finally:
+                self._waiting -= 1
+            self._exclusive = True
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._exclusive = False
+                self._cv.notify_all()
+
+
 class WarmPool:
-    """One pre-started worker per slot (per GPU); run() blocks until a slot is free."""
+    """One pre-started worker per slot; run() blocks until a slot is free.  A slot is a GPU, or one of
+    several workers sharing a GPU (DeviceGate says when they may)."""
 
     def __init__(self, mode: str, n_workers: int, device_indices: list[int | None] | None = None):
         self.mode = mode
         self.slots = device_indices or [None] * n_workers
+        self.gates = {dev: DeviceGate() for dev in self.slots}
         self.free: queue.Queue = queue.Queue()
         for i in range(len(self.slots)):
             self.free.put(i)
@@ -321,38 +370,43 @@ class WarmPool:
         plan_dir = Path(plan_dir)
         i = self.free.get()
         try:
-            w = self.spares[i]
-            self.spares[i] = None
-            # a spare is killed with the thread that started it (bwrap --die-with-parent: the parent-death
-            # signal follows the starting thread), e.g. a calibration's unit threads once they end
-            if w is None or not w.fits(plan_dir) or w.proc.poll() is not None:
-                if w is not None:
-                    w.discard()
-                w = self._start(i, plan_dir.parent, outside_files(plan_dir))
-            if not w.ready():
-                err = (w.hello or {}).get("error") or "it did not start"
-                w.discard()
-                # no pre-started worker here: one fresh child keeps the gate honest, and says why in its detail
-                o = runner.run_child(plan_dir, timeout)
-                o.detail += f" (fresh child: warm worker unavailable: {err})"
-                return o
-            ro = outside_files(plan_dir)
-            o = w.run(plan_dir, timeout)
-            # the next plan's worker warms up now, overlapping the next build (not this verdict's timings)
-            self.spares[i] = self._start(i, plan_dir.parent, ro)
-            return o
+            with self.gates[self.slots[i]].shared():
+                return self._run_on(i, plan_dir, timeout)
         finally:
             self.free.put(i)
 
+    def _run_on(self, i: int, plan_dir: Path, timeout: float) -> runner.ChildOutcome:
+        w = self.spares[i]
+        self.spares[i] = None
+        # a spare is killed with the thread that started it (bwrap --die-with-parent: the parent-death
+        # signal follows the starting thread), e.g. a calibration's unit threads once they end
+        if w is None or not w.fits(plan_dir) or w.proc.poll() is not None:
+            if w is not None:
+                w.discard()
+            w = self._start(i, plan_dir.parent, outside_files(plan_dir))
+        if not w.ready():
+            err = (w.hello or {}).get("error") or "it did not start"
+            w.discard()
+            # no pre-started worker here: one fresh child keeps the gate honest, and says why in its detail
+            o = runner.run_child(plan_dir, timeout)
+            o.detail += f" (fresh child: warm worker unavailable: {err})"
+            return o
+        ro = outside_files(plan_dir)
+        o = w.run(plan_dir, timeout)
+        # the next plan's worker warms up now, overlapping the next build (not this verdict's timings)
+        self.spares[i] = self._start(i, plan_dir.parent, ro)
+        return o
+
     def run_fresh(self, plan_dir: Path, timeout: float, sanitize: bool = False) -> runner.ChildOutcome:
-        """A child started for this plan alone, on a slot of this pool: it waits for the GPU as a warm
-        worker's plan does, so it never shares the GPU with another plan's timed calls, nor they with it."""
+        """A child started for this plan alone, on a slot of this pool, holding its GPU exclusive (DeviceGate):
+        it never shares the GPU with another plan's timed calls, nor they with it, however many slots the GPU has."""
         i = self.free.get()
         try:
             dev = self.slots[i]
-            return runner.run_child(Path(plan_dir), timeout,
-                                    argv=runner.child_argv(Path(plan_dir), sanitize=True) if sanitize else None,
-                                    env={"CUDA_VISIBLE_DEVICES": str(dev)} if dev is not None else None)
+            with self.gates[dev].exclusive():
+                return runner.run_child(Path(plan_dir), timeout,
+                                        argv=runner.child_argv(Path(plan_dir), sanitize=True) if sanitize else None,
+                                        env={"CUDA_VISIBLE_DEVICES": str(dev)} if dev is not None else None)
         finally:
             self.free.put(i)
 
