@@ -260,3 +260,23 @@ def test_ds4_bench_dumps_every_row_with_the_hooks_variable(d4, monkeypatch, tmp_
     assert cmd[0].endswith("candidate/ds4-bench") and cmd[cmd.index("--ctx-start") + 1] == "2048"
     assert cmd[cmd.index("--gen-tokens") + 1] == "1"
     assert "accuracy" in d4.COMMANDS
+
+
+def test_the_accuracy_command_prints_the_figures_and_exits_by_who_failed(d4, monkeypatch, tmp_path, capsys):
+    from porter.host import sandbox
+
+    spec = types.SimpleNamespace(prefill_tokens=2048, decode_tokens=128)
+    target = types.SimpleNamespace(name="ds4", spec=types.SimpleNamespace(e2e=types.SimpleNamespace(throughput=spec)))
+    monkeypatch.setattr(sandbox, "require", lambda: None)
+    args = types.SimpleNamespace(library="upstream", model=None)
+    asked = []
+    for fail_on, rc in ((None, 0), (tp.CANDIDATE, 1), (tp.UPSTREAM, 3)):
+        eng = Engines(tmp_path, fail_on=fail_on)
+        monkeypatch.setattr(d4, "throughput_runner", lambda t, s, lib, *a, **k: asked.append(lib) or eng)
+        assert d4._accuracy_command(target, args, tmp_path) == rc
+        out = capsys.readouterr().out
+        assert "against upstream's ds4-bench" in out and out.strip().splitlines()[-1].startswith("{")
+    assert asked == [None] * 3, "--library upstream: the A/A run, upstream on both sides"
+    args.library = str(tmp_path / "missing.so")
+    with pytest.raises(PorterError, match="no backend library"):
+        d4._accuracy_command(target, args, tmp_path)
