@@ -157,7 +157,8 @@ def test_the_overview_plots_the_engines_tokens_per_second_against_upstream(ws, t
 
     measured = {"state": "measured", "ok": False, "commit": "0123abcd" * 5, "reason": "", "phases": {
         "prefill": {"tps": 1038.1, "upstream_tps": 1087.4, "ratio": 0.95, "ok": True, "p_value": 0.114, "margin": 0.114},
-        "decode": {"tps": 11.5, "upstream_tps": 23.6, "ratio": 0.49, "ok": False, "p_value": 0.002, "margin": 0.045}}}
+        "decode": {"tps": 11.5, "upstream_tps": 23.6, "ratio": 0.49, "ok": False, "p_value": 0.002, "margin": 0.045}},
+        "accuracy": {"positions": 2048, "mean_kld": 3.1e-05, "p99_kld": 2e-4, "max_kld": 1e-3, "same_top": 0.996}}
     real = collect.derive
 
     def with_throughput(*a, **k):
@@ -170,6 +171,7 @@ def test_the_overview_plots_the_engines_tokens_per_second_against_upstream(ws, t
     html = (site / "index.html").read_text()
     text = text_of(html)
     assert "prefill: 1038.1 t/s (0.95x upstream, fast" in text and "decode: 11.5 t/s (0.49x upstream, SLOW" in text
+    assert "accuracy (at 0123abcd0123): mean KLD 3.1e-05 (p99 0.0002), same top token 99.6% over 2048" in text
     svg = html[html.index('<svg class="throughput"'):html.index("</svg>", html.index('<svg class="throughput"'))]
     assert "1087.4 t/s" in svg and "1038.1 t/s (0.95x, fast)" in svg and "11.5 t/s (0.49x, SLOW)" in svg
     assert svg.count('fill="#cf222e"') == 1 and "A/A margin 11.4%" in svg

@@ -254,6 +254,32 @@ def test_the_gate_runs_abba_and_records_a_fast_verdict_bound_to_the_backend_tree
     assert "upstream t/s" in res.diagnostics
 
 
+def test_the_gate_measures_accuracy_after_the_timed_runs_and_records_it_beside_the_verdict(gate_env, tmp_path):
+    """A runner with logit_rows (ds4's) is asked for upstream's logits twice and the port's once, after the
+    ABBA runs; the figures go into the record and the diagnostics, and do not make the verdict."""
+    from test_accuracy import Engines
+
+    (tmp_path / "dumps").mkdir()
+    eng = Engines(tmp_path / "dumps", port=lambda r: np.full_like(r, np.nan))
+
+    class Runner(StandIn):
+        n_vocab = eng.n_vocab
+
+        def logit_rows(self, backend):
+            self.order.append(f"logits:{backend}")
+            return eng.logit_rows(backend)
+
+    runner = Runner({tp.UPSTREAM: [(1.0, 2.0)] * 6, tp.CANDIDATE: [(1.0, 2.0)] * 6})
+    gate_env.use(runner)
+    res = throughput_gate.run_throughput(gate_env.target, gate_env.ws, gate_env.lib, scratch=gate_env.ws / "s",
+                                         log=lambda *_: None)
+    assert res.ok, "reported beside the speed verdict, never one"
+    assert runner.order == tp.abba_order(3) + ["logits:upstream", "logits:upstream", "logits:candidate"]
+    ev = ThroughputEvidence.of(res.evidence)
+    assert ev.accuracy.positions == 2048 and ev.accuracy.same_top == 0.0 and ev.accuracy.upstream_aa.same_top > 0.99
+    assert "accuracy: mean KLD inf" in res.diagnostics and list((tmp_path / "dumps").iterdir()) == []
+
+
 def test_without_a_scratch_of_the_callers_porters_own_is_removed_with_the_gate(gate_env, monkeypatch):
     import tempfile
 

@@ -355,10 +355,31 @@ class ThroughputVerdict(Open):
     phases: list[PhaseVerdict] = Field(default_factory=list)
 
 
+class Agreement(Open):
+    """compare.logit_agreement's figures: one backend's logits against another's over `positions` rows."""
+
+    positions: int | None = None
+    mean_kld: Num | None = None
+    p99_kld: Num | None = None
+    max_kld: Num | None = None
+    same_top: Num | None = None
+
+
+class Accuracy(Agreement):
+    """porter.gates.e2e.accuracy's figures: the port against upstream over every position of a long prefill,
+    upstream against itself beside them; or why there are none (skipped: upstream's side; failed: the port's)."""
+
+    upstream_aa: Agreement | None = None
+    rule: str | None = None
+    skipped: str | None = None
+    failed: str | None = None
+
+
 class ThroughputEvidence(BackendEvidence):
     """The throughput gate's record: the engine's samples as porter saw them, and the verdict on them."""
 
     verdict: ThroughputVerdict | None = None
+    accuracy: Accuracy | None = None  # reported beside the verdicts, never one (docs/accuracy.md)
     samples: list[dict] | None = None
     prefill_tokens: int | None = None
     decode_tokens: int | None = None

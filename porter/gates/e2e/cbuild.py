@@ -6,6 +6,7 @@ child: it sees only the files its run names, read-only, and writes only its outp
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -89,6 +90,17 @@ def read_engine_output(path: Path, max_bytes: int) -> bytes:
     """The bytes of a file an engine run wrote, read by porter: a regular file of at most max_bytes.
     The run could write anything in its output folder, including a link to a host file porter may read
     and the sandbox may not, or a file too big to load; each is a PorterError (the candidate's failure)."""
+    with open_engine_output(path, max_bytes) as (f, _size):
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise PorterError(f"{Path(path).name} grew past {max_bytes} bytes while read")
+    return data
+
+
+@contextlib.contextmanager
+def open_engine_output(path: Path, max_bytes: int):
+    """(binary file, size) of a file an engine run wrote, for a reader that streams it (a GB of logits rows):
+    the checks of read_engine_output (no link, a regular file, at most max_bytes), each a PorterError."""
     import stat
 
     try:
@@ -104,9 +116,6 @@ def read_engine_output(path: Path, max_bytes: int) -> bytes:
         if st.st_size > max_bytes:
             raise PorterError(f"{Path(path).name} has {st.st_size} bytes, more than the {max_bytes} expected")
         with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(max_bytes + 1)
+            yield f, st.st_size
     finally:
         os.close(fd)
-    if len(data) > max_bytes:
-        raise PorterError(f"{Path(path).name} grew past {max_bytes} bytes while read")
-    return data

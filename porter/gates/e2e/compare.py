@@ -127,7 +127,14 @@ def logit_agreement(ref: np.ndarray, cand: np.ndarray) -> dict:
     n = min(len(ref), len(cand))
     if n == 0 or ref.shape[-1] != cand.shape[-1]:
         return {"positions": 0}
-    r, c = ref[:n].astype(np.float64), cand[:n].astype(np.float64)
+    return agreement_summary(*kld_rows(ref[:n], cand[:n]))
+
+
+def kld_rows(ref: np.ndarray, cand: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of two equal-shaped [rows][vocab] blocks: (KL(P_ref || P_cand) in nats, same argmax).  Rows are
+    independent, so a caller may feed a long run block by block (porter.gates.e2e.accuracy) and summarise the
+    concatenation: the same figures as one call on the whole."""
+    r, c = np.atleast_2d(ref).astype(np.float64), np.atleast_2d(cand).astype(np.float64)
     finite = np.all(np.isfinite(c), axis=-1)
     c = np.where(np.isfinite(c), c, 0.0)
     lr = r - r.max(axis=-1, keepdims=True)
@@ -137,8 +144,16 @@ def logit_agreement(ref: np.ndarray, cand: np.ndarray) -> dict:
     kld = np.maximum(np.sum(np.exp(lr) * (lr - lc), axis=-1), 0.0)
     kld[~finite] = np.inf
     same = (np.argmax(r, axis=-1) == np.argmax(c, axis=-1)) & finite
-    return {"positions": int(n), "mean_kld": float(np.mean(kld)), "p99_kld": float(np.quantile(kld, 0.99, method="higher")),
-            "max_kld": float(np.max(kld)), "same_top": float(np.mean(same))}
+    return kld, same
+
+
+def agreement_summary(kld: np.ndarray, same: np.ndarray) -> dict:
+    """kld_rows' per-row figures as logit_agreement's {positions, mean_kld, p99_kld, max_kld, same_top}."""
+    if len(kld) == 0:
+        return {"positions": 0}
+    return {"positions": int(len(kld)), "mean_kld": float(np.mean(kld)),
+            "p99_kld": float(np.quantile(kld, 0.99, method="higher")), "max_kld": float(np.max(kld)),
+            "same_top": float(np.mean(same))}
 
 
 def agreement_line(a: dict) -> str:

@@ -11,6 +11,9 @@ The driver's side (porter.gates.e2e.target_driver):
       -> an object with `setup` (dict: what was run) and `run(backend) -> throughput.Sample`
   raising compare.ReferenceFailure where upstream cannot be built (skipped) and PorterError where the
   candidate cannot (failed); `run` raises PorterError for a run that fails or writes no report.
+  Optionally `logit_rows(backend) -> Path` and `n_vocab`: after the timed runs (so they never perturb
+  them) the gate measures the port's accuracy against upstream with them (porter.gates.e2e.accuracy) and
+  records it beside the verdict as `accuracy`; it does not change the verdict.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import time
 from pathlib import Path
 
 from porter.errors import PorterError
-from porter.gates.e2e import throughput, tree
+from porter.gates.e2e import accuracy, throughput, tree
 from porter.gates.e2e.compare import ReferenceFailure
 from porter.gates.e2e.state import E2E_UNIT
 from porter.gates.e2e.target_driver import load_driver
@@ -98,6 +101,8 @@ def run_throughput(target, workspace: Path, library: Path | None, *, scratch: Pa
     verdict = throughput.decide(samples, spec.prefill_tokens, spec.decode_tokens)
     if verdict.skipped:
         return _skipped(verdict.reason.removeprefix("throughput skipped: "))
+    if callable(getattr(runner, "logit_rows", None)):
+        facts["accuracy"] = accuracy.measure(runner, int(runner.n_vocab), spec.prefill_tokens, log=log)
     facts.update(setup=dict(getattr(runner, "setup", {}) or {}), wall_s=round(time.monotonic() - t0, 3))
     return _result(target, verdict.ok, verdict.reason, facts, verdict, samples)
 
@@ -109,12 +114,16 @@ def _result(target, ok: bool, summary: str, facts: dict, verdict, samples) -> Ga
         samples=[{"backend": s.backend, "wall_s": s.wall_s, "prefill_tokens": s.prefill_tokens,
                   "prefill_s": s.prefill_s, "decode_tokens": s.decode_tokens, "decode_s": s.decode_s}
                  for s in samples], sandbox=sandbox.label(), **facts))
-    return GateResult(GATE, bool(ok), summary[:400], _diagnostics(verdict), {"ok": bool(ok)}, ev)
+    return GateResult(GATE, bool(ok), summary[:400], _diagnostics(verdict, facts.get("accuracy")), {"ok": bool(ok)},
+                      ev)
 
 
-def _diagnostics(verdict) -> str:
+def _diagnostics(verdict, acc: dict | None = None) -> str:
     if verdict is None or not verdict.phases:
         return ""
+    line = accuracy.accuracy_line(acc)
+    if line:
+        return _diagnostics(verdict) + "\n" + line
     lines = [f"{'phase':<8} {'upstream t/s':>13} {'port t/s':>10} {'ratio':>7} {'A/A margin':>11} {'p':>7}"]
     for p in verdict.phases:
         lines.append(f"{p.phase:<8} {p.upstream_tps:>13.1f} {p.candidate_tps:>10.1f} {p.ratio:>6.2f}x "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from porter.gates.e2e.accuracy import accuracy_line
 from porter.gates.e2e.state import E2E_UNIT, backend_records, head_backend_tree
 from porter.gates.e2e.throughput_gate import GATE
 from porter.gates.evidence import ThroughputEvidence
@@ -34,20 +35,22 @@ def throughput_due(records: list[ThroughputEvidence], head_tree_hash: str | None
 
 
 def throughput_state(records: list[ThroughputEvidence], head_tree_hash: str | None) -> dict:
-    """{state, ok, phases: {phase: {tps, ratio, ok, p_value, margin}}, commit, reason} of the newest judged
-    record: 'measured' on HEAD's tree, 'stale' on another, 'unmeasured' when none was judged."""
+    """{state, ok, phases: {phase: {tps, ratio, ok, p_value, margin}}, commit, reason, accuracy} of the newest
+    judged record: 'measured' on HEAD's tree, 'stale' on another, 'unmeasured' when none was judged.
+    `accuracy` is that record's (porter.gates.e2e.accuracy; None where it has none)."""
     judged = [r for r in records if r.verdict is not None and r.verdict.phases and all(_figures(p) for p in
                                                                                       r.verdict.phases)]
     if not judged:
         newest = records[-1] if records else None
         why = (newest.summary if newest is not None and getattr(newest, "summary", None) else "no throughput record")
-        return {"state": "unmeasured", "ok": None, "phases": {}, "commit": None, "reason": str(why)[:300]}
+        return {"state": "unmeasured", "ok": None, "phases": {}, "commit": None, "reason": str(why)[:300],
+                "accuracy": None}
     here = [r for r in judged if r.tree_hash == head_tree_hash]
     rec = (here or judged)[-1]
     phases = {p.phase: {"tps": p.candidate_tps, "upstream_tps": p.upstream_tps, "ratio": p.ratio, "ok": p.ok,
                         "p_value": p.p_value, "margin": p.margin} for p in rec.verdict.phases}
     return {"state": "measured" if here else "stale", "ok": rec.ok, "phases": phases, "commit": rec.commit,
-            "reason": rec.verdict.reason or ""}
+            "reason": rec.verdict.reason or "", "accuracy": rec.accuracy.dump() if rec.accuracy else None}
 
 
 def _figures(phase) -> bool:
@@ -58,7 +61,8 @@ def _figures(phase) -> bool:
 
 
 def throughput_lines(state: dict) -> list[str]:
-    """'prefill: 1234 t/s (0.98x upstream, fast)' per phase, or one line saying why there is none."""
+    """'prefill: 1234 t/s (0.98x upstream, fast)' per phase, or one line saying why there is none; then the
+    record's accuracy line, where it has one."""
     if state["state"] == "unmeasured":
         return [f"throughput: unmeasured ({state['reason']})"]
     where = f"at {(state['commit'] or '?')[:12]}" if state["state"] == "measured" else \
@@ -68,6 +72,9 @@ def throughput_lines(state: dict) -> list[str]:
         word = "fast" if p["ok"] else "SLOW"
         out.append(f"{phase}: {p['tps']:.1f} t/s ({p['ratio']:.2f}x upstream, {word}; A/A margin {p['margin']:.1%}, "
                    f"p={p['p_value']:.3f}) {where}")
+    acc = accuracy_line(state.get("accuracy"))
+    if acc:
+        out.append(acc.replace("accuracy:", f"accuracy ({where}):", 1))
     return out
 
 

@@ -43,13 +43,15 @@ ACCESSOR = "ds4_e2e_accessor.c"
 LOGPROB_SOURCE = "ds4_e2e_logprob.c"  # porter's driver for the official logprob vectors (logprob.py)
 LOGPROB_EXE = "ds4_e2e_logprob"
 MAKE_FRAGMENT = "porter_e2e.mk"
+ACCURACY_PATCHES = "accuracy_patches.toml"  # the throughput builds' logits-of-every-row hook (porter.gates.e2e.accuracy)
+LOGIT_ROWS = "logit-rows.f32"
 RUN_TIMEOUT_S = 600
 BUILD_TIMEOUT_S = 1200
 _SKIP_DIRS = {".git", "gguf-tools", "speed-bench", "dir-steering"}
 
 
-def load_patch_rules(target) -> list[dict]:
-    path = target.dir / "e2e" / "patches.toml"
+def load_patch_rules(target, name: str = "patches.toml") -> list[dict]:
+    path = target.dir / "e2e" / name
     try:
         rules = tomllib.loads(path.read_text()).get("rule", [])
     except (FileNotFoundError, tomllib.TOMLDecodeError) as exc:
@@ -90,13 +92,15 @@ def make_fragment() -> str:
     )
 
 
-def scratch_copy(target, dest: Path, n_layer: int, cuda_rules: list[tuple[str, str]] = ()) -> Path:
-    """A patched copy of the checkout in dest (made fresh); cuda_rules mutate its ds4_cuda.cu."""
+def scratch_copy(target, dest: Path, n_layer: int, cuda_rules: list[tuple[str, str]] = (), *,
+                 accuracy: bool = False) -> Path:
+    """A patched copy of the checkout in dest (made fresh); cuda_rules mutate its ds4_cuda.cu; `accuracy`
+    adds the rules of accuracy_patches.toml after patches.toml's (the throughput builds only)."""
     src = Path(target.checkout)
     dest = Path(dest)
     if dest.exists():
         shutil.rmtree(dest)
-    rules = load_patch_rules(target)
+    rules = load_patch_rules(target) + (load_patch_rules(target, ACCURACY_PATCHES) if accuracy else [])
     for root, dirs, files in os.walk(src):
         dirs[:] = [d for d in dirs if d not in _SKIP_DIRS]
         rel = Path(root).relative_to(src)
@@ -256,6 +260,7 @@ class Ds4Variant:
     rules: list[tuple[str, str]] = field(default_factory=list)  # ds4_cuda.cu mutations
     env: dict = field(default_factory=dict)
     library: Path | None = None
+    accuracy: bool = False  # built with accuracy_patches.toml's hook (the throughput gate's builds)
 
 
 class Ds4Reduced:
@@ -298,9 +303,10 @@ class Ds4Reduced:
         """Variants that differ only in their environment share one build."""
         import hashlib
 
-        ours = b"".join((self.target.dir / "e2e" / f).read_bytes() for f in ("patches.toml", ACCESSOR))
-        h = hashlib.sha256(repr((v.backend, v.source, v.rules, str(v.library), self.n_layer,
-                                 self.target.arch.archs)).encode() + ours)
+        files = ("patches.toml", ACCESSOR) + ((ACCURACY_PATCHES,) if v.accuracy else ())
+        ours = b"".join((self.target.dir / "e2e" / f).read_bytes() for f in files)
+        what = (v.backend, v.source, v.rules, str(v.library), self.n_layer, self.target.arch.archs)
+        h = hashlib.sha256(repr(what + (("accuracy",) if v.accuracy else ())).encode() + ours)
         return f"{v.backend}-{v.source}-{h.hexdigest()[:10]}"
 
     def build(self, v: Ds4Variant, program: str = "ds4") -> Path:
@@ -309,7 +315,7 @@ class Ds4Reduced:
         if exe.is_file():
             return d
         if not (d / MAKE_FRAGMENT).is_file():  # a program of a build made before shares its objects
-            scratch_copy(self.target, d, self.n_layer, v.rules)
+            scratch_copy(self.target, d, self.n_layer, v.rules, accuracy=v.accuracy)
         cmd = make_command(d, v.backend, library=v.library, cuda_arch=self.target.arch.archs[-1],
                            jobs=max(1, min(self.jobs, 8)), program=program)
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
@@ -569,6 +575,8 @@ def parse_bench_csv(raw: bytes, backend: str, wall_s: float):
 class Ds4Bench:
     """Two builds of ds4-bench on the fixture: upstream's backend and the workspace's library."""
 
+    n_vocab = N_VOCAB  # the width of a logits_rows record (porter.gates.e2e.accuracy)
+
     def __init__(self, red: Ds4Reduced, builds: dict[str, tuple[Path, Ds4Variant]], prefill: int, decode: int):
         self.red, self.builds, self.prefill, self.decode = red, builds, prefill, decode
         self.prompt_file = red.scratch / "bench-prompt.txt"
@@ -588,15 +596,32 @@ class Ds4Bench:
                              [build_dir, self.red.model, self.prompt_file, *self.red.linked(v)], out, env)
         return parse_bench_csv(cbuild.read_engine_output(csv, BENCH_CSV_MAX), backend, wall)
 
+    def logit_rows(self, backend: str) -> Path:
+        """One untimed ds4-bench prefill of the frontier (and one decode step) with accuracy_patches.toml's
+        hook on: the file of every prompt position's logits, by the build's own output head, for
+        porter.gates.e2e.accuracy to read (it removes the file, a GB, once read)."""
+        build_dir, v = self.builds[backend]
+        out = self.red.scratch / "accuracy-out" / f"{backend}-{time.monotonic_ns()}"
+        out.mkdir(parents=True)
+        cmd = bench_command(build_dir, self.red.model, self.prompt_file, out / "bench.csv", self.prefill, 1)
+        env = {"DS4_THREADS": str(os.cpu_count() or 1), "DS4_LOCK_FILE": str(out / "ds4.lock"),
+               "DS4_E2E_LOGIT_ROWS": str(out / LOGIT_ROWS)}
+        run_sandboxed(f"ds4-bench logits of every position ({backend})", cmd,
+                      [build_dir, self.red.model, self.prompt_file, *self.red.linked(v)], out, env)
+        return out / LOGIT_ROWS
+
 
 def throughput_runner(target, scratch: Path, library: Path, model: Path | None, *, prefill_tokens: int,
                       decode_tokens: int, log=print) -> Ds4Bench:
     from porter.gates.e2e.throughput import CANDIDATE, UPSTREAM
 
     red = Ds4Reduced(target, scratch, model)
-    up = Ds4Variant("upstream-cuda", "reference", source="upstream")
+    # both builds carry the accuracy hook (idle unless its variable is set), so the gate's accuracy runs use
+    # the very executables it timed
+    up = Ds4Variant("upstream-cuda", "reference", source="upstream", accuracy=True)
     # library None: upstream against itself (the A/A check), the same executable on both sides
-    cand = up if library is None else Ds4Variant("candidate", "candidate", source="library", library=Path(library))
+    cand = up if library is None else Ds4Variant("candidate", "candidate", source="library", library=Path(library),
+                                                 accuracy=True)
     # the fixture (GBs written) and two long nvcc builds, side by side
     with ThreadPoolExecutor(max_workers=3) as pool:
         model_f = pool.submit(red.ensure_model, log)
@@ -625,19 +650,55 @@ def _logprob_command(target, args, scratch: Path) -> int:
     return 0 if res.ok else 1
 
 
+def _library_arg(target, args, scratch: Path) -> tuple[str, Path | None]:
+    """--library as throughput and accuracy read it: a path, `reference` or `upstream` (None: the A/A run)."""
+    which = args.library or "reference"
+    if which == "reference":
+        return which, reference_slices_library(target, scratch / "build-cache")
+    return which, None if which == "upstream" else Path(which)
+
+
+def _accuracy_command(target, args, scratch: Path) -> int:
+    """Mean KLD and same-top-token rate of --library's logits against upstream's over every position of the
+    throughput prefill (porter.gates.e2e.accuracy), with upstream against itself beside them.  Prints the
+    figures; stores nothing; exit 0 when measured (the figures are reported, not judged), 1 when the port's
+    run failed, 3 when upstream's side could not be measured."""
+    import json
+
+    from porter.gates.e2e.accuracy import accuracy_line, measure
+    from porter.host import sandbox
+
+    spec = target.spec.e2e.throughput if target.spec.e2e is not None else None
+    if spec is None:
+        raise PorterError(f"target {target.name} declares no [e2e.throughput] (the builds and the prefill)")
+    try:
+        sandbox.require()  # the engine runs the backend's host code
+    except sandbox.SandboxUnavailable as exc:
+        raise PorterError(str(exc)) from None
+    which, lib = _library_arg(target, args, scratch)
+    if lib is not None and not lib.is_file():
+        raise PorterError(f"no backend library at {lib}")
+    print(f"accuracy of {which} ({lib or 'the same ds4-bench on both sides'}) against upstream's ds4-bench, "
+          f"logits of every position of a {spec.prefill_tokens}-token prefill")
+    try:
+        runner = throughput_runner(target, scratch, lib, args.model, prefill_tokens=spec.prefill_tokens,
+                                   decode_tokens=spec.decode_tokens, log=print)
+    except ReferenceFailure as exc:
+        print(f"accuracy: not measured (upstream's engine: {exc})")
+        return 3
+    acc = measure(runner, runner.n_vocab, spec.prefill_tokens, log=print)
+    print(accuracy_line(acc))
+    print(json.dumps(acc, sort_keys=True))
+    return 3 if acc.get("skipped") else 1 if acc.get("failed") else 0
+
+
 def _throughput_command(target, args, scratch: Path) -> int:
     """The throughput gate on a library named by --library: a path, `reference` (every unit's slice of the
     checkout as `porter run --provider reference` ports it) or `upstream` (upstream's ds4-bench against
     itself: the A/A check, which must come out fast).  Prints the verdict; stores nothing."""
     from porter.gates.e2e.throughput_gate import run_throughput
 
-    which = args.library or "reference"
-    if which == "reference":
-        lib = reference_slices_library(target, scratch / "build-cache")
-    elif which == "upstream":
-        lib = None
-    else:
-        lib = Path(which)
+    which, lib = _library_arg(target, args, scratch)
     print(f"throughput of {which} ({lib or 'the same ds4-bench on both sides'}) against upstream's ds4-bench")
     res = run_throughput(target, args.workspace, lib, scratch=scratch, model=args.model, log=print)
     print(res.summary)
@@ -652,6 +713,9 @@ COMMANDS = {
     "throughput": ("ABBA ds4-bench runs, upstream's backend against --library (a path, reference or upstream: "
                    "the A/A check), judged by porter.gates.e2e.throughput; prints the verdict",
                    _throughput_command),
+    "accuracy": ("mean KL divergence and same-top-token rate of --library's logits (a path, reference or "
+                 "upstream) against upstream's over every position of a 2048-token prefill, upstream against "
+                 "itself beside them (porter.gates.e2e.accuracy); prints the figures", _accuracy_command),
     "logprob": ("build porter's vector driver against --library, run ds4's official logprob vectors on --model "
                 "(the user's real GGUF) and judge its raw results here; stored as e2e evidence", _logprob_command),
 }
