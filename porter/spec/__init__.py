@@ -52,6 +52,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -291,6 +292,9 @@ class Context:
         self._cache: dict = {}
         self._model = None
         self._scratch = None
+        # prepare() builds a spec's calls on several threads over one Context: the fixture's tables and the
+        # scratch folder are made once (two folders would leave a call's weight map in the one dropped)
+        self._lock = threading.RLock()
 
     @classmethod
     def for_target(cls, target, model_path: Path | None = None) -> "Context":
@@ -306,10 +310,11 @@ class Context:
         names = shape.model_tensors
         if not names:
             raise SpecError(f"shape {shape.label!r}: ctx.weights needs a source 'model:<tensor>,...'")
-        if self.model_path is not None and self._model is None:
-            self._model = W.ModelFile(self.model_path)
-        if self._scratch is None:
-            self._scratch = tempfile.TemporaryDirectory(prefix="porter-weights-")
+        with self._lock:
+            if self.model_path is not None and self._model is None:
+                self._model = W.ModelFile(self.model_path)
+            if self._scratch is None:
+                self._scratch = tempfile.TemporaryDirectory(prefix="porter-weights-")
         try:
             data, file, placed = W.place(wants, names, rng, self._model, Path(self._scratch.name))
         except W.WeightsError as exc:
@@ -319,15 +324,20 @@ class Context:
     def _load(self) -> None:
         if self._tensors is not None:
             return
+        with self._lock:
+            if self._tensors is None:
+                self._load_locked()
+
+    def _load_locked(self) -> None:
         if self.fixture_path is None or not self.fixture_path.is_file():
             raise SpecError(f"no fixture GGUF at {self.fixture_path}")
         import gguf
 
         r = gguf.GGUFReader(str(self.fixture_path))
-        self._tensors = {}
+        tensors = {}
         for t in r.tensors:
             shape = tuple(int(s) for s in reversed([int(x) for x in t.shape]))
-            self._tensors[t.name] = TensorInfo(t.name, t.tensor_type.name, shape, int(t.data_offset), int(t.n_bytes))
+            tensors[t.name] = TensorInfo(t.name, t.tensor_type.name, shape, int(t.data_offset), int(t.n_bytes))
         self._meta = {}
         for key, f in r.fields.items():
             try:
@@ -340,6 +350,7 @@ class Context:
                 continue
         self._map = np.fromfile(self.fixture_path, dtype=np.uint8)
         self._map.flags.writeable = False
+        self._tensors = tensors  # last: a thread that sees it set finds the map and metadata there
 
     def tensor(self, name: str) -> TensorInfo:
         self._load()
@@ -360,10 +371,12 @@ class Context:
         return Map(self._map, file=str(self.fixture_path))
 
     def cached(self, key, make):
-        """Memoise something derived from the fixture (e.g. dequantized real weights)."""
-        if key not in self._cache:
-            self._cache[key] = make()
-        return self._cache[key]
+        """Memoise something derived from the fixture (e.g. dequantized real weights); made once however
+        many of prepare()'s threads ask for it together."""
+        with self._lock:
+            if key not in self._cache:
+                self._cache[key] = make()
+            return self._cache[key]
 
     @staticmethod
     def synthetic_map(blobs: list[np.ndarray], rng: np.random.Generator, lead: int = 160,
