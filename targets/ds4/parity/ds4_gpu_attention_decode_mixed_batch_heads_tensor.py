@@ -67,11 +67,11 @@ SPEC = UnitSpec(
               dims(8, 8184, 2048, 4, raw_start=56, use_mask=1, keep=512), timed=True),
         # A later prefill chunk at ds4's working batch: 2048 tokens (ds4.c prefills in chunks of 2048), the raw
         # ring sized for a chunk plus the window (metal_graph_raw_cap_for_context: align_up(128 + 2048, 256) =
-        # 2304 rows), the chunk's 2048 rows and the 127 before it live (n_raw 2175, raw_start as
-        # metal_graph_raw_start_for_span puts it).
+        # 2304 rows), the chunk's 2048 rows and the window of 128 before it live (n_raw 2176 and raw_start as
+        # metal_graph_raw_span_for_batch and metal_graph_raw_start_for_span put them).
         # On a ratio-128 layer at 32k that is 256 compressed rows, no mask.
         Shape("prefill chunk, ratio-128 layer at 32k: 2048 tokens at 30720, 256 rows (timing)",
-              dims(2048, 30720, 256, 128, n_raw=2175, raw_start=(32767 - 2175 + 1) % 2304, raw_cap=2304),
+              dims(2048, 30720, 256, 128, n_raw=2176, raw_start=(32768 - 2176) % 2304, raw_cap=2304),
               timed=True),
         Shape("error: compressed rows with ratio 0", dims(2, 100, 10, 0), expect="error",
               why="the compressed rows' visibility divides by ratio"),
