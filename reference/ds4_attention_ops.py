@@ -207,8 +207,13 @@ def indexer_scores(q, weights, index_comp, n_comp: int, n_tokens: int, pos0: int
     qq = base._rows(q, n_tokens * n_head, head_dim).astype(np.float64).reshape(n_tokens, n_head, head_dim)
     w = base._rows(weights, n_tokens, n_head).astype(np.float64)
     k = base._rows(index_comp, n_comp, head_dim).astype(np.float64)
-    dots = np.maximum(qq.reshape(-1, head_dim) @ k.T, 0.0).reshape(n_tokens, n_head, n_comp)
-    s = np.matmul(w[:, None, :], dots)[:, 0, :] * _f32(scale)
+    s = np.empty((n_tokens, n_comp), np.float64)
+    step = max(1, (1 << 25) // max(1, n_head * n_comp))  # tokens per slice: its dots stay near 256 MB
+    for t0 in range(0, n_tokens, step):
+        t1 = min(n_tokens, t0 + step)
+        dots = np.maximum(qq[t0:t1].reshape(-1, head_dim) @ k.T, 0.0).reshape(t1 - t0, n_head, n_comp)
+        s[t0:t1] = np.matmul(w[t0:t1, None, :], dots)[:, 0, :]
+    s *= _f32(scale)
     if causal:
         visible = (pos0 + np.arange(n_tokens) + 1) // ratio
         s[np.arange(n_comp)[None, :] >= visible[:, None]] = -np.inf
@@ -282,14 +287,14 @@ def attention_decode_batch(model_map, sinks_offset, q, raw_kv, comp_kv, comp_mas
         else:
             raw_ok = (li <= pos[:, None]) & ((window == 0) | (li > pos[:, None] - window))
             vis = np.minimum(n_comp, (pos + 1) // ratio) if ratio else np.full(ts.size, n_comp)
-        comp_bias = np.where(np.arange(n_comp)[None, :] < vis[:, None], 0.0, -np.inf)
         if sel is not None:
-            chosen = np.zeros((ts.size, n_comp), bool)
-            for i, t in enumerate(ts):
-                c = sel[t][(sel[t] >= 0) & (sel[t] < n_comp)]
-                chosen[i, c] = True
-            comp_bias = np.where(chosen, comp_bias, -np.inf)
-        elif mask is not None:
+            seen = np.flatnonzero(raw_ok.any(axis=0))
+            r0, r1 = (seen[0], seen[-1] + 1) if seen.size else (0, 0)
+            out[ts] = _attend_selected(q32[ts], raw_all[r0:r1], np.where(raw_ok[:, r0:r1], 0.0, -np.inf), comp,
+                                       sel[ts], vis, sinks, head_dim)
+            continue
+        comp_bias = np.where(np.arange(n_comp)[None, :] < vis[:, None], 0.0, -np.inf)
+        if mask is not None:
             comp_bias = comp_bias + mask[ts].astype(np.float64)
         # only the raw rows some token of the chunk sees, and the compressed rows any may see
         seen = np.flatnonzero(raw_ok.any(axis=0))
@@ -308,6 +313,31 @@ def attention_decode_batch(model_map, sinks_offset, q, raw_kv, comp_kv, comp_mas
         pv = w.reshape(-1, rows.shape[0]).astype(np.float32) @ rows.astype(np.float32)  # 2-D: BLAS
         out[ts] = pv.reshape(ts.size, n_head, head_dim) / den[:, :, None]
     return out.astype(np.float32)
+
+
+def _attend_selected(q32, raw, raw_bias, comp, sel, vis, sinks, head_dim):
+    """attention_decode_batch's step for tokens with a top-k selection: each token against the chunk's raw
+    rows and its own selected compressed rows only (a set: sorted, repeats, -1, rows past n_comp and rows
+    not yet visible weigh nothing), gathered per token.  The same sums as masking a score matrix against
+    every visible row, without computing the rows no token selected (at ds4's 2048-token prefill chunk over
+    8192 rows, 13x fewer products)."""
+    idx = np.sort(sel, axis=1)
+    ok = (idx >= 0) & (idx < comp.shape[0]) & (idx < vis[:, None])
+    ok[:, 1:] &= idx[:, 1:] != idx[:, :-1]
+    g = comp.astype(np.float32)[np.where(ok, idx, 0)]  # (tokens, top_k, head_dim)
+    n_tok, n_head = q32.shape[0], q32.shape[1]
+    s_raw = (q32.reshape(-1, head_dim) @ raw.T.astype(np.float32)).reshape(n_tok, n_head, -1)
+    s_sel = np.matmul(q32, g.transpose(0, 2, 1))  # (tokens, heads, top_k): one BLAS product per token
+    s = np.concatenate([s_raw, s_sel], axis=2).astype(np.float64) / math.sqrt(head_dim)
+    s += np.concatenate([raw_bias, np.where(ok, 0.0, -np.inf)], axis=1)[:, None, :]
+    m = np.maximum(s.max(axis=2, initial=-np.inf), sinks[None, :])
+    w = np.exp(s - m[:, :, None])
+    den = np.exp(sinks[None, :] - m) + w.sum(axis=2)
+    n_raw = raw.shape[0]
+    w32 = w.astype(np.float32)
+    pv = (w32[:, :, :n_raw].reshape(-1, n_raw) @ raw.astype(np.float32)).reshape(n_tok, n_head, head_dim)
+    pv = pv + np.matmul(w32[:, :, n_raw:], g)
+    return pv / den[:, :, None]
 
 
 def attention_decode_heads(model_map, sinks_offset, q, raw_kv, n_raw, raw_cap, raw_start, comp_kv, n_comp,

@@ -65,6 +65,14 @@ SPEC = UnitSpec(
         Shape("batch: 3 tokens, mask keeps 512 of 2048, scores +200", I.shifted(dims(3, 8190, 2048, 4, raw_start=64, use_mask=1, keep=512)), edge=I.EDGE_SHIFTED),
         Shape("decode batch, ratio-4 layer at 8k: 8 tokens at 8184, 2048 rows, mask keeps 512 (timing)",
               dims(8, 8184, 2048, 4, raw_start=56, use_mask=1, keep=512), timed=True),
+        # A later prefill chunk at ds4's working batch: 2048 tokens (ds4.c prefills in chunks of 2048), the raw
+        # ring sized for a chunk plus the window (metal_graph_raw_cap_for_context: align_up(128 + 2048, 256) =
+        # 2304 rows), the chunk's 2048 rows and the window of 128 before it live (n_raw 2176 and raw_start as
+        # metal_graph_raw_span_for_batch and metal_graph_raw_start_for_span put them).
+        # On a ratio-128 layer at 32k that is 256 compressed rows, no mask.
+        Shape("prefill chunk, ratio-128 layer at 32k: 2048 tokens at 30720, 256 rows (timing)",
+              dims(2048, 30720, 256, 128, n_raw=2176, raw_start=(32768 - 2176) % 2304, raw_cap=2304),
+              timed=True),
         Shape("error: compressed rows with ratio 0", dims(2, 100, 10, 0), expect="error",
               why="the compressed rows' visibility divides by ratio"),
         Shape("error: 8000 rows with a mask", dims(2, 32767, 8000, 4, use_mask=1, keep=512), expect="error",

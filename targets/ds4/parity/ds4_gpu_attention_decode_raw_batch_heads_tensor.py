@@ -57,6 +57,12 @@ SPEC = UnitSpec(
         Shape("batch: 2 tokens at 5000, scores +200", I.shifted(dims(2, 5000, 128, 90)), edge=I.EDGE_SHIFTED),
         Shape("batch: 128 tokens at 1000, scores +200", I.shifted(dims(128, 1000, 128, 0)), edge=I.EDGE_SHIFTED),
         Shape("decode batch: 8 tokens at 8192, full ring (timing)", dims(8, 8192, 128, 31), timed=True),
+        # A later prefill chunk at ds4's working batch: 2048 tokens (ds4.c prefills in chunks of 2048), the raw
+        # ring sized for a chunk plus the window (metal_graph_raw_cap_for_context: align_up(128 + 2048, 256) =
+        # 2304 rows), the chunk's 2048 rows and the window of 128 before it live (n_raw 2176 and raw_start as
+        # metal_graph_raw_span_for_batch and metal_graph_raw_start_for_span put them).
+        Shape("prefill chunk, raw layer: 2048 tokens at 2048, 2176 of 2304 ring rows (timing)",
+              dims(2048, 2048, 2176, (4096 - 2176) % 2304, raw_cap=2304), timed=True),
         Shape("error: n_raw 0", dims(1, 10, 0, 0), expect="error", why="no raw rows"),
         Shape("error: raw_start >= raw_cap", dims(1, 10, 4, 128), expect="error", why="the ring start must be a ring row"),
     ],

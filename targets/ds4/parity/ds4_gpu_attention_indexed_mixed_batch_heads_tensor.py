@@ -78,6 +78,18 @@ SPEC = UnitSpec(
         Shape("batch: 4 tokens at 8190, top 512 of 2048, scores +200", I.shifted(dims(4, 8190, 2048, raw_start=120)), edge=I.EDGE_SHIFTED),
         Shape("decode batch, ratio-4 layer at 32k: 16 tokens at 32752, 8192 rows, top 512 (timing)",
               dims(16, 32752, 8192, raw_start=77), timed=True),
+        # decode at depth: one token at 64k on a ratio-4 layer (ds4.c's decode step, top 512 of 16384 rows),
+        # its 128 raw rows in the 2304-row ring the engine allocates for 2048-token prefill chunks
+        Shape("decode, ratio-4 layer at 64k: 1 token at 65535, 16384 rows, top 512 (timing)",
+              dims(1, 65535, 16384, raw_start=(65536 - 128) % 2304, raw_cap=2304), timed=True),
+        # A later prefill chunk at ds4's working batch: 2048 tokens (ds4.c prefills in chunks of 2048), the raw
+        # ring sized for a chunk plus the window (metal_graph_raw_cap_for_context: align_up(128 + 2048, 256) =
+        # 2304 rows), the chunk's 2048 rows and the window of 128 before it live (n_raw 2176 and raw_start as
+        # metal_graph_raw_span_for_batch and metal_graph_raw_start_for_span put them).
+        # On a ratio-4 layer at 32k: top 512 of 8192 rows per token.
+        Shape("prefill chunk, ratio-4 layer at 32k: 2048 tokens at 30720, top 512 of 8192 rows (timing)",
+              dims(2048, 30720, 8192, n_raw=2176, raw_start=(32768 - 2176) % 2304, raw_cap=2304),
+              timed=True),
         Shape("error: top_k 513", dims(2, 4000, 1000, top_k=513), expect="error", why="upstream selects at most 512 rows"),
         Shape("error: n_comp 0", dims(2, 4000, 0, top_k=4), expect="error", why="no compressed rows to index"),
     ],

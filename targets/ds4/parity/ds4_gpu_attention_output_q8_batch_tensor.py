@@ -78,7 +78,10 @@ SPEC = UnitSpec(
         _real("attn out 8 x 4096 -> 1024 -> 4096, 2 tokens", 2),
         _real("attn out 8 x 4096 -> 1024 -> 4096, 127 tokens", 127, layer=2),
         _real("attn out 8 x 4096 -> 1024 -> 4096, 128 tokens", 128),
-        _real("attn out 8 x 4096 -> 1024 -> 4096, 129 tokens (prefill)", 129, timed=True),
+        # untimed since the 2048-token chunk below times the same weights on the same path
+        _real("attn out 8 x 4096 -> 1024 -> 4096, 129 tokens (prefill)", 129),
+        # prefill at ds4's working batch: ds4.c prefills in chunks of 2048 tokens
+        _real("attn out 8 x 4096 -> 1024 -> 4096, 2048 tokens (prefill chunk)", 2048, timed=True),
         Shape("odd 3 groups of 100 -> 37 -> 53, 3 tokens", {"group_dim": 100, "rank": 37, "n_groups": 3,
                                                             "out_dim": 53, "n_tokens": 3}),
         Shape("odd 2 groups of 2080 -> 16 -> 40, 1 token", {"group_dim": 2080, "rank": 16, "n_groups": 2,

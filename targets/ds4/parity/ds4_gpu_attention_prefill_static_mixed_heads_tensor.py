@@ -64,7 +64,12 @@ SPEC = UnitSpec(
         Shape("1 token, ratio 4, scores +200", I.shifted(dims(1, 4)), edge=I.EDGE_SHIFTED),
         Shape("100 tokens, ratio 4, scores +200 (cuBLAS path)", I.shifted(dims(100, 4)), edge=I.EDGE_SHIFTED),
         Shape("200 tokens, ratio 4, scores +200 (online path)", I.shifted(dims(200, 4)), edge=I.EDGE_SHIFTED),
-        Shape("prefill, ratio-4 layer: 512 tokens, 128 rows (timing)", dims(512, 4), timed=True),
+        # untimed since the 2048-token chunks below time the same kernel at the size ds4 calls
+        Shape("prefill, ratio-4 layer: 512 tokens, 128 rows", dims(512, 4)),
+        # a fresh prompt's first 2048-token chunk (ds4.c's prefill chunk): 512 rows on a ratio-4 layer (no
+        # top-k below 513 rows), 16 on a ratio-128 layer
+        Shape("prefill chunk, ratio-4 layer: 2048 tokens, 512 rows (timing)", dims(2048, 4), timed=True),
+        Shape("prefill chunk, ratio-128 layer: 2048 tokens, 16 rows (timing)", dims(2048, 128), timed=True),
         Shape("error: ratio 0", dims(8, 4) | {"ratio": 0}, expect="error", why="visibility divides by ratio"),
     ],
     build=build,

@@ -54,6 +54,8 @@ SPEC = UnitSpec(
     outputs={"out": TOL_OUT, "split": TOL_SPLIT},
     shapes=[
         Shape("decode: 1 token x 4 x 4096", dims(1), timed=True),
+        # prefill too: ds4.c splits every token of its 2048-token prefill chunk here
+        Shape("prefill chunk: 2048 tokens x 4 x 4096", dims(2048), timed=True),
         Shape("7 tokens x 4 x 4096", dims(7)),
         Shape("7 tokens x 4 x 4096, combine logits ~100-130", dims(7, comb_shift=hc.COMB_SHIFT), edge=hc.EDGE_COMB_SHIFT),
         Shape("odd: 5 tokens x 4 x 37", dims(5, 37)),

@@ -73,6 +73,7 @@ SPEC = UnitSpec(
         Shape(GENERIC, dims(37, 3, 96)),
         Shape("odd: 64 heads x 64, 129 rows (generic kernel)", dims(129, 64, 64)),
         Shape("decode at 32k context: 64 x 128, 8192 rows (timing)", dims(8192), timed=True),
+        Shape("decode at 64k context: 64 x 128, 16384 rows (timing)", dims(16384), timed=True),
         Shape("error: index_comp one row shorter than n_comp", dims(100, short_rows=True), expect="error",
               why="index_comp must hold n_comp rows"),
     ],

@@ -73,6 +73,10 @@ SPEC = UnitSpec(
         Shape("batch: 2 tokens at 2, 1 row (visible to token 1 only)", dims(2, 2, 1)),
         Shape(GENERIC, dims(5, 10, 9, n_head=3, head_dim=96)),
         Shape("decode batch: 16 tokens at 8176, 2048 rows (timing)", dims(16, 8176, 2048), timed=True),
+        # a later prefill chunk at ds4's working batch (2048 tokens; ds4.c scores every chunk after the first
+        # here) on a ratio-4 layer at 32k: 8192 rows
+        Shape("prefill chunk at 32k: 2048 tokens at 30720, 8192 rows (timing)", dims(2048, 30720, 8192),
+              timed=True),
         Shape("error: ratio 0", dims(2, 100, 8, ratio=0), expect="error", why="the causal cut divides by ratio"),
         Shape("error: index_comp one row shorter than n_comp", dims(2, 100, 20, short_rows=True), expect="error",
               why="index_comp must hold n_comp rows"),

@@ -116,6 +116,12 @@ SPEC = UnitSpec(
         Shape("ties: 4 tokens, 37 rows of 3 values, top 7", {"n_tokens": 4, "n_comp": 37, "top_k": 7, "levels": 3}),
         Shape("prefill: 7 tokens, 8192 rows, top 512 (timing)", {"n_tokens": 7, "n_comp": 8192, "top_k": K},
               timed=True),
+        # ds4.c's working sizes: a later 2048-token prefill chunk at 32k (8192 rows per token), and one
+        # decode token at 64k (16384 rows)
+        Shape("prefill chunk at 32k: 2048 tokens, 8192 rows, top 512 (timing)",
+              {"n_tokens": 2048, "n_comp": 8192, "top_k": K}, timed=True),
+        Shape("decode at 64k: 1 token, 16384 rows, top 512 (timing)", {"n_tokens": 1, "n_comp": 16384, "top_k": K},
+              timed=True),
         Shape("error: top_k > n_comp", {"n_tokens": 1, "n_comp": 100, "top_k": 101}, expect="error",
               why="top_k must not exceed n_comp"),
     ],

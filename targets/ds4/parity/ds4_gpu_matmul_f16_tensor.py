@@ -61,7 +61,18 @@ SPEC = UnitSpec(
     shapes=[
         _s("router 4096->256, decode", 1, 4096, 256, "blk.3.ffn_gate_inp.weight", timed=True),
         _s("router 4096->256, 2 tokens", 2, 4096, 256, "blk.3.ffn_gate_inp.weight"),
-        _s("router 4096->256, 129 tokens (prefill)", 129, 4096, 256, "blk.3.ffn_gate_inp.weight", timed=True),
+        # untimed since the 2048-token prefill chunk below times the same weights on the same path
+        _s("router 4096->256, 129 tokens (prefill)", 129, 4096, 256, "blk.3.ffn_gate_inp.weight"),
+        # prefill at ds4's working batch: ds4.c prefills in chunks of 2048 tokens and projects each chunk's
+        # router logits, HC mixers, compressor rows and indexer queries here (metal_graph_encode_layer_*_batch)
+        _s("router 4096->256, 2048 tokens (prefill chunk)", 2048, 4096, 256, "blk.3.ffn_gate_inp.weight",
+           timed=True),
+        _s("hc_ffn_fn 16384->24, 2048 tokens (prefill chunk)", 2048, 16384, 24, "blk.3.hc_ffn_fn.weight",
+           timed=True),
+        _s("compressor kv (ratio 4) 4096->1024, 2048 tokens (prefill chunk)", 2048, 4096, 1024,
+           "blk.2.attn_compressor_kv.weight", timed=True),
+        _s("indexer attn_q_b 1024->8192, 2048 tokens (prefill chunk)", 2048, 1024, 8192,
+           "blk.2.indexer.attn_q_b.weight", timed=True),
         _s("hc_attn_fn 16384->24, decode", 1, 16384, 24, "blk.3.hc_attn_fn.weight"),
         _s("hc_ffn_fn 16384->24, 128 tokens", 128, 16384, 24, "blk.3.hc_ffn_fn.weight"),
         _s("output_hc_fn 16384->4, decode", 1, 16384, 4, "output_hc_fn.weight"),

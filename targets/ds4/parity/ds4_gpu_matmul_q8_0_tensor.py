@@ -107,7 +107,16 @@ SPEC = UnitSpec(
         _s("attn_q_a 4096->1024, 5 tokens", 5, 4096, 1024, "blk.3.attn_q_a.weight"),
         _s("attn_q_b 1024->32768, 2 tokens", 2, 1024, 32768, "blk.3.attn_q_b.weight"),
         _s("shexp up 4096->2048, 127 tokens", 127, 4096, 2048, "blk.3.ffn_up_shexp.weight"),
-        _s("shexp gate 4096->2048, 129 tokens (prefill)", 129, 4096, 2048, "blk.3.ffn_gate_shexp.weight", timed=True),
+        # untimed since the 2048-token prefill chunk below times the same weights on the same path
+        _s("shexp gate 4096->2048, 129 tokens (prefill)", 129, 4096, 2048, "blk.3.ffn_gate_shexp.weight"),
+        # prefill at ds4's working batch: the engine prefills in chunks of 2048 tokens (ds4.c,
+        # ds4_default_prefill_cap_for_prompt) and projects each chunk's q_a, q_b and the shared expert here
+        _s("attn_q_a 4096->1024, 2048 tokens (prefill chunk)", 2048, 4096, 1024, "blk.3.attn_q_a.weight",
+           timed=True),
+        _s("attn_q_b 1024->32768, 2048 tokens (prefill chunk)", 2048, 1024, 32768, "blk.3.attn_q_b.weight",
+           timed=True),
+        _s("shexp gate 4096->2048, 2048 tokens (prefill chunk)", 2048, 4096, 2048, "blk.3.ffn_gate_shexp.weight",
+           timed=True),
         _s("mtp e_proj 4096->4096, 128 tokens (preq kernel)", 128, 4096, 4096, "mtp.0.e_proj.weight"),
         _s("vocab output 4096->129280, 1 token (decode logits)", 1, 4096, 129280, "output.weight",
            dims={"vocab": True}, timed=True),

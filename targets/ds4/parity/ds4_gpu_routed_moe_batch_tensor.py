@@ -118,6 +118,11 @@ SPEC = UnitSpec(
         _real("prefill 2 tokens, 6 of 256", 2),
         _real("prefill 127 tokens, x x6 (clamp bites)", 127, src=L40, dims={"x_scale": 6.0}),
         _real("prefill 128 tokens, 6 of 256", 128),
+        # Timed below ds4's 2048-token prefill chunk, on purpose: building this case (the flip-budget
+        # construction of _ds4_moe_flips, then the Q8_K reference over 6 of 256 dequantized experts) took
+        # 55 s for one seed at 129 tokens on a 2-core CPU (2026-11-29), and parity builds a timed case 3
+        # times; the construction grows with the tokens (2048: about 15 min a seed by linear extrapolation, not
+        # measured), so 129 (just past the 128-token dispatch switch) is the largest that fits.
         _real("prefill 129 tokens, 6 of 256", 129, timed=True),
         _real("Q4_K decode: 1 token, 6 of 256", 1, dims={"gate": "Q4_K"}),
         Shape("1 token, 6 of 256, 4352 -> 256 -> 256 (non-LUT gate)",
