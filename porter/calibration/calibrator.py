@@ -114,10 +114,17 @@ def parity_on_library(target, unit: str, lib: Path, opts: CalibrateOptions, time
     one driver, on a library that holds the unit under test (a typed library candidate): the first
     refusal, else the first of them's verdict (parity's: its evidence is what calibration keeps).
     env: a known-good variant's knobs, set in the parity child; seeds: the same for every library
-    of one unit, so its inputs and references are prepared once; fresh_process: a perf re-time."""
+    of one unit, so its inputs and references are prepared once; fresh_process: a fresh child holding the
+    GPU alone (a perf re-time; any timed run where warm workers share the GPU).
+    Where they share it (--per-gpu K > 1) a warm run makes no timed calls: its neighbours would slow them, and
+    parity's own timing checks (the exchange measured from outside the candidate's process, the roofline)
+    would refuse correct code for their load -- measured: upstream's indexer QAT at 2048 tokens, 2.4 ms more
+    from outside than its events said.  Its values decide; a run whose timing matters is made alone
+    (timed_alone)."""
+    shared = not fresh_process and baseline_alone()
     parity = ParityOptions(**{**asdict(opts.parity), "timeout": timeout or opts.parity.timeout,
                               **({"env": env} if env else {}), **({"seeds": seeds} if seeds else {}),
-                              "fresh_process": fresh_process})
+                              "fresh_process": fresh_process, **({"timing_reps": 0} if shared else {})})
     ctx = GateContext(target, opts.workspace, parity=parity, library=Path(lib))
     results = run_gates(Candidate.library(unit, lib), ctx, gates=registry.names(registry.UNIT, role=registry.OUTPUT))
     return refusal(results) or results[0]
@@ -129,6 +136,21 @@ def baseline_alone() -> bool:
     from porter.gates.parity import executors
 
     return executors.workers_per_gpu() > 1
+
+
+# parity's checks of the timed calls themselves (porter/gates/parity/compare.py): a mutant named for one must be
+# run with timed calls, which a run on a shared GPU does not make
+TIMED_CHECKS = ("timing", "impossible")
+
+
+def timed_alone(target, unit: str, lib: Path, opts: CalibrateOptions, first, timeout: float | None = None):
+    """A run perf will judge: `first` itself where the GPU is not shared, else, when `first` passed on its
+    values, the same library again in a fresh child alone on the GPU, with its timed calls and every check
+    of them (a mutant that games its timing is refused there by parity's timing checks)."""
+    if not baseline_alone() or not first.ok:
+        return first
+    return parity_on_library(target, unit, lib, opts, timeout=timeout, seeds=opts.parity.seeds or None,
+                             fresh_process=True)
 
 
 def perf_on_mutant(target, unit: str, parity, known_good, retime_fn):
@@ -273,6 +295,8 @@ def _unit_runs(target, libs, opts, good, plan, mutants, specs, unit, out) -> tup
         except (BuildError, PorterError) as exc:
             return exc, 0.0, None
         r = parity_on_library(target, unit, lib, opts, timeout=m.timeout, seeds=seeds)
+        if m.perf or m.must_fail_check in TIMED_CHECKS:
+            r = timed_alone(target, unit, lib, replace(opts, parity=replace(opts.parity, seeds=seeds)), r, m.timeout)
         if m.perf and r.ok:  # judged against this calibration's known-good run, made above
             r = perf_on_mutant(target, unit, r, res, lambda: parity_on_library(target, unit, lib, opts,
                                                                                timeout=m.timeout, fresh_process=True))
