@@ -363,6 +363,7 @@ class Agreement(Open):
     p99_kld: Num | None = None
     max_kld: Num | None = None
     same_top: Num | None = None
+    non_finite_rows: int | None = None  # rows whose divergence is infinite (the figures above are None then)
 
 
 class Accuracy(Agreement):

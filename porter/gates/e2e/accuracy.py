@@ -121,16 +121,23 @@ def measure(runner, n_vocab: int, positions: int, log=print) -> dict:
         except ReferenceFailure as exc:
             return {"skipped": f"upstream's logits: {exc}"[:300]}
         except PorterError as exc:
-            return {"failed": f"the port's logits: {exc}"[:300], "upstream_aa": aa}
+            return {"failed": f"the port's logits: {exc}"[:300], "upstream_aa": stored(aa)}
         log(f"accuracy: the port against upstream: {_figures(res)}")
-        return {**res, "upstream_aa": aa, "rule": RULE}
+        return {**stored(res), "upstream_aa": stored(aa), "rule": RULE}
     finally:
         for d in dumps:
             d.unlink(missing_ok=True)
 
 
-def _num(v: float) -> str:
-    return "inf" if not math.isfinite(v) else ("0" if v == 0 else f"{v:.2g}")
+def stored(a: dict) -> dict:
+    """The figures as the record keeps them: standard JSON has no infinity (status --json is read by jq), so
+    a divergence that is infinite -- a row of the port's logits not finite -- is None there, and
+    non_finite_rows says how many rows made it so."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in a.items()}
+
+
+def _num(v: float | None) -> str:
+    return "inf" if v is None or not math.isfinite(v) else ("0" if v == 0 else f"{v:.2g}")
 
 
 def _figures(a: dict) -> str:
@@ -146,6 +153,9 @@ def accuracy_line(acc: dict | None) -> str | None:
         return f"accuracy: not measured ({acc['skipped']})"
     if acc.get("failed"):
         return f"accuracy: FAILED: {acc['failed']}"
+    if acc.get("non_finite_rows") and isinstance(acc.get("positions"), int):
+        return (f"accuracy: the port's logits are not finite on {acc['non_finite_rows']} of {acc['positions']} "
+                f"positions (infinite KL divergence from upstream's); {RULE}")
     if not all(isinstance(acc.get(k), (int, float)) for k in ("positions", "mean_kld", "p99_kld", "max_kld",
                                                             "same_top")):
         return "accuracy: not measured (a record without the figures the gate writes)"

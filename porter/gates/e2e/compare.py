@@ -153,7 +153,7 @@ def agreement_summary(kld: np.ndarray, same: np.ndarray) -> dict:
         return {"positions": 0}
     return {"positions": int(len(kld)), "mean_kld": float(np.mean(kld)),
             "p99_kld": float(np.quantile(kld, 0.99, method="higher")), "max_kld": float(np.max(kld)),
-            "same_top": float(np.mean(same))}
+            "same_top": float(np.mean(same)), "non_finite_rows": int(np.sum(~np.isfinite(kld)))}
 
 
 def agreement_line(a: dict) -> str:
