@@ -229,7 +229,8 @@ enum { U_DECODE_HEADS, U_RAW, U_MIXED, U_INDEXED, U_STATIC, U_MASKED };
 static int decode_attn(int unit, float *O, const float *sinks, const float *Q, const float *R, const float *C,
     const float *mask, uint32_t use_mask, uint32_t n_tokens, uint32_t pos0, uint32_t n_raw, uint32_t raw_cap,
     uint32_t raw_start, uint32_t n_comp, uint32_t window, uint32_t ratio, uint32_t n_head, uint32_t hd) {
-  static double s[8192 + 256], acc[1024];
+  static double s[16384 + 4096], acc[1024];  /* the 64k decode: 16384 compressed rows + a 2304-row ring */
+  if ((uint64_t)n_raw + n_comp > sizeof s / sizeof s[0] || hd > 1024) return 0;
   /* upstream's path for this call, so a fault can be planted in one path only, as the mutants are */
   int big = hd == 512, online = 0, cublas = 0;
   if (unit == U_DECODE_HEADS) online = n_comp > 7936;
@@ -369,7 +370,8 @@ int ds4_gpu_attention_indexed_mixed_batch_heads_tensor(T *heads, const void *map
 #endif
     for (uint32_t i = 0; i < take; i++) {
       int32_t c = sel[i];
-      if (n_tokens == 1 && (c < 0 || (uint32_t)c >= vis)) continue;
+      if (c < 0 || (uint32_t)c >= n_comp) continue;  /* never outside the mask, whatever the fault */
+      if (n_tokens == 1 && (uint32_t)c >= vis) continue;
       mask[(uint64_t)t * n_comp + c] = 0.0f; } }
   /* a batch: the selection alone decides which compressed rows count (ratio 0: no visibility cut) */
   return decode_attn(U_INDEXED, heads->ptr, SINKS, q->ptr, raw->ptr, comp->ptr, mask, 1, n_tokens, pos0, n_raw,
@@ -401,6 +403,23 @@ def _stand_in(tmp_path, *defines) -> Path:
 
 
 SLOW = pytest.mark.slow
+
+# The timed cases at ds4's 2048-token prefill chunk (issue 41) take this naive-loop C stand-in past the
+# parity child's 90 s watchdog (measured: the ratio-128 batch case at 32k, 2048 tokens x 64 heads x 384
+# rows x 512, was killed at 90 s); the GPU runs them in calibration and for every candidate, and each fault
+# below is named by the spec's smaller cases, which all still run here.
+HOST_MAX_TOKENS = 1024
+# The child's watchdog covers the whole plan; 90 s is sized for a GPU.  The stand-in's naive loops over the
+# cases that remain (the 16-token batch over 8192 rows, the 64k decode over 16384) took the indexed spec's
+# plan past it on a shared 2-core host, killed in a case's 'prepare'.
+HOST_TIMEOUT_S = 300.0
+
+
+def _host_cases(spec):
+    import dataclasses
+
+    return dataclasses.replace(spec, shapes=[s for s in spec.shapes
+                                             if not (s.timed and s.dims.get("n_tokens", 0) > HOST_MAX_TOKENS)])
 
 
 # Each fault mirrors one mutant of targets/ds4/mutants.toml -- in the upstream path the mutant
@@ -458,5 +477,6 @@ def test_host_stand_in_passes_and_each_fault_is_named(target, tmp_path, unit, fa
     from porter.spec import load_spec
 
     lib = _stand_in(tmp_path, *([fault] if fault else []))
-    res = run_spec(target, load_spec(target, unit), lib, workspace=tmp_path, mode="host", timing_reps=0)
+    res = run_spec(target, _host_cases(load_spec(target, unit)), lib, workspace=tmp_path, mode="host",
+                   timing_reps=0, timeout=HOST_TIMEOUT_S)
     assert res.word == check, res.summary
