@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 
-import os
 import shutil
 import subprocess
 import types
@@ -202,10 +201,10 @@ def test_status_prints_the_accuracy_line_and_json_carries_the_figures():
 # -- ds4's hook ----------------------------------------------------------------------------------------
 
 def _checkout() -> Path:
-    from conftest import NO_DS4
+    from conftest import NO_DS4, ds4_checkout
 
-    src = Path(os.environ.get("PORTER_DS4_SOURCE", ROOT / "external" / "ds4"))
-    if not (src / "ds4.c").is_file():
+    src = ds4_checkout()
+    if src is None:
         pytest.skip(NO_DS4)
     return src
 

@@ -17,6 +17,25 @@ from porter.gates.parity import executors, pool
 from porter.gates.parity.pool import DeviceGate
 
 
+def _run_one_mutant(tmp_path, mutant_lib: str):
+    """runner.run_unit on unit 'u': the known-good 'good.so', one distinct mutant linked as `mutant_lib`."""
+    from porter.calibration.calibrator import CalibrateOptions
+    from porter.calibration.mutate.generate import Mutation
+    from porter.calibration.mutate.objects import DISTINCT, Built
+    from porter.gates.driver import ParityOptions
+
+    class Libs:
+        def known_good(self):
+            return Path("good.so")
+
+        def mutant(self, m):
+            return Path(mutant_lib)
+
+    m = Mutation("u", "arith", 1, 1, "k", "kernel", "+", "-", "x", "x".ljust(12, "0"), "// x\n")
+    opts = CalibrateOptions(tmp_path, None, None, True, ParityOptions(mode="host", timeout=120.0), ledger=False, jobs=2)
+    return runner.run_unit(None, Libs(), Path("good.so"), "u", [Built(m, DISTINCT, digest="x")], opts)
+
+
 def _hold(cm_factory, log, name, start, hold_s=0.15):
     def body():
         start.wait()
@@ -138,21 +157,7 @@ def test_shared_gpus_take_the_baseline_in_a_fresh_child_and_give_mutants_longer(
         return GateResult("parity", False, "parity failed [nmse]", check="nmse")
 
     monkeypatch.setattr(calibrator, "parity_on_library", parity)
-    from porter.calibration.calibrator import CalibrateOptions
-    from porter.calibration.mutate.generate import Mutation
-    from porter.calibration.mutate.objects import DISTINCT, Built
-    from porter.gates.driver import ParityOptions
-
-    class Libs:
-        def known_good(self):
-            return Path("good.so")
-
-        def mutant(self, m):
-            return Path("bad.so")
-
-    m = Mutation("u", "arith", 1, 1, "k", "kernel", "+", "-", "x", "x".ljust(12, "0"), "// x\n")
-    opts = CalibrateOptions(tmp_path, None, None, True, ParityOptions(mode="host", timeout=120.0), ledger=False, jobs=2)
-    runner.run_unit(None, Libs(), Path("good.so"), "u", [Built(m, DISTINCT, digest="x")], opts)
+    _run_one_mutant(tmp_path, "bad.so")
     assert seen[0][:2] == ("good.so", True), "the known-good's baseline is taken alone on the GPU"
     assert seen[1][:2] == ("bad.so", False), "a mutant runs on a shared warm worker"
     assert seen[1][2] == 120.0, "4 x the 30 s floor, within the spec's 120 s"
@@ -222,10 +227,6 @@ def test_a_run_perf_judges_is_made_alone_when_the_gpu_is_shared_and_it_passed_on
 
 
 def test_a_generated_mutant_that_passes_on_values_is_timed_alone_before_perf(monkeypatch, tmp_path):
-    from porter.calibration.calibrator import CalibrateOptions
-    from porter.calibration.mutate.generate import Mutation
-    from porter.calibration.mutate.objects import DISTINCT, Built
-    from porter.gates.driver import ParityOptions
     from porter.gates.result import GateResult
 
     monkeypatch.setenv(executors.PER_GPU_ENV, "2")
@@ -247,15 +248,6 @@ def test_a_generated_mutant_that_passes_on_values_is_timed_alone_before_perf(mon
     monkeypatch.setattr(calibrator, "parity_on_library", parity)
     monkeypatch.setattr(calibrator, "perf_on_mutant", perf)
 
-    class Libs:
-        def known_good(self):
-            return Path("good.so")
-
-        def mutant(self, m):
-            return Path("slow.so")
-
-    m = Mutation("u", "arith", 1, 1, "k", "kernel", "+", "-", "s", "s".ljust(12, "0"), "// s\n")
-    opts = CalibrateOptions(tmp_path, None, None, True, ParityOptions(mode="host", timeout=120.0), ledger=False, jobs=2)
-    _, results = runner.run_unit(None, Libs(), Path("good.so"), "u", [Built(m, DISTINCT, digest="s")], opts)
+    _, results = _run_one_mutant(tmp_path, "slow.so")
     assert runs == [("good.so", True), ("slow.so", False), ("slow.so", True)]
     assert judged == [9.0] and results[0]["outcome"] == "killed" and results[0]["check"] == "slowdown"
