@@ -18,7 +18,13 @@
 #             specs and their env-knob variants, table in $OUT/trace_<i>of<n>.json
 #   cal       ds4: `porter calibrate --known-good upstream` over chunk $CAL_CHUNK (i/n, default
 #             1/1) of the specs, report in $OUT/calibration_<i>of<n>.json
-# $UNITS (space-separated API functions) narrows trace and cal to those specs: a re-run of the
+#   mutate    `porter calibrate --mutate` on $MUTATE_TARGET (default ds4; --known-good upstream there,
+#             scripted for minimoe), one unit at a time so each finished unit is merged into
+#             targets/<t>/mutation.json (--write) before a time box can end the step; $PER_GPU
+#             warm workers share each GPU (default 4), $MUTATE_BUDGET mutants per operator (default 3)
+#   sweep     the known-good's seed sweep (`porter calibrate --seed-sets ${SEED_SETS:-20}
+#             --no-mutants --no-variants --per-gpu $PER_GPU`) over chunk $CAL_CHUNK of ds4's specs
+# $UNITS (space-separated API functions) narrows trace, cal, mutate and sweep to those specs: a re-run of the
 # specs a fix touched, on the same machine as the rest of the table; $CAL_FLAGS adds flags to the
 # cal step's `porter calibrate` (e.g. --no-variants where the trace already ran the variants)
 # ds4 needs the checkout at $PORTER_DS4_SOURCE (default external/ds4) and ~25 GB
@@ -94,6 +100,24 @@ PY
       chunk=${CAL_CHUNK:-1/1}
       timeout "$LONG_STEP_S" python3 -m porter calibrate --target ds4 --known-good upstream --jobs 6 --chunk "$chunk" "${unit_args[@]}" ${CAL_FLAGS:-} \
           --report "$OUT/calibration_${chunk/\//of}.json" 2>&1 | tee "$OUT/calibration_${chunk/\//of}.log" ;;
+    mutate)
+      mt=${MUTATE_TARGET:-ds4}
+      kg=$([ "$mt" = ds4 ] && echo upstream || echo scripted)
+      mine=${UNITS:-$(python3 -c "from porter.spec import load_specs; from porter.target import load_target; print(' '.join(sorted(load_specs(load_target('.', '$mt')))))")}
+      end=$(( t0 + LONG_STEP_S ))
+      for u in $mine; do
+        left=$(( end - $(date +%s) )); [ "$left" -lt 30 ] && { echo "mutate: no time left for $u" | tee -a "$OUT/mutate.log"; continue; }
+        timeout "$left" python3 -m porter calibrate --target "$mt" --known-good "$kg" --mutate --unit "$u" \
+            --budget "${MUTATE_BUDGET:-3}" --per-gpu "${PER_GPU:-4}" --jobs 16 --write \
+            --report "$OUT/mutate_$u.json" >> "$OUT/mutate.log" 2>&1
+        echo "mutate $u: rc $?" | tee -a "$OUT/mutate.log"
+        cp "targets/$mt/mutation.json" "$OUT/" 2>/dev/null
+      done ;;
+    sweep)
+      chunk=${CAL_CHUNK:-1/1}
+      timeout "$LONG_STEP_S" python3 -m porter calibrate --target ds4 --known-good upstream --seed-sets "${SEED_SETS:-20}" \
+          --no-mutants --no-variants --per-gpu "${PER_GPU:-4}" --jobs 16 --no-ledger --chunk "$chunk" "${unit_args[@]}" \
+          --report "$OUT/sweep_${chunk/\//of}.json" 2>&1 | tee "$OUT/sweep_${chunk/\//of}.log" ;;
     *) echo "unknown step $step" ;;
   esac
   echo "step $step: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/steps.txt"
