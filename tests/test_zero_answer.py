@@ -79,7 +79,7 @@ def test_calibration_refuses_a_spec_an_all_zero_answer_passes(target, tmp_path, 
     mutant = Mutant(UNIT, "m", "values", "wrong", "rules", file="x")
     monkeypatch.setattr(cal, "load_mutants", lambda t: [mutant])
 
-    def fake_parity(target, unit, lib, opts, timeout=None, env=None, seeds=None):
+    def fake_parity(target, unit, lib, opts, timeout=None, env=None, seeds=None, fresh_process=False):
         if lib.name == "mutant.so":
             return GateResult("parity", False, "parity failed [values]", check="values", evidence={})
         return GateResult("parity", True, "parity ok", evidence={
