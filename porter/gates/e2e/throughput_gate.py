@@ -121,11 +121,9 @@ def _result(target, ok: bool, summary: str, facts: dict, verdict, samples) -> Ga
 def _diagnostics(verdict, acc: dict | None = None) -> str:
     if verdict is None or not verdict.phases:
         return ""
-    line = accuracy.accuracy_line(acc)
-    if line:
-        return _diagnostics(verdict) + "\n" + line
     lines = [f"{'phase':<8} {'upstream t/s':>13} {'port t/s':>10} {'ratio':>7} {'A/A margin':>11} {'p':>7}"]
     for p in verdict.phases:
         lines.append(f"{p.phase:<8} {p.upstream_tps:>13.1f} {p.candidate_tps:>10.1f} {p.ratio:>6.2f}x "
                      f"{p.margin:>10.1%} {p.p_value:>7.3f}")
-    return "\n".join(lines)
+    line = accuracy.accuracy_line(acc)
+    return "\n".join(lines + ([line] if line else []))

@@ -585,29 +585,30 @@ class Ds4Bench:
         self.setup = {"engine": BENCH_EXE, "layers": red.n_layer, "model_seed": int(red.opts.get("seed", 0)),
                       "prefill_tokens": prefill, "decode_tokens": decode, "upstream": "ds4_cuda.cu of the checkout"}
 
-    def run(self, backend: str):
+    def _bench(self, backend: str, label: str, folder: str, decode: int, extra_env=None) -> tuple[Path, float]:
+        """One sandboxed ds4-bench run of `backend`'s build in a fresh folder under scratch/`folder`, its
+        report in bench.csv there; extra_env(folder) adds variables naming files in it.
+        (that folder, porter's wall time of the run)."""
         build_dir, v = self.builds[backend]
-        out = self.red.scratch / "bench-out" / f"{backend}-{time.monotonic_ns()}"
+        out = self.red.scratch / folder / f"{backend}-{time.monotonic_ns()}"
         out.mkdir(parents=True)
-        csv = out / "bench.csv"
-        cmd = bench_command(build_dir, self.red.model, self.prompt_file, csv, self.prefill, self.decode)
-        env = {"DS4_THREADS": str(os.cpu_count() or 1), "DS4_LOCK_FILE": str(out / "ds4.lock")}
-        wall = run_sandboxed(f"ds4-bench ({backend})", cmd,
+        cmd = bench_command(build_dir, self.red.model, self.prompt_file, out / "bench.csv", self.prefill, decode)
+        env = {"DS4_THREADS": str(os.cpu_count() or 1), "DS4_LOCK_FILE": str(out / "ds4.lock"),
+               **(extra_env(out) if extra_env else {})}
+        wall = run_sandboxed(f"{label} ({backend})", cmd,
                              [build_dir, self.red.model, self.prompt_file, *self.red.linked(v)], out, env)
-        return parse_bench_csv(cbuild.read_engine_output(csv, BENCH_CSV_MAX), backend, wall)
+        return out, wall
+
+    def run(self, backend: str):
+        out, wall = self._bench(backend, "ds4-bench", "bench-out", self.decode)
+        return parse_bench_csv(cbuild.read_engine_output(out / "bench.csv", BENCH_CSV_MAX), backend, wall)
 
     def logit_rows(self, backend: str) -> Path:
         """One untimed ds4-bench prefill of the frontier (and one decode step) with accuracy_patches.toml's
         hook on: the file of every prompt position's logits, by the build's own output head, for
         porter.gates.e2e.accuracy to read (it removes the file, a GB, once read)."""
-        build_dir, v = self.builds[backend]
-        out = self.red.scratch / "accuracy-out" / f"{backend}-{time.monotonic_ns()}"
-        out.mkdir(parents=True)
-        cmd = bench_command(build_dir, self.red.model, self.prompt_file, out / "bench.csv", self.prefill, 1)
-        env = {"DS4_THREADS": str(os.cpu_count() or 1), "DS4_LOCK_FILE": str(out / "ds4.lock"),
-               "DS4_E2E_LOGIT_ROWS": str(out / LOGIT_ROWS)}
-        run_sandboxed(f"ds4-bench logits of every position ({backend})", cmd,
-                      [build_dir, self.red.model, self.prompt_file, *self.red.linked(v)], out, env)
+        out, _ = self._bench(backend, "ds4-bench logits of every position", "accuracy-out", 1,
+                             lambda folder: {"DS4_E2E_LOGIT_ROWS": str(folder / LOGIT_ROWS)})
         return out / LOGIT_ROWS
 
 
