@@ -219,10 +219,10 @@ def test_a_run_perf_judges_is_made_alone_when_the_gpu_is_shared_and_it_passed_on
     ok = GateResult("parity", True, "parity ok")
     bad = GateResult("parity", False, "parity failed [nmse]", check="nmse")
     monkeypatch.setenv(executors.PER_GPU_ENV, "1")
-    assert calibrator.timed_alone(None, "u", Path("m.so"), _opts(tmp_path), ok) is ok and calls == []
+    assert calibrator.timed_alone(None, "u", Path("m.so"), _opts(tmp_path), ok, [1, 2]) is ok and calls == []
     monkeypatch.setenv(executors.PER_GPU_ENV, "4")
-    assert calibrator.timed_alone(None, "u", Path("m.so"), _opts(tmp_path), bad) is bad and calls == []
-    assert calibrator.timed_alone(None, "u", Path("m.so"), _opts(tmp_path), ok) is again and calls == [True], \
+    assert calibrator.timed_alone(None, "u", Path("m.so"), _opts(tmp_path), bad, [1, 2]) is bad and calls == []
+    assert calibrator.timed_alone(None, "u", Path("m.so"), _opts(tmp_path), ok, [1, 2]) is again and calls == [True], \
         "a mutant gaming its timing is refused by the timed run alone, not let through by the untimed one"
 
 

@@ -143,14 +143,14 @@ def baseline_alone() -> bool:
 TIMED_CHECKS = ("timing", "impossible")
 
 
-def timed_alone(target, unit: str, lib: Path, opts: CalibrateOptions, first, timeout: float | None = None):
+def timed_alone(target, unit: str, lib: Path, opts: CalibrateOptions, first, seeds: list[int],
+                timeout: float | None = None):
     """A run perf will judge: `first` itself where the GPU is not shared, else, when `first` passed on its
-    values, the same library again in a fresh child alone on the GPU, with its timed calls and every check
-    of them (a mutant that games its timing is refused there by parity's timing checks)."""
+    values, the same library on the same seeds again in a fresh child alone on the GPU, with its timed calls
+    and every check of them (a mutant that games its timing is refused there by parity's timing checks)."""
     if not baseline_alone() or not first.ok:
         return first
-    return parity_on_library(target, unit, lib, opts, timeout=timeout, seeds=opts.parity.seeds or None,
-                             fresh_process=True)
+    return parity_on_library(target, unit, lib, opts, timeout=timeout, seeds=seeds, fresh_process=True)
 
 
 def perf_on_mutant(target, unit: str, parity, known_good, retime_fn):
@@ -296,7 +296,7 @@ def _unit_runs(target, libs, opts, good, plan, mutants, specs, unit, out) -> tup
             return exc, 0.0, None
         r = parity_on_library(target, unit, lib, opts, timeout=m.timeout, seeds=seeds)
         if m.perf or m.must_fail_check in TIMED_CHECKS:
-            r = timed_alone(target, unit, lib, replace(opts, parity=replace(opts.parity, seeds=seeds)), r, m.timeout)
+            r = timed_alone(target, unit, lib, opts, r, seeds, m.timeout)
         if m.perf and r.ok:  # judged against this calibration's known-good run, made above
             r = perf_on_mutant(target, unit, r, res, lambda: parity_on_library(target, unit, lib, opts,
                                                                                timeout=m.timeout, fresh_process=True))

@@ -97,8 +97,7 @@ def run_unit(target, libs, good, unit: str, built: list[Built], opts, run=None) 
             return {"id": b.mutation.id, "outcome": "did-not-build", "error": f"link: {exc}"[:300]}
         r = calibrator.parity_on_library(target, unit, lib, opts, timeout=timeout, seeds=seeds)
         # passed on its values on a shared GPU: again alone, timed, before perf judges it
-        r = calibrator.timed_alone(target, unit, lib, replace(opts, parity=replace(opts.parity, seeds=seeds)), r,
-                                   timeout)
+        r = calibrator.timed_alone(target, unit, lib, opts, r, seeds, timeout)
         p = None
         if r.ok:  # judged against this run's known-good, as a hand-written perf mutant is
             p = calibrator.perf_on_mutant(target, unit, r, res, lambda: calibrator.parity_on_library(

@@ -11,7 +11,6 @@ summary or diagnostics (those feed the next prompt).
 from __future__ import annotations
 
 import functools
-from concurrent.futures import ThreadPoolExecutor
 import json
 import os
 import shutil
@@ -20,6 +19,7 @@ import tempfile
 import threading
 import time
 import tomllib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
