@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,22 @@ def test_the_table_shows_every_timed_case_with_its_bound_and_the_verdict_on_it()
 def test_a_case_without_declared_bytes_or_flops_is_bound_by_nothing_measured():
     assert perf_table.bound_by({"bytes": None, "flops": None, "peak_gbps": 4800.0}) == "-"
     assert perf_table.bound_by({"bytes": 10**9, "flops": None, "peak_gbps": 4800.0, "peak_fp32_tflops": None}) == "memory"
+
+
+def test_a_run_cut_short_keeps_every_finished_row_and_merges_as_partial(tmp_path, chunks, capsys):
+    """The table is rewritten after each row: a perf-table killed by its time box (a device lease, a
+    kill -9) leaves the rows it finished, marked incomplete, and --merge takes them with a warning."""
+    target = load_target(REPO, "minimoe")
+    rows = json.loads(chunks[0].read_text())["rows"]
+    out = tmp_path / "part.md"
+    kept = perf_table.Kept(target, out, [], time.monotonic())
+    kept.row(rows[0], "NVIDIA H200")
+    on_disk = json.loads(out.with_suffix(".json").read_text())
+    assert on_disk["complete"] is False and [r["unit"] for r in on_disk["rows"]] == [rows[0]["unit"]]
+    assert rows[0]["unit"] in out.read_text() and not list(tmp_path.glob("*.part"))
+    kept.row(rows[1], None)
+    assert perf_table.from_json(target, [str(out.with_suffix(".json"))], tmp_path / "merged.md") in (0, 1)
+    assert "cut short" in capsys.readouterr().err
+    assert json.loads((tmp_path / "merged.json").read_text())["device"] == "NVIDIA H200"
+    kept.write(done=True)
+    assert json.loads(out.with_suffix(".json").read_text())["complete"] is True

@@ -10,7 +10,8 @@ by the perf gate against the first run (the limit the first run's spread allows:
 itself cannot meet is a wrong limit), and timed in each further named regime ([perf] regimes) for the
 comparison.  Then every perf mutant of those units (targets/<t>/perf_mutants.toml) is built and judged:
 parity first, perf against the known-good's first run.  Writes a Markdown table (--out, default
-runs/perf-table.md) and the rows as JSON beside it; exit 0 when the known-good passed everywhere and every
+runs/perf-table.md) and the rows as JSON beside it, again after every finished row, so a run cut short
+keeps what it measured (its JSON says `"complete": false`); exit 0 when the known-good passed everywhere and every
 perf mutant was refused by its check, else 1.
 
 The `suggested floor` column is half the known-good's roofline share in the production regime: the
@@ -22,7 +23,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -197,6 +200,8 @@ def from_json(target, paths: list[str], out: Path) -> int:
             d = json.loads(Path(p).read_text())
             rows += d["rows"]
             mrows += d["mutants"]
+            if d.get("complete") is False:
+                print(f"perf-table: {p} is a run cut short: its finished rows only", file=sys.stderr)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             print(f"perf-table: {p}: not a perf-table JSON ({exc})", file=sys.stderr)
             return 2
@@ -227,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--unit", action="append", metavar="UNIT", help="only this unit (repeatable)")
     ap.add_argument("--chunk", metavar="I/N", help="only the I-th of N parts of the timed specs")
     ap.add_argument("--no-mutants", action="store_true")
+    ap.add_argument("--regimes", metavar="A,B", help="the comparison regimes timed beside the production one "
+                    "(default: the target's [perf] regimes; '' for none: one run less per spec)")
     ap.add_argument("--timing-reps", type=int, default=10)
     ap.add_argument("--timeout", type=float, default=180.0, metavar="S", help="per parity child")
     ap.add_argument("--out", default="runs/perf-table.md", metavar="FILE")
@@ -258,32 +265,80 @@ def main(argv: list[str] | None = None) -> int:
     good = libs.known_good()
     opts = CalibrateOptions(ws, units, parity=ParityOptions(timeout=args.timeout, timing_reps=args.timing_reps),
                             ledger=False, variants=False)
-    regimes = list(target.spec.perf.regimes)
+    regimes = list(target.spec.perf.regimes) if args.regimes is None else [r for r in args.regimes.split(",") if r]
+    unknown = [r for r in regimes if r not in target.spec.perf.regimes]
+    if unknown:
+        print(f"perf-table: {target.name} has no regime {unknown[0]!r} (its [perf] regimes: "
+              f"{sorted(target.spec.perf.regimes) or 'none'})", file=sys.stderr)
+        return 2
     print(f"perf-table: {len(units)} timed spec(s), {len(mutants)} perf mutant(s), regimes "
           f"{[target.spec.perf.regime] + regimes}; known-good {good}", flush=True)
+    out = Path(args.out)
+    kept = Kept(target, out, regimes, t0)
+    firsts: dict = {}
+
+    def measured(u: str):
+        row, first, seeds = measure_unit(target, u, good, opts, regimes)
+        firsts[u] = (first, seeds)
+        kept.row(row, ParityEvidence.of(first.evidence).gpu)
+        return row
+
     with ThreadPoolExecutor(max_workers=PARALLEL_SPECS) as pool:
-        measured = list(pool.map(lambda u: measure_unit(target, u, good, opts, regimes), units))
-    rows, firsts = [m[0] for m in measured], {u: (m[1], m[2]) for u, m in zip(units, measured)}
-    for r in rows:
-        print(f"  {r['unit']}: {r.get('perf') or r['known_good']} {_f(r.get('ms'))} ms "
-              f"({_f(r.get('pct_roofline'), '{:.1f}')}% roofline)", flush=True)
-    mrows = []
+        list(pool.map(measured, units))
     for m in mutants:
         first, seeds = firsts[m.unit]
-        mrows.append(judge_mutant(target, m, libs, opts, first, seeds))
-        print(f"  mutant {m.name}: want {m.must_fail_check}, got {mrows[-1]['got']}", flush=True)
-    device = next((gpu for f, _ in firsts.values() if (gpu := ParityEvidence.of(f.evidence).gpu)), "unknown GPU")
-    seconds = time.monotonic() - t0
-    text = render(target, rows, mrows, regimes, seconds, device) + "\n```toml\n" + floors_block(target, rows) + "```\n"
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    out.with_suffix(".json").write_text(json.dumps({"rows": rows, "mutants": mrows, "device": device,
-                                                    "seconds": round(seconds, 1)}, indent=1, default=str))
+        kept.mutant(judge_mutant(target, m, libs, opts, first, seeds))
+    text = kept.write(done=True)
     print("\n" + text)
-    bad = [r for r in rows if r.get("perf") != "pass"] + [m for m in mrows if not m["ok"]]
+    bad = [r for r in kept.rows if r.get("perf") != "pass"] + [m for m in kept.mutants if not m["ok"]]
     return 1 if bad else 0
 
+
+class Kept:
+    """The table so far, rewritten (Markdown and JSON) after every finished row and mutant: a run cut
+    short by its time box or a kill keeps what it measured, and `--merge` reads a partial JSON as well
+    (its `complete` is false)."""
+
+    def __init__(self, target, out: Path, regimes: list[str], t0: float):
+        self.target, self.out, self.regimes, self.t0 = target, out, regimes, t0
+        self.rows: list[dict] = []
+        self.mutants: list[dict] = []
+        self.device = None
+        self.lock = threading.Lock()
+
+    def row(self, row: dict, gpu: str | None) -> None:
+        with self.lock:
+            self.rows.append(row)
+            self.device = self.device or gpu
+            print(f"  [{time.monotonic() - self.t0:.0f} s] {row['unit']}: {row.get('perf') or row['known_good']} "
+                  f"{_f(row.get('ms'))} ms ({_f(row.get('pct_roofline'), '{:.1f}')}% roofline)", flush=True)
+            self.write()
+
+    def mutant(self, m: dict) -> None:
+        with self.lock:
+            self.mutants.append(m)
+            print(f"  [{time.monotonic() - self.t0:.0f} s] mutant {m['mutant']}: want {m['expect']}, got {m['got']}",
+                  flush=True)
+            self.write()
+
+    def write(self, done: bool = False) -> str:
+        rows = sorted(self.rows, key=lambda r: r["unit"])
+        seconds = time.monotonic() - self.t0
+        device = self.device or "unknown GPU"
+        text = render(self.target, rows, self.mutants, self.regimes, seconds, device)
+        text += "\n```toml\n" + floors_block(self.target, rows) + "```\n"
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.out, text)
+        write_atomic(self.out.with_suffix(".json"), json.dumps(
+            {"rows": rows, "mutants": self.mutants, "device": device, "seconds": round(seconds, 1),
+             "complete": done}, indent=1, default=str))
+        return text
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".part")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
