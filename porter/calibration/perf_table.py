@@ -59,6 +59,8 @@ def measure_unit(target, unit: str, good: Path, opts: CalibrateOptions, regimes:
     seeds = fresh_seeds(2)
     first = _regime_run(target, unit, good, opts, seeds, None)
     row = {"unit": unit, "regime": target.spec.perf.regime, "known_good": first.word, "case": _timing(first).get("case")}
+    if not first.ok:  # the known-good refused on its own spec: why is the row's point
+        row["known_good_summary"] = first.summary[:600]
     t = _timing(first)
     row.update(ms=t.get("median_ms"), pct_roofline=perf.pct_of_roofline(t), gbps=t.get("gbps"),
                limit=perf.calibrated_limit(t)["limit"] if t else None)
@@ -234,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-mutants", action="store_true")
     ap.add_argument("--regimes", metavar="A,B", help="the comparison regimes timed beside the production one "
                     "(default: the target's [perf] regimes; '' for none: one run less per spec)")
+    ap.add_argument("--parallel", type=int, default=PARALLEL_SPECS, metavar="N",
+                    help=f"specs prepared side by side (default {PARALLEL_SPECS}; their GPU runs take turns)")
     ap.add_argument("--timing-reps", type=int, default=10)
     ap.add_argument("--timeout", type=float, default=180.0, metavar="S", help="per parity child")
     ap.add_argument("--out", default="runs/perf-table.md", metavar="FILE")
@@ -283,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         kept.row(row, ParityEvidence.of(first.evidence).gpu)
         return row
 
-    with ThreadPoolExecutor(max_workers=PARALLEL_SPECS) as pool:
+    with ThreadPoolExecutor(max_workers=max(1, args.parallel)) as pool:
         list(pool.map(measured, units))
     for m in mutants:
         first, seeds = firsts[m.unit]
@@ -311,7 +315,8 @@ class Kept:
             self.rows.append(row)
             self.device = self.device or gpu
             print(f"  [{time.monotonic() - self.t0:.0f} s] {row['unit']}: {row.get('perf') or row['known_good']} "
-                  f"{_f(row.get('ms'))} ms ({_f(row.get('pct_roofline'), '{:.1f}')}% roofline)", flush=True)
+                  f"{_f(row.get('ms'))} ms ({_f(row.get('pct_roofline'), '{:.1f}')}% roofline)"
+                  + (f": {row['known_good_summary'][:300]}" if row.get("known_good_summary") else ""), flush=True)
             self.write()
 
     def mutant(self, m: dict) -> None:
