@@ -33,7 +33,10 @@ def test_merged_chunks_give_one_table_and_the_floors_ds4_declares(tmp_path, chun
     out = tmp_path / "table.md"
     assert perf_table.from_json(target, [str(p) for p in chunks], out) == 0
     text = out.read_text()
-    assert text.count("\n| ds4_gpu_") == 57 and "4 of 4 perf mutants refused" in text
+    per_op, every_case = text.split("## every timed case")
+    assert per_op.count("\n| ds4_gpu_") == 57 and "4 of 4 perf mutants refused" in text
+    cases = sum(len(r.get("cases") or []) for r in json.loads(MEASURED.read_text())["rows"])
+    assert cases and every_case.count("\n| ds4_gpu_") == cases
     block = text[text.index("[perf.floors]"):text.rindex("```")]
     import tomllib
 

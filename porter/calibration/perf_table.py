@@ -71,9 +71,10 @@ def measure_unit(target, unit: str, good: Path, opts: CalibrateOptions, regimes:
         verdict = perf.decide(target, unit, again, base, why,
                               lambda: _regime_run(target, unit, good, opts, fresh_seeds(2), None, fresh=True))
         row.update(again_ms=_timing(again).get("median_ms"), perf=verdict.word, perf_summary=verdict.summary[:300])
-        if row["pct_roofline"]:
-            row["suggested_floor"] = round(row["pct_roofline"] / 200.0, 4)
     row["cases"] = case_rows(first, again, verdict)
+    shares = [c["suggested_floor"] for c in row["cases"] if c.get("suggested_floor") is not None]
+    if shares and verdict is not None:
+        row["suggested_floor"] = min(shares)
     for name in regimes:
         other = _regime_run(target, unit, good, opts, seeds, name)
         ot = _timing(other)
@@ -92,7 +93,9 @@ def case_rows(first, again, verdict) -> list[dict]:
     out = []
     for case, t in perf.cases_of(first.evidence).items():
         v = judged.get(case)
-        out.append({"case": case, "ms": t.get("median_ms"), "pct_roofline": perf.pct_of_roofline(t),
+        pct = perf.pct_of_roofline(t)
+        out.append({"case": case, "ms": t.get("median_ms"), "pct_roofline": pct,
+                    "suggested_floor": round(pct / 200.0, 4) if pct else None,
                     "bound": bound_by(t), "bytes": t.get("bytes"), "flops": t.get("flops"),
                     "limit": perf.calibrated_limit(t)["limit"] if t.get("median_ms") else None,
                     "again_ms": (again_cases.get(case) or {}).get("median_ms"),
@@ -122,7 +125,9 @@ def judge_mutant(target, m, libs, opts: CalibrateOptions, first, seeds) -> dict:
     if m.perf and r.ok:
         r = perf_on_mutant(target, m.unit, r, first, lambda: parity_on_library(
             target, m.unit, lib, opts, timeout=m.timeout, fresh_process=True))
+    named = PerfEvidence.of(r.evidence).candidate if r.gate == "perf" else None
     return dict(row, got=r.word, ok=m.rejected_by(r.word), ms=(r.metrics or {}).get("median_ms"),
+                case=named.case if named else None, roofline_ms=named.roofline_ms if named else None,
                 summary=r.summary[:300])
 
 
@@ -184,24 +189,43 @@ def cases_block(target, rows: list[dict]) -> list[str]:
 
 
 def floors_block(target, rows: list[dict]) -> str:
-    """The [perf.floors] a target may declare from this table: per op, half the roofline share the
-    known-good reached in the production regime.  An op whose share rounds to 0 at 4 decimals is pure
-    latency at its timed size: it gets no line (porter's default share and the launch allowance decide)."""
+    """The [perf.floors] a target may declare from this table: half the roofline share the known-good
+    reached in the production regime, per op, or per case where the op times several (a prefill matmul
+    is compute-bound where its decode is bandwidth-bound: one share for both either refuses upstream on
+    the one or lets a serial kernel through on the other).  A share that rounds to 0 at 4 decimals is
+    pure latency at its timed size and gets no line (the launch allowance decides there)."""
     lines = [f"[perf.floors]  # half of {target.name}'s known-good roofline share per op (porter dev perf-table)"]
+    tables = []
     for r in sorted(rows, key=lambda r: r["unit"]):
-        if r.get("perf") == "pass" and (r.get("suggested_floor") or 0) >= 0.0001:
+        if r.get("perf") != "pass":
+            continue
+        per_case = {c["case"]: half for c in r.get("cases") or []
+                    if (half := round((c.get("pct_roofline") or 0) / 200.0, 4)) >= 0.0001}
+        if len(per_case) > 1:
+            tables.append(f"\n[perf.floors.{r['unit']}]")
+            tables += [f"{json.dumps(case)} = {share:.4g}" for case, share in per_case.items()]
+        elif per_case:
+            lines.append(f"{r['unit']} = {next(iter(per_case.values())):.4g}")
+        elif not r.get("cases") and (r.get("suggested_floor") or 0) >= 0.0001:  # a row measured before cases were kept
             lines.append(f"{r['unit']} = {r['suggested_floor']:.4g}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + tables) + "\n"
 
 
 def from_json(target, paths: list[str], out: Path) -> int:
-    """One table from the JSON of several --chunk runs (each chunk may run on its own GPU of one kind)."""
-    rows, mrows, device, seconds = [], [], set(), 0.0
+    """One table from the JSON of several --chunk runs (each chunk may run on its own GPU of one kind), or
+    of an earlier table and a re-measurement of some of its ops: a unit or perf mutant in several parts
+    keeps the last part's row, and each row keeps the `measured` note of the part it came from."""
+    by_unit, by_mutant, device, seconds = {}, {}, set(), 0.0
     for p in paths:
         try:
             d = json.loads(Path(p).read_text())
-            rows += d["rows"]
-            mrows += d["mutants"]
+            part = [dict(r, measured=r.get("measured") or d.get("measured")) for r in d["rows"]]
+            for r in part:
+                if r["unit"] in by_unit:
+                    print(f"perf-table: {r['unit']}: the row of {p} replaces an earlier part's", file=sys.stderr)
+                by_unit[r["unit"]] = r
+            for m in d["mutants"]:
+                by_mutant[(m["unit"], m["mutant"])] = dict(m, measured=m.get("measured") or d.get("measured"))
             if d.get("complete") is False:
                 print(f"perf-table: {p} is a run cut short: its finished rows only", file=sys.stderr)
         except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -213,7 +237,12 @@ def from_json(target, paths: list[str], out: Path) -> int:
         print(f"perf-table: the parts ran on different GPUs ({sorted(device)}): one table compares one kind",
               file=sys.stderr)
         return 2
-    rows.sort(key=lambda r: r["unit"])
+    rows, mrows = sorted(by_unit.values(), key=lambda r: r["unit"]), list(by_mutant.values())
+    stale = [m for m in mrows if m.get("case") and by_unit.get(m["unit"], {}).get("cases")
+             and m["case"] not in {c["case"] for c in by_unit[m["unit"]]["cases"]}]
+    for m in stale:
+        print(f"perf-table: mutant {m['mutant']} was judged on {m['case']!r}, a case {m['unit']}'s row no "
+              "longer times (kept, with the case it ran on)", file=sys.stderr)
     gpu = device.pop()
     text = render(target, rows, mrows, list(target.spec.perf.regimes), seconds, gpu)
     text += "\n```toml\n" + floors_block(target, rows) + "```\n"

@@ -17,7 +17,7 @@ see that.  Two things once let such a kernel through here, and both are gone:
 No comparable known-good (a real port, or a spec changed since calibration): the gate decides against a
 floor from the op's roofline at the spec's timed sizes -- the bytes it must move over the device's peak
 bandwidth, or its FLOPs over the FP32 peak where the spec declares them, whichever is longer.  The
-candidate must reach a fraction of that roofline the target declares per unit ([perf.floors], else the
+candidate must reach a fraction of that roofline the target declares per unit or per case ([perf.floors], else the
 spec's perf_floor, else [perf] floor_fraction, else DEFAULT_FLOOR_FRACTION), plus LAUNCH_ALLOWANCE_MS for
 the launches no roofline counts.
 
@@ -385,10 +385,16 @@ def against_known_good(mine: dict, base: dict, facts: dict, cap: float | None, r
 
 
 def floor_fraction(target, unit: str, timing: dict) -> float:
-    """The roofline share this unit must reach without a known-good: the target's per-unit floor, the
-    spec's own, the target's default, porter's default -- the first declared."""
+    """The roofline share this unit must reach on the timed case `timing` without a known-good: the
+    target's floor for the unit (for that case, where it declares one per case), the spec's own, the
+    target's default, porter's default -- the first declared.  A case a per-case table does not name
+    (added after the table was measured) gets the table's smallest share: the loosest the target
+    measured for that op, never porter's default, which upstream's compute-bound cases can miss."""
     perf = target.spec.perf
-    for frac in (perf.floors.get(unit), timing.get("perf_floor"), perf.floor_fraction):
+    declared = perf.floors.get(unit)
+    if isinstance(declared, dict):
+        declared = declared.get(timing.get("case"), min(declared.values(), default=None))
+    for frac in (declared, timing.get("perf_floor"), perf.floor_fraction):
         if frac:
             return float(frac)
     return DEFAULT_FLOOR_FRACTION

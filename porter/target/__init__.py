@@ -11,7 +11,7 @@ import glob
 import os
 import tomllib
 from functools import cached_property
-from typing import Literal
+from typing import Annotated, Literal
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -162,6 +162,9 @@ class ReferenceSpec(_Strict):
     rules: str | None = None  # relative to the target folder, e.g. "reference_rules.toml"
 
 
+Share = Annotated[float, Field(gt=0, le=1)]
+
+
 class PerfSpec(_Strict):
     """[perf]: where and how tightly the perf gate judges (porter.gates.perf).
 
@@ -178,10 +181,12 @@ class PerfSpec(_Strict):
     baseline: str | None = None  # "upstream": porter run times the checkout's backend for missing baselines
     regime: str = "device"
     regimes: list[str] = Field(default_factory=list)
-    # without a known-good: the share of the roofline (at the spec's largest timed case) a unit must reach;
-    # `floors` per unit, then the spec's own perf_floor, then `floor_fraction`, then perf.DEFAULT_FLOOR_FRACTION
+    # without a known-good: the share of the roofline a unit must reach on each timed case; `floors` per
+    # unit (one share, or one per case label where the unit times cases of different kinds: a prefill
+    # matmul is compute-bound where its decode is bandwidth-bound, and one share cannot suit both), then
+    # the spec's own perf_floor, then `floor_fraction`, then perf.DEFAULT_FLOOR_FRACTION
     floor_fraction: float | None = Field(None, gt=0, le=1)
-    floors: dict[str, float] = Field(default_factory=dict)
+    floors: dict[str, Share | dict[str, Share]] = Field(default_factory=dict)
 
 
 class UpstreamSpec(_Strict):
