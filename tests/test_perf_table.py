@@ -119,3 +119,43 @@ def test_a_run_cut_short_keeps_every_finished_row_and_merges_as_partial(tmp_path
     assert json.loads((tmp_path / "merged.json").read_text())["device"] == "NVIDIA H200"
     kept.write(done=True)
     assert json.loads(out.with_suffix(".json").read_text())["complete"] is True
+
+
+def test_missing_from_resumes_a_table_with_only_the_ops_not_measured_on_their_current_spec(tmp_path):
+    """`perf-table --missing-from h200.json`: an op counts as measured only with per-case rows taken on
+    the spec as it is now; a row from before cases were kept, one from another version of the spec and
+    an op with no row are measured again."""
+    from types import SimpleNamespace
+
+    specs = {u: SimpleNamespace(sha256=f"sha-{u}") for u in ("a", "b", "c", "d")}
+    table = {"rows": [{"unit": "a", "cases": [{"case": "x"}], "spec_sha256": "sha-a"},
+                      {"unit": "b", "case": "old single case", "spec_sha256": "sha-b"},
+                      {"unit": "c", "cases": [{"case": "x"}], "spec_sha256": "sha-of-an-older-c"}],
+             "mutants": [], "device": "NVIDIA H200"}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(table))
+    assert perf_table.current_rows(str(path), specs) == {"a"}
+    # a perf mutant of the op not judged on a case its current row times: the op is measured again
+    table["rows"].append({"unit": "d", "cases": [{"case": "prefill 2048"}], "spec_sha256": "sha-d"})
+    table["mutants"] = [{"unit": "a", "mutant": "slow-a", "case": "x"},
+                        {"unit": "d", "mutant": "slow-d", "case": "prefill 64, a case d no longer times"}]
+    path.write_text(json.dumps(table))
+    assert perf_table.current_rows(str(path), specs, {"a": ["slow-a"], "d": ["slow-d"]}) == {"a"}
+    assert perf_table.current_rows(str(path), specs, {"a": ["slow-a", "never-judged"]}) == {"d"}
+    # ds4's recorded table: the ops re-measured at their production-size cases are current at HEAD
+    from porter.spec import load_specs
+    from porter.target import load_target
+
+    from conftest import NO_DS4, ds4_checkout
+
+    if ds4_checkout() is None:
+        pytest.skip(NO_DS4)
+    ds4 = load_target(REPO, "ds4", ds4_checkout())
+    from porter.gates.mutants import perf_rule_mutants
+
+    named: dict[str, list[str]] = {}
+    for m in perf_rule_mutants(ds4):
+        named.setdefault(m.unit, []).append(m.name)
+    current = perf_table.current_rows(str(MEASURED), load_specs(ds4), named)
+    # 22 measured at their production-size cases; matmul_q8_0 and add still owe their prefill perf mutants
+    assert len(current) == 22 and not {"ds4_gpu_matmul_q8_0_tensor", "ds4_gpu_add_tensor"} & current

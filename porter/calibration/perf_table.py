@@ -58,7 +58,8 @@ def measure_unit(target, unit: str, good: Path, opts: CalibrateOptions, regimes:
     """(the unit's row, the known-good's first run, its seeds)."""
     seeds = fresh_seeds(2)
     first = _regime_run(target, unit, good, opts, seeds, None)
-    row = {"unit": unit, "regime": target.spec.perf.regime, "known_good": first.word, "case": _timing(first).get("case")}
+    row = {"unit": unit, "regime": target.spec.perf.regime, "known_good": first.word, "case": _timing(first).get("case"),
+           "spec_sha256": getattr(ParityEvidence.of(first.evidence).spec, "sha256", None)}
     if not first.ok:  # the known-good refused on its own spec: why is the row's point
         row["known_good_summary"] = first.summary[:600]
     t = _timing(first)
@@ -82,6 +83,24 @@ def measure_unit(target, unit: str, good: Path, opts: CalibrateOptions, regimes:
         row[f"{name}_pct_roofline"] = perf.pct_of_roofline(ot)
         row[f"{name}_known_good"] = other.word
     return row, first, seeds
+
+
+def current_rows(path: str, specs: dict, perf_mutants: dict[str, list[str]] | None = None) -> set[str]:
+    """Units whose row in the table at `path` was measured on the spec as it is now: every timed case
+    kept, the spec's hash the row recorded equal to the loaded spec's, and each of the unit's perf
+    mutants (`perf_mutants`: unit -> names) judged on a case that row times (--missing-from: a lease
+    that ends mid-table is resumed by the next one, which measures only the rest)."""
+    table = json.loads(Path(path).read_text())
+    judged = {(m["unit"], m["mutant"]): m.get("case") for m in table.get("mutants") or []}
+    out = set()
+    for r in table["rows"]:
+        u = r["unit"]
+        if not r.get("cases") or u not in specs or r.get("spec_sha256") != specs[u].sha256:
+            continue
+        cases = {c["case"] for c in r["cases"]}
+        if all(judged.get((u, name)) in cases for name in (perf_mutants or {}).get(u, [])):
+            out.add(u)
+    return out
 
 
 def case_rows(first, again, verdict) -> list[dict]:
@@ -262,6 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--known-good", default="upstream", metavar="SRC", help="as `porter calibrate --known-good`")
     ap.add_argument("--unit", action="append", metavar="UNIT", help="only this unit (repeatable)")
     ap.add_argument("--chunk", metavar="I/N", help="only the I-th of N parts of the timed specs")
+    ap.add_argument("--missing-from", metavar="JSON", help="only the ops whose row in this perf-table JSON "
+                    "(e.g. targets/ds4/perf/h200.json) is missing, has no per-case rows or was measured on "
+                    "another version of its spec; join the result to it with --merge")
     ap.add_argument("--no-mutants", action="store_true")
     ap.add_argument("--regimes", metavar="A,B", help="the comparison regimes timed beside the production one "
                     "(default: the target's [perf] regimes; '' for none: one run less per spec)")
@@ -289,6 +311,18 @@ def main(argv: list[str] | None = None) -> int:
     target = load_target(ws, args.target or default_target(ws), args.source)
     specs = load_specs(target)
     units = [u for u in (args.unit or sorted(specs)) if u in specs and times_a_case(specs[u])]
+    if args.missing_from:
+        named: dict[str, list[str]] = {}
+        for m in perf_rule_mutants(target):
+            named.setdefault(m.unit, []).append(m.name)
+        try:
+            current = current_rows(args.missing_from, specs, named)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"perf-table: {args.missing_from}: not a perf-table JSON ({exc})", file=sys.stderr)
+            return 2
+        print(f"perf-table: {len(set(units) & current)} op(s) already measured on their current spec in "
+              f"{args.missing_from}; {len(set(units) - current)} to go", flush=True)
+        units = [u for u in units if u not in current]
     if args.chunk:
         units = chunk_units(target, args.chunk, units)
     libs = libraries_for(target, args.known_good, ws / "runs" / "build-cache")

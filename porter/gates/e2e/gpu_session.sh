@@ -24,6 +24,10 @@
 #             warm workers share each GPU (default 4), $MUTATE_BUDGET mutants per operator (default 3)
 #   sweep     the known-good's seed sweep (`porter calibrate --seed-sets ${SEED_SETS:-20}
 #             --no-mutants --no-variants --per-gpu $PER_GPU`) over chunk $CAL_CHUNK of ds4's specs
+#   perftable `porter dev perf-table` over chunk $CAL_CHUNK of the ds4 ops targets/ds4/perf/h200.json has
+#             not measured on their current spec (--missing-from), perf mutants included; then, at no
+#             GPU cost: `porter dev perf-table --target ds4 --merge targets/ds4/perf/h200.json OUT/*.json
+#             --out targets/ds4/perf/h200.md` (writes h200.json beside it; then target.toml's floors)
 # $UNITS (space-separated API functions) narrows trace, cal, mutate and sweep to those specs: a re-run of the
 # specs a fix touched, on the same machine as the rest of the table; $CAL_FLAGS adds flags to the
 # cal step's `porter calibrate` (e.g. --no-variants where the trace already ran the variants)
@@ -118,6 +122,13 @@ PY
       timeout "$LONG_STEP_S" python3 -m porter calibrate --target ds4 --known-good upstream --seed-sets "${SEED_SETS:-20}" \
           --no-mutants --no-variants --per-gpu "${PER_GPU:-4}" --jobs 16 --no-ledger --chunk "$chunk" "${unit_args[@]}" \
           --report "$OUT/sweep_${chunk/\//of}.json" 2>&1 | tee "$OUT/sweep_${chunk/\//of}.log" ;;
+    perftable)
+      # the ops of ds4's recorded perf table not yet measured on their current spec; the table is rewritten
+      # after every row, so a time box keeps what it measured, and `perf-table --merge` joins it
+      chunk=${CAL_CHUNK:-1/1}
+      timeout "$LONG_STEP_S" python3 -m porter dev perf-table --target ds4 --regimes '' \
+          --missing-from targets/ds4/perf/h200.json --chunk "$chunk" "${unit_args[@]}" \
+          --out "$OUT/perf_table_${chunk/\//of}.md" 2>&1 | tee "$OUT/perf_table_${chunk/\//of}.log" ;;
     *) echo "unknown step $step" ;;
   esac
   echo "step $step: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/steps.txt"
