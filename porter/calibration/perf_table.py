@@ -49,6 +49,13 @@ def _timing(res) -> dict:
     return timing.dump() if timing is not None else {}
 
 
+def _seconds(res) -> dict:
+    """Where a parity run's time went (preparing the cases, the child, the child's own phases): the
+    production-size rows cost minutes each on one GPU, and the table says where."""
+    ev = res.evidence or {}
+    return {**(ev.get("harness_s") or {}), "child_phases": (ev.get("child") or {}).get("phase_s")}
+
+
 def _regime_run(target, unit, lib, opts: CalibrateOptions, seeds, regime: str | None, fresh: bool = False):
     o = dataclasses.replace(opts, parity=dataclasses.replace(opts.parity, regime=regime))
     return parity_on_library(target, unit, lib, o, seeds=seeds, fresh_process=fresh)
@@ -73,6 +80,7 @@ def measure_unit(target, unit: str, good: Path, opts: CalibrateOptions, regimes:
                               lambda: _regime_run(target, unit, good, opts, fresh_seeds(2), None, fresh=True))
         row.update(again_ms=_timing(again).get("median_ms"), perf=verdict.word, perf_summary=verdict.summary[:300])
     row["cases"] = case_rows(first, again, verdict)
+    row["seconds"] = {"first": _seconds(first), **({"again": _seconds(again)} if again is not None else {})}
     shares = [c["suggested_floor"] for c in row["cases"] if c.get("suggested_floor") is not None]
     if shares and verdict is not None:
         row["suggested_floor"] = min(shares)
