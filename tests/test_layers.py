@@ -11,7 +11,7 @@ from test_pipeline import REPO, imports_of, porter_modules
 LAYERS: list[tuple[str, set[str]]] = [
     # leaves every layer may read: errors, hashing, terminal output, diagnostics trimming, and the gate
     # registry (it names modules and imports none of them)
-    ("base", {"porter", "porter.errors", "porter.digest", "porter.term", "porter.diagnostics",
+    ("base", {"porter", "porter.errors", "porter.digest", "porter.term", "porter.diagnostics", "porter.tomlfile",
               "porter.gates.registry"}),
     ("host", {"porter.host"}),  # the machine: sandbox, cgroups, toolchain, GPU architecture, locks
     ("records", {"porter.records", "porter.target"}),  # the ledger and its history; the target's definition

@@ -24,12 +24,12 @@ DISPATCH table): they run too, as variants "spec-env-<i>".
 from __future__ import annotations
 
 import re
-import tomllib
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
 from porter.errors import PorterError
+from porter.tomlfile import read_toml
 
 FILE = "known_good_variants.toml"
 _GETENV = re.compile(r'getenv\s*\(\s*"([A-Za-z0-9_]+)"\s*\)')
@@ -45,12 +45,9 @@ class Variant:
 def load_variants(target) -> list[Variant]:
     """The target's variants ([] when it declares none)."""
     path = Path(target.dir) / FILE
-    if not path.is_file():
+    data = read_toml(path, missing=None)
+    if data is None:
         return []
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise PorterError(f"{path}: {exc}") from None
     out, seen = [], set()
     for i, v in enumerate(data.get("variant", [])):
         name, env = v.get("name"), v.get("env")

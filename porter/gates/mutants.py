@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from porter.gates.extract import extract_unit_source
 from porter.gates import registry
 from porter.gates.parity.compare import CHECK_ORDER
 from porter.gates.perf import PERF_CHECKS
+from porter.tomlfile import read_toml
 
 ADVERSARIAL_MANIFEST = Path("adversarial") / "manifest.toml"
 RULES_FILE = "mutants.toml"
@@ -74,10 +74,7 @@ class Mutant:
 
 
 def _toml(path: Path) -> dict:
-    try:
-        return tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise PorterError(f"{path}: not valid TOML: {exc}") from None
+    return read_toml(path)
 
 
 def _check_name(where: str, check: str) -> None:

@@ -37,13 +37,13 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import tomllib
 from pathlib import Path
 
 from porter.gates.mutants import rule_mutants
 from porter.errors import PorterError
 from porter.providers.base import Completion, PromptRequest, Provider, ProviderError
 from porter.target.scan.cuda_slice import CudaFile, SliceError, SliceRules, slice_unit
+from porter.tomlfile import read_toml
 
 RULE_KEYS = {"provided", "rename", "per_unit", "inline_includes", "append_missing_params"}
 
@@ -70,12 +70,7 @@ def load_rules(target) -> SliceRules:
     raw: dict = {}
     if rel:
         path = Path(target.dir) / rel
-        if not path.is_file():
-            raise ProviderError(f"reference rules {path} do not exist")
-        try:
-            raw = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as exc:
-            raise ProviderError(f"malformed {path}: {exc}") from None
+        raw = read_toml(path, error=ProviderError, why_needed="the target's [reference] rules name it")
         unknown = set(raw) - RULE_KEYS
         if unknown:
             raise ProviderError(f"malformed {path}: unknown key(s) {', '.join(sorted(unknown))} "

@@ -10,13 +10,13 @@ left: ProviderError.
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 from porter.gates import registry
 from porter.records.history import History
 from porter.providers.base import Completion, PromptRequest, Provider, ProviderError
+from porter.tomlfile import read_toml
 
 
 
@@ -31,12 +31,7 @@ class Answer:
 
 def load_manifest(target) -> list[Answer]:
     path = Path(target.scripted_dir) / "manifest.toml"
-    if not path.is_file():
-        raise ProviderError(f"no scripted answers for target {target.name}: {path} does not exist")
-    try:
-        raw = tomllib.loads(path.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ProviderError(f"malformed {path}: {exc}") from exc
+    raw = read_toml(path, error=ProviderError, why_needed=f"no scripted answers for target {target.name}")
     entries = raw.get("answer", [])
     if not isinstance(entries, list):
         raise ProviderError(f"malformed {path}: `answer` must be an array of tables ([[answer]])")

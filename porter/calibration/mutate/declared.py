@@ -15,13 +15,13 @@ naming the file and the entry.
 from __future__ import annotations
 
 import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 from porter.calibration.mutate.generate import ID_LENGTH
 from porter.calibration.mutate.operators import BY_NAME
 from porter.errors import PorterError
+from porter.tomlfile import parse_toml
 
 FILE = "equivalent_mutants.toml"
 KEYS = ("unit", "op", "id", "reason")
@@ -38,10 +38,7 @@ class Declared:
 
 def parse(text: str, where: str = FILE) -> dict[str, Declared]:
     """id -> declaration, from the file's text; PorterError (one line) on anything malformed."""
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise PorterError(f"{where}: not valid TOML: {exc}") from None
+    data = parse_toml(text, where)
     extra = sorted(set(data) - {"equivalent"})
     if extra:
         raise PorterError(f"{where}: unknown table(s) {', '.join(extra)}; entries are [[equivalent]]")

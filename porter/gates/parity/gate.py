@@ -18,7 +18,6 @@ import statistics
 import tempfile
 import threading
 import time
-import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +33,7 @@ from porter.digest import sha256_file
 from porter.records.evidence import gate_facts
 from porter.gates.evidence import ParityEvidence
 from porter.gates.result import GateResult
+from porter.tomlfile import read_toml
 
 DEFAULT_TIMEOUT_S = 90.0
 # The watchdog also allows for the plan's model maps: each pass loads its map (the regime's hook: a copy
@@ -288,9 +288,9 @@ def in_regime(harness: dict, regime: str) -> dict:
 
 def harness_names(target) -> dict:
     """Target-owned helper symbols the child calls (targets/<t>/parity/harness.toml)."""
-    path = target.dir / "parity" / "harness.toml"
-    if path.is_file():
-        return dict(tomllib.loads(path.read_text()).get("harness", {}))
+    declared = read_toml(target.dir / "parity" / "harness.toml", missing=None)
+    if declared is not None:
+        return dict(declared.get("harness", {}))
     base = target.symbol_prefix.replace("_gpu_", "_cuda_")
     return {"stream": f"{base}stream", "model_ptr": f"{base}model_ptr", "forget_models": f"{base}forget_models",
             "success": "zero"}

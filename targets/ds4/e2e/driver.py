@@ -20,7 +20,6 @@ import os
 import shutil
 import subprocess
 import time
-import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +34,7 @@ from porter.gates.e2e.compare import PrefillOutputs, ReferenceFailure
 from porter.target.code import sibling
 from porter.term import Steps
 from porter.term import console as term_console
+from porter.tomlfile import read_toml
 
 HC_ROW = 4 * 4096  # DS4_N_HC * DS4_N_EMBD floats per token
 N_EMBD = 4096
@@ -52,10 +52,7 @@ _SKIP_DIRS = {".git", "gguf-tools", "speed-bench", "dir-steering"}
 
 def load_patch_rules(target, name: str = "patches.toml") -> list[dict]:
     path = target.dir / "e2e" / name
-    try:
-        rules = tomllib.loads(path.read_text()).get("rule", [])
-    except (FileNotFoundError, tomllib.TOMLDecodeError) as exc:
-        raise PorterError(f"cannot read {path}: {exc}") from None
+    rules = read_toml(path, why_needed="the e2e build's patch rules").get("rule", [])
     for i, r in enumerate(rules):
         if not all(isinstance(r.get(k), str) for k in ("file", "old", "new")):
             raise PorterError(f"{path}: rule {i + 1} needs file, old and new strings")
@@ -389,11 +386,7 @@ class Ds4Reduced:
 
 
 def load_variants(target) -> list[Ds4Variant]:
-    path = target.dir / "e2e" / "variants.toml"
-    try:
-        data = tomllib.loads(path.read_text())
-    except (FileNotFoundError, tomllib.TOMLDecodeError) as exc:
-        raise PorterError(f"cannot read {path}: {exc}") from None
+    data = read_toml(target.dir / "e2e" / "variants.toml", why_needed="the e2e calibration's backends")
     mutants = {m.name: m for m in rule_mutants(target)}
     out = []
     for kind in ("good", "broken"):

@@ -16,7 +16,6 @@ import hashlib
 import subprocess
 import sys
 import time
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from porter.errors import PorterError
 from porter.gates.e2e import calibration as cal_mod
 from porter.gates.e2e import cbuild
 from porter.gates.e2e.compare import Comparison, PrefillOutputs, ReferenceFailure, compare, worst
+from porter.tomlfile import read_toml
 
 RUN_TIMEOUT_S = 120
 REFERENCE_CFLAGS = ["-O2"]
@@ -225,13 +225,7 @@ def parse_run(stdout: str, logits_path: Path, states_path: Path, stage_names: li
 # ---------------------------------------------------------------- calibration variants
 
 def load_variants(target) -> dict:
-    path = target.dir / "e2e" / "variants.toml"
-    try:
-        return tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise PorterError(f"target {target.name} has no e2e/variants.toml (the calibration's backends)") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise PorterError(f"malformed {path}: {exc}") from exc
+    return read_toml(target.dir / "e2e" / "variants.toml", why_needed="the e2e calibration's backends")
 
 
 class CudaLibraries:
