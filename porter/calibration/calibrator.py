@@ -239,7 +239,9 @@ def calibrate(target, libs, opts: CalibrateOptions, out=print) -> dict:
               "rows": [asdict(r) for r in rows], "seconds": round(time.monotonic() - t0, 1),
               "build_seconds": round(build_s, 1),
               "inputs": {u: inputs_facts(specs[u]) for u in units},
-              "seed_sweep": {u: rec["seed_sweep"] for u, rec in records.items() if rec.get("seed_sweep")}}
+              "seed_sweep": {u: rec["seed_sweep"] for u, rec in records.items() if rec.get("seed_sweep")},
+              "device": next((gpu for rec in records.values() if rec.get("evidence")
+                              and (gpu := ParityEvidence.of(rec["evidence"]).gpu)), None)}
     if opts.ledger:
         record(target, opts.workspace, records, libs.describe, good)
     return report

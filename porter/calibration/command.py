@@ -23,7 +23,7 @@ import os
 import sys
 from pathlib import Path
 
-from porter.calibration import seed_sweep
+from porter.calibration import seed_sweep, sweep_record
 from porter.calibration.calibrator import CalibrateOptions, calibrate, inputs_table, matrix, table
 from porter.calibration.chunks import chunk_units
 from porter.calibration.libraries import libraries_for
@@ -34,7 +34,7 @@ from porter.gates import parity
 from porter.gates.driver import ParityOptions
 from porter.gates.parity import executors
 from porter.gates.parity.executors import executor_arguments, use_executor
-from porter.spec import MODEL_ENV
+from porter.spec import MODEL_ENV, load_specs
 from porter.target import load_target
 
 
@@ -156,6 +156,11 @@ def run(args) -> int:
     report = calibrate(target, libs, opts, out=log)
     if args.report:
         Path(args.report).write_text(json.dumps(report, indent=1, default=str))
+    specs_now = {u: s.sha256 for u, s in load_specs(target).items()}
+    if getattr(args, "write", False):
+        path, written = sweep_record.write(target, report, specs_now)
+        log(f"seed sweep: {len(written)} spec(s) recorded in {path}" if written else
+            "seed sweep: nothing recorded (--write keeps sweeps of 2 or more seed sets)")
     bad = [r for r in report["rows"] if not r["ok"]]
     if args.json:
         report["mutation"] = mutate.recorded_scores(target, report)
@@ -171,6 +176,9 @@ def run(args) -> int:
         inputs = inputs_table(report, target.symbol_prefix, cols)
         if inputs:
             print(f"\n{inputs}")
+        recorded = sweep_record.line(target, specs_now)
+        if recorded:
+            print(f"\n{recorded}")
         scores = mutate.recorded_table(target, report, cols)
         if scores:
             print(f"\n{scores}")

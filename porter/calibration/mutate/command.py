@@ -50,10 +50,11 @@ def add_arguments(p) -> None:
     p.add_argument("--builds-only", action="store_true",
                    help="with --mutate: generate, deduplicate and build, judge nothing (exit 0 without a GPU)")
     p.add_argument("--write", action="store_true",
-                   help="with --mutate: record the judged table in targets/<t>/mutation.json")
+                   help="record what was measured with the target: with --mutate the judged table in "
+                   "targets/<t>/mutation.json, else each spec's seed sweep (2+ sets) in targets/<t>/seed_sweep.json")
 
 
-ONLY_WITH_MUTATE = ("budget", "seed", "op", "builds_only", "write")
+ONLY_WITH_MUTATE = ("budget", "seed", "op", "builds_only")
 
 
 def stray_options(args) -> list[str]:

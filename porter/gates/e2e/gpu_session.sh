@@ -23,7 +23,9 @@
 #             targets/<t>/mutation.json (--write) before a time box can end the step; $PER_GPU
 #             warm workers share each GPU (default 4), $MUTATE_BUDGET mutants per operator (default 3)
 #   sweep     the known-good's seed sweep (`porter calibrate --seed-sets ${SEED_SETS:-20}
-#             --no-mutants --no-variants --per-gpu $PER_GPU`) over chunk $CAL_CHUNK of ds4's specs
+#             --no-mutants --no-variants --per-gpu $PER_GPU --write`) on $SWEEP_TARGET (default ds4), one
+#             spec at a time, each kept in targets/<t>/seed_sweep.json as it finishes; by default the
+#             specs the record has no current sweep of
 #   perftable `porter dev perf-table` over chunk $CAL_CHUNK of the ds4 ops targets/ds4/perf/h200.json has
 #             not measured on their current spec (--missing-from), perf mutants included; then, at no
 #             GPU cost: `porter dev perf-table --target ds4 --merge targets/ds4/perf/h200.json OUT/*.json
@@ -118,10 +120,23 @@ PY
         cp "targets/$mt/mutation.json" "$OUT/" 2>/dev/null
       done ;;
     sweep)
-      chunk=${CAL_CHUNK:-1/1}
-      timeout "$LONG_STEP_S" python3 -m porter calibrate --target ds4 --known-good upstream --seed-sets "${SEED_SETS:-20}" \
-          --no-mutants --no-variants --per-gpu "${PER_GPU:-4}" --jobs 16 --no-ledger --chunk "$chunk" "${unit_args[@]}" \
-          --report "$OUT/sweep_${chunk/\//of}.json" 2>&1 | tee "$OUT/sweep_${chunk/\//of}.log" ;;
+      # one spec at a time, each recorded in targets/<t>/seed_sweep.json (--write) as it finishes; by default the
+      # specs whose recorded sweep is missing or stale
+      st=${SWEEP_TARGET:-ds4}
+      kg=$([ "$st" = ds4 ] && echo upstream || echo scripted)
+      mine=${UNITS:-$(python3 -c "
+from porter.calibration import sweep_record; from porter.spec import load_specs; from porter.target import load_target
+t = load_target('.', '$st'); s = sweep_record.standing(t, {u: x.sha256 for u, x in load_specs(t).items()})
+print(' '.join(s['unswept'] + s['stale']))")}
+      end=$(( t0 + LONG_STEP_S ))
+      for u in $mine; do
+        left=$(( end - $(date +%s) )); [ "$left" -lt 30 ] && { echo "sweep: no time left for $u" | tee -a "$OUT/sweep.log"; continue; }
+        timeout "$left" python3 -m porter calibrate --target "$st" --known-good "$kg" --unit "$u" \
+            --seed-sets "${SEED_SETS:-20}" --no-mutants --no-variants --per-gpu "${PER_GPU:-4}" --jobs 16 --no-ledger \
+            --write --report "$OUT/sweep_$u.json" >> "$OUT/sweep.log" 2>&1
+        echo "sweep $u: rc $?" | tee -a "$OUT/sweep.log"
+        cp "targets/$st/seed_sweep.json" "$OUT/" 2>/dev/null
+      done ;;
     perftable)
       # the ops of ds4's recorded perf table not yet measured on their current spec; the table is rewritten
       # after every row, so a time box keeps what it measured, and `perf-table --merge` joins it
