@@ -376,3 +376,24 @@ def test_flag_and_sparse_map_reach_the_library_in_host_mode(target, tmp_path, mo
     res = run_spec(target, spec, lib, workspace=tmp_path, mode="host", timing_reps=0)
     assert all(seen_files), "the map did not go through a sparse file"
     assert res.word == check, res.summary
+
+
+@needs_checkout
+def test_the_moe_batch_spec_routes_a_whole_prefill_chunk_onto_few_experts(target):
+    """The timed MoE batch case stays at 129 tokens (its real-width construction: 83 s a call at 2048), so
+    one case carries a prefill chunk's routing at small widths: 2048 tokens, one expert serving most of
+    them -- a per-expert count or scratch sized for a small batch overflows there, and nowhere else."""
+    from porter.gates.parity.gate import prepare
+    from porter.spec import Context, load_spec
+
+    spec = load_spec(target, "ds4_gpu_routed_moe_batch_tensor")
+    chunk = [s for s in spec.shapes if s.dims.get("n_tokens") == 2048]
+    assert len(chunk) == 1 and not chunk[0].model_tensors
+    import dataclasses
+
+    cases = prepare(dataclasses.replace(spec, shapes=chunk), target.api_function(spec.unit), Context(None), [12345, 67890])
+    for call in cases[0].calls:
+        sel = np.asarray(call.args["selected"].array).reshape(2048, -1)
+        counts = np.bincount(sel.reshape(-1), minlength=256)
+        assert counts.max() > 1024 and (counts > 0).sum() <= 12
+        assert np.abs(call.expect["out"]).max() > 0

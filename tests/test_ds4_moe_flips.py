@@ -119,7 +119,8 @@ def test_a_many_token_draw_is_settled_by_redrawing_its_costly_tokens(batch):
 
 SMALL = [FEW, "1 token, 4 of 256, 512 -> 256 -> 512 (generic down + sum)",
          "odd: 5 tokens, 4 of 256, 512 -> 256 -> 768, no clamp", MANY, "odd: 9 tokens, 1 of 256, 1024 -> 256 -> 320",
-         "decode through the batch call: 1 token, 6 of 256"]
+         "decode through the batch call: 1 token, 6 of 256",
+         "prefill chunk routing: 2048 tokens, 6 of 12 experts (~2000 on one), 256 -> 512 -> 256"]
 
 
 @pytest.mark.parametrize("label", SMALL)

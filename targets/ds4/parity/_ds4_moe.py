@@ -12,7 +12,8 @@ Zipf-like frequencies, so some experts serve many tokens (several expert tiles,
 one of them partial) and others one token; expert 255 (the last) is in the
 first token's set and expert 0 in the last token's.  Real-size cases draw from
 10 experts (their reference dequantizes each selected expert), small ones from
-all 256."""
+all 256, unless the case names its pool (dims "pool": a prefill chunk's routing
+on a few experts)."""
 import numpy as np
 
 from porter.spec import Call, Flag, In, Map, Out, SpecError
@@ -54,7 +55,7 @@ def draw(shape, ctx, rng, batch: bool):
     gq = d.get("gate", "IQ2_XXS")
     dq = PAIR[gq]
     real = in_dim * mid_dim > (1 << 20)
-    sel = select(rng, n_tok, n_expert, 10 if real else N)
+    sel = select(rng, n_tok, n_expert, d.get("pool", 10 if real else N))
     experts = tuple(sorted(set(int(e) for e in sel.reshape(-1))))
     gate_types = (gq,) if gq == "Q4_K" else GATE_TYPES
     wants = [Want(gq, (N, mid_dim, in_dim), experts, types=gate_types),

@@ -62,6 +62,8 @@ DISPATCH = {
     "moe_down_expert_tile16_row2048_kernel (atomic)": "n_tokens >= 128 -> reached by shape 'prefill 128 tokens, 6 of 256'",
     "rowspan kernels with mid_dim < span, out_dim < 2048": "n_tokens >= 128 at small widths -> reached by shape "
                                                            "'odd: 130 tokens, 3 of 256, 256 -> 512 -> 256'",
+    "expert tiles of a whole prefill chunk (hundreds of tiles, one expert ~2000 tokens)": "n_tokens >= 128 -> "
+        "reached by shape 'prefill chunk routing: 2048 tokens, 6 of 12 experts (~2000 on one), 256 -> 512 -> 256'",
     "moe_gate_up_mid_expert_tile4_row32_kernel + moe_down_expert_tile4_row32_kernel": "DS4_CUDA_MOE_TILE4 -> knob",
     "moe_gate_up_mid_sorted_p2_qwarp32_kernel + moe_down_sorted_p2_qwarp32_kernel":
         "DS4_CUDA_MOE_NO_EXPERT_TILES -> knob",
@@ -118,11 +120,12 @@ SPEC = UnitSpec(
         _real("prefill 2 tokens, 6 of 256", 2),
         _real("prefill 127 tokens, x x6 (clamp bites)", 127, src=L40, dims={"x_scale": 6.0}),
         _real("prefill 128 tokens, 6 of 256", 128),
-        # Timed below ds4's 2048-token prefill chunk, on purpose: building this case (the flip-budget
-        # construction of _ds4_moe_flips, then the Q8_K reference over 6 of 256 dequantized experts) took
-        # 55 s for one seed at 129 tokens on a 2-core CPU (2026-11-29), and parity builds a timed case 3
-        # times; the construction grows with the tokens (2048: about 15 min a seed by linear extrapolation, not
-        # measured), so 129 (just past the 128-token dispatch switch) is the largest that fits.
+        # Timed below ds4's 2048-token prefill chunk, on purpose: one call of this case at real widths (the
+        # flip-budget construction of _ds4_moe_flips, then the Q8_K reference over the selected experts)
+        # took 19 s at 256 tokens and 83 s at 2048 (four redraw rounds) on a 2-core CPU (2026-11-29), and
+        # parity builds a timed case 3 times, every attempt and every seed set; 129 is just past the
+        # 128-token dispatch switch.  What 2048 tokens stress in values -- the routing of one prefill chunk,
+        # ~2000 tokens on one expert, hundreds of tiles -- the small-width chunk case below reaches in 2 s.
         _real("prefill 129 tokens, 6 of 256", 129, timed=True),
         _real("Q4_K decode: 1 token, 6 of 256", 1, dims={"gate": "Q4_K"}),
         Shape("1 token, 6 of 256, 4352 -> 256 -> 256 (non-LUT gate)",
@@ -133,6 +136,12 @@ SPEC = UnitSpec(
               {"n_tokens": 5, "n_expert": 4, "in_dim": 512, "mid_dim": 256, "out_dim": 768, "clamp": 0.0}),
         Shape("odd: 130 tokens, 3 of 256, 256 -> 512 -> 256",
               {"n_tokens": 130, "n_expert": 3, "in_dim": 256, "mid_dim": 512, "out_dim": 256, "clamp": C}),
+        # a whole prefill chunk's routing: 2048 tokens on a pool of 12 experts, so one expert serves ~2000
+        # tokens (a per-expert count, tile offset or scratch sized for a small batch overflows here, not at
+        # 129 tokens, where the most an expert gets is ~129)
+        Shape("prefill chunk routing: 2048 tokens, 6 of 12 experts (~2000 on one), 256 -> 512 -> 256",
+              {"n_tokens": 2048, "n_expert": 6, "in_dim": 256, "mid_dim": 512, "out_dim": 256, "clamp": C,
+               "pool": 12}),
         # out_dim 320: the `experts` scratch (n_expert * out_dim floats a token) must hold the Q8_K copy
         # of x (4 blocks of 292 bytes), else upstream falls back to its float-activation kernels
         Shape("odd: 9 tokens, 1 of 256, 1024 -> 256 -> 320",
