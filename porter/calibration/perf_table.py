@@ -11,8 +11,8 @@ itself cannot meet is a wrong limit), and timed in each further named regime ([p
 comparison.  Then every perf mutant of those units (targets/<t>/perf_mutants.toml) is built and judged:
 parity first, perf against the known-good's first run.  Writes a Markdown table (--out, default
 runs/perf-table.md) and the rows as JSON beside it, again after every finished row, so a run cut short
-keeps what it measured (its JSON says `"complete": false`); exit 0 when the known-good passed everywhere and every
-perf mutant was refused by its check, else 1.
+keeps what it measured (its JSON says `"complete": false`); exit 0 when the known-good passed everywhere
+and every perf mutant was refused by its check, else 1.
 
 The `suggested floor` column is half the known-good's roofline share in the production regime: the
 [perf.floors] value a target may declare for a real port of that op (no known-good to compare with).
@@ -319,6 +319,12 @@ def main(argv: list[str] | None = None) -> int:
     target = load_target(ws, args.target or default_target(ws), args.source)
     specs = load_specs(target)
     units = [u for u in (args.unit or sorted(specs)) if u in specs and times_a_case(specs[u])]
+    regimes = list(target.spec.perf.regimes) if args.regimes is None else [r for r in args.regimes.split(",") if r]
+    unknown = [r for r in regimes if r not in target.spec.perf.regimes]
+    if unknown:  # before any build: a typo costs nothing
+        print(f"perf-table: {target.name} has no regime {unknown[0]!r} (its [perf] regimes: "
+              f"{sorted(target.spec.perf.regimes) or 'none'})", file=sys.stderr)
+        return 2
     if args.missing_from:
         named: dict[str, list[str]] = {}
         for m in perf_rule_mutants(target):
@@ -340,12 +346,6 @@ def main(argv: list[str] | None = None) -> int:
     good = libs.known_good()
     opts = CalibrateOptions(ws, units, parity=ParityOptions(timeout=args.timeout, timing_reps=args.timing_reps),
                             ledger=False, variants=False)
-    regimes = list(target.spec.perf.regimes) if args.regimes is None else [r for r in args.regimes.split(",") if r]
-    unknown = [r for r in regimes if r not in target.spec.perf.regimes]
-    if unknown:
-        print(f"perf-table: {target.name} has no regime {unknown[0]!r} (its [perf] regimes: "
-              f"{sorted(target.spec.perf.regimes) or 'none'})", file=sys.stderr)
-        return 2
     print(f"perf-table: {len(units)} timed spec(s), {len(mutants)} perf mutant(s), regimes "
           f"{[target.spec.perf.regime] + regimes}; known-good {good}", flush=True)
     out = Path(args.out)
