@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--unit", action="append", metavar="UNIT", help="only this unit (repeatable)")
     ap.add_argument("--chunk", metavar="I/N", help="only the I-th of N parts of the timed specs")
     ap.add_argument("--missing-from", metavar="JSON", help="only the ops whose row in this perf-table JSON "
-                    "(e.g. targets/ds4/perf/h200.json) is missing, has no per-case rows or was measured on "
+                    "(e.g. targets/<t>/perf/<gpu>.json) is missing, has no per-case rows or was measured on "
                     "another version of its spec; join the result to it with --merge")
     ap.add_argument("--no-mutants", action="store_true")
     ap.add_argument("--regimes", metavar="A,B", help="the comparison regimes timed beside the production one "

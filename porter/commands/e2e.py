@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mode", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--scratch", type=Path, default=None,
                     help="where fixtures and builds go (kept); default: a temporary folder removed at the end "
-                    "(ds4's fixture alone is 11.5 GB)")
+                    "(a real-width fixture alone can be many GB)")
     ap.add_argument("--keep-scratch", action="store_true", help="keep the temporary scratch folder and say where")
     ap.add_argument("--model", type=Path, default=None)
     ap.add_argument("--library", default=None)
