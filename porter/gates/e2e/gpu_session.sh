@@ -60,6 +60,19 @@ LONG_STEP_S=${LONG_STEP_S:-590}
 unit_args=()
 for u in ${UNITS:-}; do unit_args+=(--unit "$u"); done
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nvcc --version | tail -2; nproc; df -h /tmp | tail -1; } 2>&1 | tee "$OUT/env.txt"
+# each_unit STEP RECORD "UNIT..." COMMAND...: COMMAND with {} replaced by one unit after another, inside the
+# step's time box; each finished unit's --write is already in RECORD (copied to $OUT), so a box that ends
+# keeps what it measured
+each_unit() {
+  local step=$1 record=$2 units=$3 u left end=$(( t0 + LONG_STEP_S ))
+  shift 3
+  for u in $units; do
+    left=$(( end - $(date +%s) )); [ "$left" -lt 30 ] && { echo "$step: no time left for $u" | tee -a "$OUT/$step.log"; continue; }
+    timeout "$left" "${@//\{\}/$u}" >> "$OUT/$step.log" 2>&1
+    echo "$step $u: rc $?" | tee -a "$OUT/$step.log"
+    cp "$record" "$OUT/" 2>/dev/null
+  done
+}
 for step in ${E2E_STEPS:-minimoe}; do
   t0=$(date +%s)
   case $step in
@@ -109,34 +122,20 @@ PY
     mutate)
       mt=${MUTATE_TARGET:-ds4}
       kg=$([ "$mt" = ds4 ] && echo upstream || echo scripted)
-      mine=${UNITS:-$(python3 -c "from porter.spec import load_specs; from porter.target import load_target; print(' '.join(sorted(load_specs(load_target('.', '$mt')))))")}
-      end=$(( t0 + LONG_STEP_S ))
-      for u in $mine; do
-        left=$(( end - $(date +%s) )); [ "$left" -lt 30 ] && { echo "mutate: no time left for $u" | tee -a "$OUT/mutate.log"; continue; }
-        timeout "$left" python3 -m porter calibrate --target "$mt" --known-good "$kg" --mutate --unit "$u" \
-            --budget "${MUTATE_BUDGET:-3}" --per-gpu "${PER_GPU:-4}" --jobs 16 --write \
-            --report "$OUT/mutate_$u.json" >> "$OUT/mutate.log" 2>&1
-        echo "mutate $u: rc $?" | tee -a "$OUT/mutate.log"
-        cp "targets/$mt/mutation.json" "$OUT/" 2>/dev/null
-      done ;;
+      each_unit mutate "targets/$mt/mutation.json" \
+          "${UNITS:-$(python3 -c "from porter.spec import load_specs; from porter.target import load_target; print(' '.join(sorted(load_specs(load_target('.', '$mt')))))")}" \
+          python3 -m porter calibrate --target "$mt" --known-good "$kg" --mutate --unit {} \
+          --budget "${MUTATE_BUDGET:-3}" --per-gpu "${PER_GPU:-4}" --jobs 16 --write --report "$OUT/mutate_{}.json" ;;
     sweep)
-      # one spec at a time, each recorded in targets/<t>/seed_sweep.json (--write) as it finishes; by default the
-      # specs whose recorded sweep is missing or stale
+      # by default the specs whose recorded sweep is missing or stale
       st=${SWEEP_TARGET:-ds4}
       kg=$([ "$st" = ds4 ] && echo upstream || echo scripted)
-      mine=${UNITS:-$(python3 -c "
+      each_unit sweep "targets/$st/seed_sweep.json" "${UNITS:-$(python3 -c "
 from porter.calibration import sweep_record; from porter.spec import load_specs; from porter.target import load_target
 t = load_target('.', '$st'); s = sweep_record.standing(t, {u: x.sha256 for u, x in load_specs(t).items()})
-print(' '.join(s['unswept'] + s['stale']))")}
-      end=$(( t0 + LONG_STEP_S ))
-      for u in $mine; do
-        left=$(( end - $(date +%s) )); [ "$left" -lt 30 ] && { echo "sweep: no time left for $u" | tee -a "$OUT/sweep.log"; continue; }
-        timeout "$left" python3 -m porter calibrate --target "$st" --known-good "$kg" --unit "$u" \
-            --seed-sets "${SEED_SETS:-20}" --no-mutants --no-variants --per-gpu "${PER_GPU:-4}" --jobs 16 --no-ledger \
-            --write --report "$OUT/sweep_$u.json" >> "$OUT/sweep.log" 2>&1
-        echo "sweep $u: rc $?" | tee -a "$OUT/sweep.log"
-        cp "targets/$st/seed_sweep.json" "$OUT/" 2>/dev/null
-      done ;;
+print(' '.join(s['unswept'] + s['stale']))")}" \
+          python3 -m porter calibrate --target "$st" --known-good "$kg" --unit {} --seed-sets "${SEED_SETS:-20}" \
+          --no-mutants --no-variants --per-gpu "${PER_GPU:-4}" --jobs 16 --no-ledger --write --report "$OUT/sweep_{}.json" ;;
     perftable)
       # the ops of ds4's recorded perf table not yet measured on their current spec; the table is rewritten
       # after every row, so a time box keeps what it measured, and `perf-table --merge` joins it
