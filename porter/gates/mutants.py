@@ -73,10 +73,6 @@ class Mutant:
         return got == self.must_fail_check
 
 
-def _toml(path: Path) -> dict:
-    return read_toml(path)
-
-
 def _check_name(where: str, check: str) -> None:
     if check not in CHECK_ORDER and check not in PERF_CHECKS:
         raise PorterError(f"{where}: unknown check {check!r}")
@@ -88,7 +84,7 @@ def adversarial(target) -> list[Mutant]:
     if not path.is_file():
         return []
     out = []
-    for i, m in enumerate(_toml(path).get("mutant", [])):
+    for i, m in enumerate(read_toml(path).get("mutant", [])):
         where = f"{path}: mutant #{i + 1}"
         for k in ("unit", "must_fail_check", "why"):
             if k not in m:
@@ -111,7 +107,7 @@ def adversarial(target) -> list[Mutant]:
 
 def scripted_answers(target) -> list[dict]:
     path = target.scripted_dir / "manifest.toml"
-    return list(_toml(path).get("answer", [])) if path.is_file() else []
+    return list(read_toml(path, missing={}).get("answer", []))
 
 
 def scripted_bad(target, skip: set[str] = frozenset()) -> list[Mutant]:
@@ -150,7 +146,7 @@ def perf_rule_mutants(target) -> list[Mutant]:
 
 def _rules_of(path: Path, seen: set) -> list[Mutant]:
     out = []
-    for i, m in enumerate(_toml(path).get("mutant", [])):
+    for i, m in enumerate(read_toml(path).get("mutant", [])):
         where = f"{path.name}: mutant #{i + 1}"
         for k in ("name", "unit", "file", "must_fail_check", "why", "rule"):
             if k not in m:

@@ -185,7 +185,7 @@ class PerfSpec(_Strict):
     # unit (one share, or one per case label where the unit times cases of different kinds: a prefill
     # matmul is compute-bound where its decode is bandwidth-bound, and one share cannot suit both), then
     # the spec's own perf_floor, then `floor_fraction`, then perf.DEFAULT_FLOOR_FRACTION
-    floor_fraction: float | None = Field(None, gt=0, le=1)
+    floor_fraction: Share | None = None
     floors: dict[str, Share | dict[str, Share]] = Field(default_factory=dict)
 
 
