@@ -42,6 +42,11 @@ def dump_rows(path: Path, n_vocab: int, max_rows: int) -> int:
     rec = _dtype(n_vocab).itemsize
     with cbuild.open_engine_output(path, max_rows * rec) as (_f, size):
         pass
+    return _records_in(path, size, n_vocab)
+
+
+def _records_in(path: Path, size: int, n_vocab: int) -> int:
+    rec = _dtype(n_vocab).itemsize
     if size == 0 or size % rec:
         raise PorterError(f"{Path(path).name}: {size} bytes is not a whole number of {rec}-byte logits records "
                           f"(int32 position + {n_vocab} float32): a truncated or foreign file")
@@ -52,8 +57,8 @@ def read_blocks(path: Path, n_vocab: int, max_rows: int, block_rows: int = BLOCK
     """Yield [rows][n_vocab] float32 blocks of a dump in position order; PorterError for a file that is not
     records of positions 0, 1, 2, ... (a missing, repeated or reordered position names itself)."""
     dt = _dtype(n_vocab)
-    n = dump_rows(path, n_vocab, max_rows)
-    with cbuild.open_engine_output(path, max_rows * dt.itemsize) as (f, _size):
+    with cbuild.open_engine_output(path, max_rows * dt.itemsize) as (f, size):
+        n = _records_in(path, size, n_vocab)
         done = 0
         while done < n:
             want = min(block_rows, n - done)
