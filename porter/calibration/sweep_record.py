@@ -61,11 +61,11 @@ def write(target, report: dict, spec_sha256: dict[str, str]) -> tuple[Path, list
     return path, sorted(sweeps)
 
 
-def standing(target, spec_sha256: dict[str, str]) -> dict:
-    """What the record says of the specs as they are now: {"current": {unit: entry}, "stale": [units whose
-    spec changed since], "refused": [current units the known-good failed on some set], "unswept": [specs
-    with no entry]}."""
-    data = read(target) or {"units": {}}
+def standing(target, spec_sha256: dict[str, str], data: dict | None = None) -> dict:
+    """What the record (`data`, else the target's file) says of the specs as they are now: {"current": {unit:
+    entry}, "stale": [units whose spec changed since], "refused": [current units the known-good failed on
+    some set], "unswept": [specs with no entry]}."""
+    data = data or read(target) or {"units": {}}
     current = {u: e for u, e in data["units"].items() if u in spec_sha256 and e.get("spec_sha256") == spec_sha256[u]}
     return {"current": current,
             "stale": sorted(u for u in data["units"] if u in spec_sha256 and u not in current),
@@ -76,9 +76,10 @@ def standing(target, spec_sha256: dict[str, str]) -> dict:
 def line(target, spec_sha256: dict[str, str]) -> str:
     """One line for `porter calibrate`'s table: how many specs hold a current sweep, the worst ratio among
     them, and what is stale, refused or unswept ("" without a record)."""
-    if read(target) is None:
+    data = read(target)
+    if data is None:
         return ""
-    s = standing(target, spec_sha256)
+    s = standing(target, spec_sha256, data)
     cur = s["current"]
     ratios = [(e["worst"].get("ratio"), u) for u, e in cur.items() if e.get("worst")]
     worst = max(ratios, key=lambda x: float("inf") if x[0] is None else x[0], default=None)
