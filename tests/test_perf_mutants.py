@@ -86,3 +86,29 @@ def test_the_perf_table_judges_the_known_good_against_itself_and_every_perf_muta
     text = perf_table.render(target, [row], [m], ["host"], 12.0, "NVIDIA H100")
     assert "| matmul_q8_0_tensor | c | 1 | 50.0 |" in text and "| serial | matmul_q8_0_tensor | slowdown | slowdown | yes |" in text
     assert "passes perf in the device regime on 1 of 1 timed ops; 1 of 1 perf mutants refused" in text
+
+
+def test_the_perf_table_lists_the_declared_perf_mutants_it_never_judged(monkeypatch):
+    """A table cut short by its time box judged some perf mutants: it must not read '1 of 1 refused'
+    when the target declares three for the ops it shows."""
+    from porter.calibration import perf_table
+    from porter.gates.mutants import Mutant
+
+    target = load_target(REPO, "minimoe")
+    unit = "mini_gpu_matmul_q8_0_tensor"
+    declared = [Mutant(unit, "serial", "slowdown", "one thread", "rules", file="x.cu"),
+                Mutant(unit, "per-token", "slowdown", "one launch per token", "rules", file="x.cu"),
+                Mutant(unit, "skip-timed", "timing", "skips repeats", "rules", file="x.cu"),
+                Mutant("mini_gpu_add_tensor", "add-serial", "slowdown", "not a tabled op", "rules", file="y.cu")]
+    monkeypatch.setattr(perf_table, "perf_rule_mutants", lambda t: declared)
+    row = {"unit": unit, "known_good": "pass", "perf": "pass", "case": "c", "ms": 1.0}
+    judged = {"unit": unit, "mutant": "serial", "expect": "slowdown", "got": "slowdown", "ok": True}
+    text = perf_table.render(target, [row], [judged], [], 1.0, "NVIDIA H100")
+    assert "| per-token | matmul_q8_0_tensor | slowdown | not judged | - |" in text
+    assert "| skip-timed | matmul_q8_0_tensor | timing | not judged | - |" in text
+    assert "add-serial" not in text  # its op is not in this table
+    assert "1 of 1 perf mutants refused by the check they name; 2 declared perf mutant(s) not judged here" in text
+    full = perf_table.render(target, [row], [judged, dict(judged, mutant="per-token"),
+                                             dict(judged, mutant="skip-timed", expect="timing", got="timing")],
+                             [], 1.0, "NVIDIA H100")
+    assert "not judged" not in full and "3 of 3 perf mutants refused by the check they name\n" in full

@@ -142,6 +142,11 @@ def test_missing_from_resumes_a_table_with_only_the_ops_not_measured_on_their_cu
     path.write_text(json.dumps(table))
     assert perf_table.current_rows(str(path), specs, {"a": ["slow-a"], "d": ["slow-d"]}) == {"a"}
     assert perf_table.current_rows(str(path), specs, {"a": ["slow-a", "never-judged"]}) == {"d"}
+    # refused by a parity check before any case was timed: judged on the spec it names
+    table["mutants"] += [{"unit": "a", "mutant": "skip-a", "case": None, "spec_sha256": "sha-a"},
+                         {"unit": "d", "mutant": "skip-d", "case": None, "spec_sha256": "sha-of-an-older-d"}]
+    path.write_text(json.dumps(table))
+    assert perf_table.current_rows(str(path), specs, {"a": ["slow-a", "skip-a"], "d": ["skip-d"]}) == {"a"}
     # ds4's recorded table: the ops re-measured at their production-size cases are current at HEAD
     from porter.spec import load_specs
     from porter.target import load_target
@@ -157,5 +162,6 @@ def test_missing_from_resumes_a_table_with_only_the_ops_not_measured_on_their_cu
     for m in perf_rule_mutants(ds4):
         named.setdefault(m.unit, []).append(m.name)
     current = perf_table.current_rows(str(MEASURED), load_specs(ds4), named)
-    # 22 measured at their production-size cases; matmul_q8_0 and add still owe their prefill perf mutants
-    assert len(current) == 22 and not {"ds4_gpu_matmul_q8_0_tensor", "ds4_gpu_add_tensor"} & current
+    # every op measured at its production-size cases; matmul_q8_0 and routed_moe_batch still owe their
+    # prefill perf mutants
+    assert len(current) == 55 and not {"ds4_gpu_matmul_q8_0_tensor", "ds4_gpu_routed_moe_batch_tensor"} & current

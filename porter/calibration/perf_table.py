@@ -96,16 +96,17 @@ def measure_unit(target, unit: str, good: Path, opts: CalibrateOptions, regimes:
 def current_rows(path: str, specs: dict, perf_mutants: dict[str, list[str]] | None = None) -> set[str]:
     """Units whose row in the table at `path` was measured on the spec as it is now: every timed case
     kept, the spec's hash the row recorded equal to the loaded spec's, and each of the unit's perf
-    mutants (`perf_mutants`: unit -> names) judged on a case that row times (--missing-from: a lease
-    that ends mid-table is resumed by the next one, which measures only the rest)."""
+    mutants (`perf_mutants`: unit -> names) judged on a case that row times, or, refused by a parity
+    check before any case was timed, on the spec as it is now (--missing-from: a lease that ends
+    mid-table is resumed by the next one, which measures only the rest)."""
     table = json.loads(Path(path).read_text())
-    judged = {(m["unit"], m["mutant"]): m.get("case") for m in table.get("mutants") or []}
+    judged = {(m["unit"], m["mutant"]): m.get("case") or m.get("spec_sha256") for m in table.get("mutants") or []}
     out = set()
     for r in table["rows"]:
         u = r["unit"]
         if not r.get("cases") or u not in specs or r.get("spec_sha256") != specs[u].sha256:
             continue
-        cases = {c["case"] for c in r["cases"]}
+        cases = {c["case"] for c in r["cases"]} | {specs[u].sha256}
         if all(judged.get((u, name)) in cases for name in (perf_mutants or {}).get(u, [])):
             out.add(u)
     return out
@@ -155,7 +156,7 @@ def judge_mutant(target, m, libs, opts: CalibrateOptions, first, seeds) -> dict:
     named = PerfEvidence.of(r.evidence).candidate if r.gate == "perf" else None
     return dict(row, got=r.word, ok=m.rejected_by(r.word), ms=(r.metrics or {}).get("median_ms"),
                 case=named.case if named else None, roofline_ms=named.roofline_ms if named else None,
-                summary=r.summary[:300])
+                spec_sha256=getattr(ParityEvidence.of(first.evidence).spec, "sha256", None), summary=r.summary[:300])
 
 
 def _f(v, fmt="{:.4g}") -> str:
@@ -181,15 +182,24 @@ def render(target, rows: list[dict], mutants: list[dict], regimes: list[str], se
         cells.append(_f(r.get("suggested_floor"), "{:.3g}"))
         lines.append("| " + " | ".join(str(c).replace("|", "/") for c in cells) + " |")
     lines += cases_block(target, rows)
-    if mutants:
+    # a declared perf mutant of a tabled op with no row was never judged: the table says so rather than
+    # counting only the ones it ran
+    judged = {(m["unit"], m["mutant"]) for m in mutants}
+    tabled = {r["unit"] for r in rows}
+    unjudged = [m for m in perf_rule_mutants(target) if m.unit in tabled and (m.unit, m.name) not in judged]
+    if mutants or unjudged:
         lines += ["", "## perf mutants", "", "| mutant | unit | must fail by | got | ok |", "|---|---|---|---|---|"]
         for m in mutants:
             lines.append(f"| {m['mutant']} | {m['unit'].removeprefix(target.symbol_prefix)} | {m['expect']} | "
                          f"{m['got']} | {'yes' if m['ok'] else 'NO'} |")
+        for m in unjudged:
+            lines.append(f"| {m.name} | {m.unit.removeprefix(target.symbol_prefix)} | {m.must_fail_check} | "
+                         "not judged | - |")
     passed = sum(1 for r in rows if r.get("perf") == "pass")
     refused = sum(1 for m in mutants if m["ok"])
     lines += ["", f"known-good passes perf in the {prod} regime on {passed} of {len(rows)} timed ops; "
-              f"{refused} of {len(mutants)} perf mutants refused by the check they name"]
+              f"{refused} of {len(mutants)} perf mutants refused by the check they name"
+              + (f"; {len(unjudged)} declared perf mutant(s) not judged here" if unjudged else "")]
     return "\n".join(lines) + "\n"
 
 
