@@ -106,7 +106,7 @@ def test_a_run_cut_short_keeps_every_finished_row_and_merges_as_partial(tmp_path
     """The table is rewritten after each row: a perf-table killed by its time box (a device lease, a
     kill -9) leaves the rows it finished, marked incomplete, and --merge takes them with a warning."""
     target = load_target(REPO, "minimoe")
-    rows = json.loads(chunks[0].read_text())["rows"]
+    rows = [{k: v for k, v in r.items() if k != "measured"} for r in json.loads(chunks[0].read_text())["rows"]]
     out = tmp_path / "part.md"
     kept = perf_table.Kept(target, out, [], time.monotonic())
     kept.row(rows[0], "NVIDIA H200")
@@ -116,7 +116,17 @@ def test_a_run_cut_short_keeps_every_finished_row_and_merges_as_partial(tmp_path
     kept.row(rows[1], None)
     assert perf_table.from_json(target, [str(out.with_suffix(".json"))], tmp_path / "merged.md") in (0, 1)
     assert "cut short" in capsys.readouterr().err
-    assert json.loads((tmp_path / "merged.json").read_text())["device"] == "NVIDIA H200"
+    merged = json.loads((tmp_path / "merged.json").read_text())
+    assert merged["device"] == "NVIDIA H200"
+    # each merged row says which run measured it: the day, the GPU and porter's commit where it is a checkout
+    import datetime
+
+    from porter.records import gitops
+
+    note = merged["rows"][0]["measured"]
+    assert note.startswith(f"{datetime.date.today().isoformat()}, NVIDIA H200")
+    if gitops.toplevel(REPO) == REPO:
+        assert f"porter {gitops.head(REPO)[:7]}" in note
     kept.write(done=True)
     assert json.loads(out.with_suffix(".json").read_text())["complete"] is True
 

@@ -417,8 +417,27 @@ class Kept:
         write_atomic(self.out, text)
         write_atomic(self.out.with_suffix(".json"), json.dumps(
             {"rows": rows, "mutants": self.mutants, "device": device, "seconds": round(seconds, 1),
-             "complete": done}, indent=1, default=str))
+             "complete": done, "measured": provenance(self.target, device)}, indent=1, default=str))
         return text
+
+
+def provenance(target, device: str) -> str:
+    """What a row's `measured` note says by default: the day, the GPU, and the commits of the checkout and
+    of porter where each is a git work tree (a table joined from several leases keeps, per row, which one
+    measured it)."""
+    import datetime
+
+    import porter
+    from porter.records import gitops
+
+    parts = [datetime.date.today().isoformat(), device]
+    for name, where in ((f"upstream {target.name}", getattr(target, "checkout", None)),
+                        ("porter", Path(porter.__file__).resolve().parents[1])):
+        top = gitops.toplevel(Path(where)) if where else None
+        sha = gitops.head(top) if top is not None else None
+        if sha:
+            parts.append(f"{name} {sha[:7]}")
+    return ", ".join(parts)
 
 
 def write_atomic(path: Path, text: str) -> None:
