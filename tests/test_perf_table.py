@@ -157,6 +157,8 @@ def test_missing_from_resumes_a_table_with_only_the_ops_not_measured_on_their_cu
                          {"unit": "d", "mutant": "skip-d", "case": None, "spec_sha256": "sha-of-an-older-d"}]
     path.write_text(json.dumps(table))
     assert perf_table.current_rows(str(path), specs, {"a": ["slow-a", "skip-a"], "d": ["skip-d"]}) == {"a"}
+    # what a resumed table judges again: none of the mutants already judged on the current spec
+    assert perf_table.judged_mutants(table, specs) == {("a", "slow-a"), ("a", "skip-a")}
     # ds4's recorded table: the ops re-measured at their production-size cases are current at HEAD
     from porter.spec import load_specs
     from porter.target import load_target
@@ -175,3 +177,7 @@ def test_missing_from_resumes_a_table_with_only_the_ops_not_measured_on_their_cu
     # every op measured at its production-size cases; matmul_q8_0 and routed_moe_batch still owe their
     # prefill perf mutants
     assert len(current) == 55 and not {"ds4_gpu_matmul_q8_0_tensor", "ds4_gpu_routed_moe_batch_tensor"} & current
+    owed = {(m.unit, m.name) for m in perf_rule_mutants(ds4)} - perf_table.judged_mutants(
+        json.loads(MEASURED.read_text()), load_specs(ds4))
+    assert {name for _, name in owed} == {"q8_0-prefill-product-once-per-token", "q8_0-prefill-one-launch-per-token",
+                                          "moe-batch-one-token-at-a-time"}

@@ -93,13 +93,9 @@ def measure_unit(target, unit: str, good: Path, opts: CalibrateOptions, regimes:
     return row, first, seeds
 
 
-def current_rows(path: str, specs: dict, perf_mutants: dict[str, list[str]] | None = None) -> set[str]:
-    """Units whose row in the table at `path` was measured on the spec as it is now: every timed case
-    kept, the spec's hash the row recorded equal to the loaded spec's, and each of the unit's perf
-    mutants (`perf_mutants`: unit -> names) judged on a case that row times, or, refused by a parity
-    check before any case was timed, on the spec as it is now (--missing-from: a lease that ends
-    mid-table is resumed by the next one, which measures only the rest)."""
-    table = json.loads(Path(path).read_text())
+def judged_mutants(table: dict, specs: dict) -> set[tuple[str, str]]:
+    """(unit, perf mutant) pairs of a perf-table JSON judged on the unit's spec as it is now: on a case the
+    unit's current row times, or, refused by a parity check before any case was timed, on that spec's hash."""
     judged = {(m["unit"], m["mutant"]): m.get("case") or m.get("spec_sha256") for m in table.get("mutants") or []}
     out = set()
     for r in table["rows"]:
@@ -107,7 +103,23 @@ def current_rows(path: str, specs: dict, perf_mutants: dict[str, list[str]] | No
         if not r.get("cases") or u not in specs or r.get("spec_sha256") != specs[u].sha256:
             continue
         cases = {c["case"] for c in r["cases"]} | {specs[u].sha256}
-        if all(judged.get((u, name)) in cases for name in (perf_mutants or {}).get(u, [])):
+        out |= {(unit, name) for (unit, name), where in judged.items() if unit == u and where in cases}
+    return out
+
+
+def current_rows(path: str, specs: dict, perf_mutants: dict[str, list[str]] | None = None) -> set[str]:
+    """Units whose row in the table at `path` was measured on the spec as it is now: every timed case
+    kept, the spec's hash the row recorded equal to the loaded spec's, and each of the unit's perf
+    mutants (`perf_mutants`: unit -> names) judged on it (judged_mutants) (--missing-from: a lease that
+    ends mid-table is resumed by the next one, which measures only the rest)."""
+    table = json.loads(Path(path).read_text())
+    judged = judged_mutants(table, specs)
+    out = set()
+    for r in table["rows"]:
+        u = r["unit"]
+        if not r.get("cases") or u not in specs or r.get("spec_sha256") != specs[u].sha256:
+            continue
+        if all((u, name) in judged for name in (perf_mutants or {}).get(u, [])):
             out.add(u)
     return out
 
@@ -347,10 +359,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"perf-table: {len(set(units) & current)} op(s) already measured on their current spec in "
               f"{args.missing_from}; {len(set(units) - current)} to go", flush=True)
         units = [u for u in units if u not in current]
+        # an op measured again only for its perf mutants not yet judged: the ones judged on its current spec
+        # keep their rows (a mutant at production sizes costs minutes of GPU)
+        done = judged_mutants(json.loads(Path(args.missing_from).read_text()), specs)
+    else:
+        done = set()
     if args.chunk:
         units = chunk_units(target, args.chunk, units)
     libs = libraries_for(target, args.known_good, ws / "runs" / "build-cache")
-    mutants = [] if args.no_mutants else [m for m in perf_rule_mutants(target) if m.unit in units]
+    mutants = [] if args.no_mutants else [m for m in perf_rule_mutants(target)
+                                          if m.unit in units and (m.unit, m.name) not in done]
     t0 = time.monotonic()
     libs.prepare(mutants)
     good = libs.known_good()
