@@ -181,3 +181,24 @@ def test_missing_from_resumes_a_table_with_only_the_ops_not_measured_on_their_cu
         json.loads(MEASURED.read_text()), load_specs(ds4))
     assert {name for _, name in owed} == {"q8_0-prefill-product-once-per-token", "q8_0-prefill-one-launch-per-token",
                                           "moe-batch-one-token-at-a-time"}
+
+
+def test_a_measured_note_names_porters_commit_only_from_porters_own_checkout(tmp_path, monkeypatch):
+    """porter installed in a virtualenv that lives inside some other repository: that repository's commit is
+    not porter's, and the note leaves it out."""
+    import subprocess
+    from types import SimpleNamespace
+
+    import porter
+
+    repo = tmp_path / "project"
+    site = repo / "venv" / "site"
+    (site / "porter").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run(["git", "-C", str(repo), "-c", "user.email=a@b", "-c", "user.name=n", "commit", "-q",
+                    "--allow-empty", "-m", "x"], check=True)
+    monkeypatch.setattr(porter, "__file__", str(site / "porter" / "__init__.py"))
+    note = perf_table.provenance(SimpleNamespace(name="t", checkout=None), "NVIDIA H200")
+    assert "porter" not in note and note.endswith(", NVIDIA H200")
+    monkeypatch.setattr(porter, "__file__", str(repo / "porter" / "__init__.py"))  # porter's own checkout
+    assert "porter " in perf_table.provenance(SimpleNamespace(name="t", checkout=None), "NVIDIA H200")

@@ -449,10 +449,12 @@ def provenance(target, device: str) -> str:
     from porter.records import gitops
 
     parts = [datetime.date.today().isoformat(), device]
+    # only a folder that is itself a work tree's top: porter installed in a virtualenv inside some other
+    # repository must not report that repository's commit as porter's
     for name, where in ((f"upstream {target.name}", getattr(target, "checkout", None)),
                         ("porter", Path(porter.__file__).resolve().parents[1])):
         top = gitops.toplevel(Path(where)) if where else None
-        sha = gitops.head(top) if top is not None else None
+        sha = gitops.head(top) if top is not None and top.resolve() == Path(where).resolve() else None
         if sha:
             parts.append(f"{name} {sha[:7]}")
     return ", ".join(parts)
