@@ -284,6 +284,9 @@ def test_the_accuracy_command_prints_the_figures_and_exits_by_who_failed(d4, mon
         assert d4._accuracy_command(target, args, tmp_path) == rc
         out = capsys.readouterr().out
         assert "against upstream's ds4-bench" in out and out.strip().splitlines()[-1].startswith("{")
+        # how each side was compiled goes with the figures: a KLD between fast and IEEE math is no port's
+        assert json.loads(out.strip().splitlines()[-1])["math_flags"] == {"upstream": "-O3 --use_fast_math",
+                                                                          "library": "same as upstream"}
     assert asked == [None] * 3, "--library upstream: the A/A run, upstream on both sides"
     args.library = str(tmp_path / "missing.so")
     with pytest.raises(PorterError, match="no backend library"):

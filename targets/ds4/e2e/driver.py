@@ -124,6 +124,11 @@ def scratch_copy(target, dest: Path, n_layer: int, cuda_rules: list[tuple[str, s
     return dest
 
 
+# the flags of ds4's Makefile that change what the code computes: upstream's side of every engine run is
+# built with them; the port's library is porter's build, with the target's [cuda] nvcc_flags
+UPSTREAM_MATH_FLAGS = "-O3 --use_fast_math"
+
+
 def make_command(build_dir: Path, backend: str, *, library: Path | None = None, cuda_arch: str = "sm_90",
                  jobs: int = 8, program: str = "ds4") -> list[str]:
     """backend 'cpu' -> ds4's `make cpu`; 'cuda' -> `make <program>` (ds4, or ds4-bench for throughput)
@@ -136,7 +141,7 @@ def make_command(build_dir: Path, backend: str, *, library: Path | None = None, 
     core = "ds4.o ds4_e2e_accessor.o " + (str(Path(library).resolve()) if library else "ds4_cuda.o")
     # ds4's own NVCCFLAGS without -g -lineinfo: the same code and math flags, a faster compile
     # (nine builds of ds4_cuda.cu run side by side in a calibration)
-    nvccflags = (f"NVCCFLAGS=-O3 --use_fast_math -arch={cuda_arch} -Xcompiler -march=native "
+    nvccflags = (f"NVCCFLAGS={UPSTREAM_MATH_FLAGS} -arch={cuda_arch} -Xcompiler -march=native "
                  "-Xcompiler -pthread")
     cmd = base + [program, f"CUDA_ARCH={cuda_arch}", f"CORE_OBJS={core}", nvccflags]
     nvcc = shutil.which("nvcc")
@@ -681,7 +686,12 @@ def _accuracy_command(target, args, scratch: Path) -> int:
         print(f"accuracy: not measured (upstream's engine: {exc})")
         return 3
     acc = measure(runner, runner.n_vocab, spec.prefill_tokens, log=print)
+    # a KLD is read against how each side was compiled: fast math on one side only moves every logit
+    acc["math_flags"] = {"upstream": UPSTREAM_MATH_FLAGS,
+                         "library": "same as upstream" if lib is None else
+                         " ".join(target.spec.cuda.nvcc_flags) if which == "reference" else "unknown (a prebuilt library)"}
     print(accuracy_line(acc))
+    print(f"math flags: upstream's backend {acc['math_flags']['upstream']}; {which}'s {acc['math_flags']['library']}")
     print(json.dumps(acc, sort_keys=True))
     return 3 if acc.get("skipped") else 1 if acc.get("failed") else 0
 
