@@ -380,9 +380,10 @@ def test_flag_and_sparse_map_reach_the_library_in_host_mode(target, tmp_path, mo
 
 @needs_checkout
 def test_the_moe_batch_spec_routes_a_whole_prefill_chunk_onto_few_experts(target):
-    """The timed MoE batch case stays at 129 tokens (its real-width construction: 83 s a call at 2048), so
-    one case carries a prefill chunk's routing at small widths: 2048 tokens, one expert serving most of
-    them -- a per-expert count or scratch sized for a small batch overflows there, and nowhere else."""
+    """The real-width timed MoE batch case stays at 129 tokens (its construction: 83 s a call at 2048), so
+    one case carries a prefill chunk's routing at small widths, timed as well: 2048 tokens, one expert
+    serving most of them -- a per-expert count or scratch sized for a small batch overflows there, and
+    nowhere else, and a per-token loop costs a chunk's worth of time."""
     from porter.gates.parity.gate import prepare
     from porter.spec import Context, load_spec
 
@@ -391,8 +392,16 @@ def test_the_moe_batch_spec_routes_a_whole_prefill_chunk_onto_few_experts(target
     assert len(chunk) == 1 and not chunk[0].model_tensors
     import dataclasses
 
+    # timed: perf judges a whole chunk's routing against upstream's (the 129-token case hides a per-token
+    # loop's cost); its roofline counts the pool's experts, not the 256 a chunk could reach
+    assert chunk[0].timed and {s.label for s in spec.shapes if s.timed} == {"prefill 129 tokens, 6 of 256",
+                                                                             chunk[0].label}
+    one = spec.bytes_moved(dataclasses.replace(chunk[0], dims={**chunk[0].dims, "n_tokens": 1, "n_expert": 1}))
+    acts = 4 * 2048 * (256 + 256)
+    assert spec.bytes_moved(chunk[0]) - acts == 12 * (one - 4 * (256 + 256))
     cases = prepare(dataclasses.replace(spec, shapes=chunk), target.api_function(spec.unit), Context(None), [12345, 67890])
-    for call in cases[0].calls:
+    assert len(cases[0].timing_calls) >= 1  # the timed calls rotate over a third input set
+    for call in cases[0].calls + cases[0].timing_calls:
         sel = np.asarray(call.args["selected"].array).reshape(2048, -1)
         counts = np.bincount(sel.reshape(-1), minlength=256)
         assert counts.max() > 1024 and (counts > 0).sum() <= 12
