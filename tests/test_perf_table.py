@@ -112,7 +112,7 @@ def test_a_run_cut_short_keeps_every_finished_row_and_merges_as_partial(tmp_path
     kept.row(rows[0], "NVIDIA H200")
     on_disk = json.loads(out.with_suffix(".json").read_text())
     assert on_disk["complete"] is False and [r["unit"] for r in on_disk["rows"]] == [rows[0]["unit"]]
-    assert rows[0]["unit"] in out.read_text() and not list(tmp_path.glob("*.part"))
+    assert rows[0]["unit"] in out.read_text() and not list(tmp_path.glob("*.part")) and not list(tmp_path.glob(".*.tmp-*"))
     kept.row(rows[1], None)
     assert perf_table.from_json(target, [str(out.with_suffix(".json"))], tmp_path / "merged.md") in (0, 1)
     assert "cut short" in capsys.readouterr().err
@@ -142,21 +142,17 @@ def test_missing_from_resumes_a_table_with_only_the_ops_not_measured_on_their_cu
                       {"unit": "b", "case": "old single case", "spec_sha256": "sha-b"},
                       {"unit": "c", "cases": [{"case": "x"}], "spec_sha256": "sha-of-an-older-c"}],
              "mutants": [], "device": "NVIDIA H200"}
-    path = tmp_path / "t.json"
-    path.write_text(json.dumps(table))
-    assert perf_table.current_rows(str(path), specs) == {"a"}
+    assert perf_table.current_rows(table, specs) == {"a"}
     # a perf mutant of the op not judged on a case its current row times: the op is measured again
     table["rows"].append({"unit": "d", "cases": [{"case": "prefill 2048"}], "spec_sha256": "sha-d"})
     table["mutants"] = [{"unit": "a", "mutant": "slow-a", "case": "x"},
                         {"unit": "d", "mutant": "slow-d", "case": "prefill 64, a case d no longer times"}]
-    path.write_text(json.dumps(table))
-    assert perf_table.current_rows(str(path), specs, {"a": ["slow-a"], "d": ["slow-d"]}) == {"a"}
-    assert perf_table.current_rows(str(path), specs, {"a": ["slow-a", "never-judged"]}) == {"d"}
+    assert perf_table.current_rows(table, specs, {"a": ["slow-a"], "d": ["slow-d"]}) == {"a"}
+    assert perf_table.current_rows(table, specs, {"a": ["slow-a", "never-judged"]}) == {"d"}
     # refused by a parity check before any case was timed: judged on the spec it names
     table["mutants"] += [{"unit": "a", "mutant": "skip-a", "case": None, "spec_sha256": "sha-a"},
                          {"unit": "d", "mutant": "skip-d", "case": None, "spec_sha256": "sha-of-an-older-d"}]
-    path.write_text(json.dumps(table))
-    assert perf_table.current_rows(str(path), specs, {"a": ["slow-a", "skip-a"], "d": ["skip-d"]}) == {"a"}
+    assert perf_table.current_rows(table, specs, {"a": ["slow-a", "skip-a"], "d": ["skip-d"]}) == {"a"}
     # what a resumed table judges again: none of the mutants already judged on the current spec
     assert perf_table.judged_mutants(table, specs) == {("a", "slow-a"), ("a", "skip-a")}
     # ds4's recorded table: the ops re-measured at their production-size cases are current at HEAD
@@ -173,7 +169,7 @@ def test_missing_from_resumes_a_table_with_only_the_ops_not_measured_on_their_cu
     named: dict[str, list[str]] = {}
     for m in perf_rule_mutants(ds4):
         named.setdefault(m.unit, []).append(m.name)
-    current = perf_table.current_rows(str(MEASURED), load_specs(ds4), named)
+    current = perf_table.current_rows(json.loads(MEASURED.read_text()), load_specs(ds4), named)
     # every op measured at its production-size cases; matmul_q8_0 and routed_moe_batch still owe their
     # prefill perf mutants
     assert len(current) == 55 and not {"ds4_gpu_matmul_q8_0_tensor", "ds4_gpu_routed_moe_batch_tensor"} & current

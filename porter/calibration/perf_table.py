@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import sys
 import threading
 import time
@@ -39,6 +38,7 @@ from porter.gates import perf
 from porter.gates.driver import ParityOptions
 from porter.gates.parity.gate import fresh_seeds
 from porter.gates.evidence import ParityEvidence, PerfEvidence
+from porter.records import durable
 from porter.spec import load_specs
 
 PARALLEL_SPECS = 4  # inputs and references built side by side; the GPU runs still take turns
@@ -93,35 +93,36 @@ def measure_unit(target, unit: str, good: Path, opts: CalibrateOptions, regimes:
     return row, first, seeds
 
 
+def _measured_now(row: dict, specs: dict) -> bool:
+    """A row with its timed cases kept, measured on the spec as it is now (its recorded hash is the loaded one's)."""
+    u = row["unit"]
+    return bool(row.get("cases")) and u in specs and row.get("spec_sha256") == specs[u].sha256
+
+
 def judged_mutants(table: dict, specs: dict) -> set[tuple[str, str]]:
     """(unit, perf mutant) pairs of a perf-table JSON judged on the unit's spec as it is now: on a case the
     unit's current row times, or, refused by a parity check before any case was timed, on that spec's hash."""
     judged = {(m["unit"], m["mutant"]): m.get("case") or m.get("spec_sha256") for m in table.get("mutants") or []}
     out = set()
-    for r in table["rows"]:
-        u = r["unit"]
-        if not r.get("cases") or u not in specs or r.get("spec_sha256") != specs[u].sha256:
-            continue
-        cases = {c["case"] for c in r["cases"]} | {specs[u].sha256}
-        out |= {(unit, name) for (unit, name), where in judged.items() if unit == u and where in cases}
+    for r in filter(lambda r: _measured_now(r, specs), table["rows"]):
+        where = {c["case"] for c in r["cases"]} | {specs[r["unit"]].sha256}
+        out |= {(unit, name) for (unit, name), at in judged.items() if unit == r["unit"] and at in where}
     return out
 
 
-def current_rows(path: str, specs: dict, perf_mutants: dict[str, list[str]] | None = None) -> set[str]:
-    """Units whose row in the table at `path` was measured on the spec as it is now: every timed case
-    kept, the spec's hash the row recorded equal to the loaded spec's, and each of the unit's perf
-    mutants (`perf_mutants`: unit -> names) judged on it (judged_mutants) (--missing-from: a lease that
-    ends mid-table is resumed by the next one, which measures only the rest)."""
-    table = json.loads(Path(path).read_text())
+def current_rows(table: dict, specs: dict, perf_mutants: dict[str, list[str]] | None = None) -> set[str]:
+    """Units whose row in a perf-table JSON (`table`, loaded) was measured on the spec as it is now
+    (_measured_now), with each of the unit's perf mutants (`perf_mutants`: unit -> names) judged on it
+    (judged_mutants) (--missing-from: a lease that ends mid-table is resumed by the next one, which
+    measures only the rest)."""
     judged = judged_mutants(table, specs)
-    out = set()
-    for r in table["rows"]:
-        u = r["unit"]
-        if not r.get("cases") or u not in specs or r.get("spec_sha256") != specs[u].sha256:
-            continue
-        if all((u, name) in judged for name in (perf_mutants or {}).get(u, [])):
-            out.add(u)
-    return out
+    return {r["unit"] for r in table["rows"] if _measured_now(r, specs)
+            and all((r["unit"], name) in judged for name in (perf_mutants or {}).get(r["unit"], []))}
+
+
+def half_share(pct: float | None) -> float | None:
+    """The floor a case's roofline share suggests: half of it, at 4 decimals (None without a share)."""
+    return round(pct / 200.0, 4) if pct else None
 
 
 def case_rows(first, again, verdict) -> list[dict]:
@@ -135,7 +136,7 @@ def case_rows(first, again, verdict) -> list[dict]:
         v = judged.get(case)
         pct = perf.pct_of_roofline(t)
         out.append({"case": case, "ms": t.get("median_ms"), "pct_roofline": pct,
-                    "suggested_floor": round(pct / 200.0, 4) if pct else None,
+                    "suggested_floor": half_share(pct),
                     "bound": bound_by(t), "bytes": t.get("bytes"), "flops": t.get("flops"),
                     "limit": perf.calibrated_limit(t)["limit"] if t.get("median_ms") else None,
                     "again_ms": (again_cases.get(case) or {}).get("median_ms"),
@@ -249,7 +250,7 @@ def floors_block(target, rows: list[dict]) -> str:
         if r.get("perf") != "pass":
             continue
         per_case = {c["case"]: half for c in r.get("cases") or []
-                    if (half := round((c.get("pct_roofline") or 0) / 200.0, 4)) >= 0.0001}
+                    if (half := half_share(c.get("pct_roofline")) or 0) >= 0.0001}
         if len(per_case) > 1:
             tables.append(f"\n[perf.floors.{r['unit']}]")
             tables += [f"{json.dumps(case)} = {share:.4g}" for case, share in per_case.items()]
@@ -352,16 +353,17 @@ def main(argv: list[str] | None = None) -> int:
         for m in perf_rule_mutants(target):
             named.setdefault(m.unit, []).append(m.name)
         try:
-            current = current_rows(args.missing_from, specs, named)
+            table = json.loads(Path(args.missing_from).read_text())
+            current = current_rows(table, specs, named)
+            # an op measured again only for its perf mutants not yet judged: the ones judged on its current
+            # spec keep their rows (a mutant at production sizes costs minutes of GPU)
+            done = judged_mutants(table, specs)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             print(f"perf-table: {args.missing_from}: not a perf-table JSON ({exc})", file=sys.stderr)
             return 2
         print(f"perf-table: {len(set(units) & current)} op(s) already measured on their current spec in "
               f"{args.missing_from}; {len(set(units) - current)} to go", flush=True)
         units = [u for u in units if u not in current]
-        # an op measured again only for its perf mutants not yet judged: the ones judged on its current spec
-        # keep their rows (a mutant at production sizes costs minutes of GPU)
-        done = judged_mutants(json.loads(Path(args.missing_from).read_text()), specs)
     else:
         done = set()
     if args.chunk:
@@ -407,6 +409,7 @@ class Kept:
         self.rows: list[dict] = []
         self.mutants: list[dict] = []
         self.device = None
+        self.note: tuple[str | None, str] = (None, "")  # (device, its `measured` note)
         self.lock = threading.Lock()
 
     def row(self, row: dict, gpu: str | None) -> None:
@@ -431,11 +434,12 @@ class Kept:
         device = self.device or "unknown GPU"
         text = render(self.target, rows, self.mutants, self.regimes, seconds, device)
         text += "\n```toml\n" + floors_block(self.target, rows) + "```\n"
-        self.out.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(self.out, text)
-        write_atomic(self.out.with_suffix(".json"), json.dumps(
+        if self.note[0] != device:  # git is asked once a run, not after every row
+            self.note = (device, provenance(self.target, device))
+        durable.write_atomic(self.out, text.encode())
+        durable.write_atomic(self.out.with_suffix(".json"), json.dumps(
             {"rows": rows, "mutants": self.mutants, "device": device, "seconds": round(seconds, 1),
-             "complete": done, "measured": provenance(self.target, device)}, indent=1, default=str))
+             "complete": done, "measured": self.note[1]}, indent=1, default=str).encode())
         return text
 
 
@@ -459,11 +463,6 @@ def provenance(target, device: str) -> str:
             parts.append(f"{name} {sha[:7]}")
     return ", ".join(parts)
 
-
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".part")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

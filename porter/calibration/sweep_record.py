@@ -19,6 +19,7 @@ from pathlib import Path
 
 from porter.calibration import seed_sweep
 from porter.errors import PorterError
+from porter.records import durable
 
 RECORD = "seed_sweep.json"
 FORMAT = 1
@@ -55,9 +56,7 @@ def write(target, report: dict, spec_sha256: dict[str, str]) -> tuple[Path, list
                            "known_good": report.get("known_good"), "device": report.get("device"), "recorded": when}
     old["units"] = dict(sorted(old["units"].items()))
     path = record_path(target)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(old, indent=1, default=str) + "\n")
-    tmp.replace(path)
+    durable.write_atomic(path, (json.dumps(old, indent=1, default=str) + "\n").encode())
     return path, sorted(sweeps)
 
 
