@@ -142,3 +142,25 @@ def test_no_python_runs_between_fork_and_exec():
     assert offenders == []
     w = sandbox.wrap(["true"])
     assert w.argv[0].endswith("prlimit") and "--core=0:0" in w.argv
+
+
+def _inside_cuda_devices(argv: list[str]) -> list[str]:
+    return [argv[i + 2] for i, a in enumerate(argv[:-2]) if a == "--setenv" and argv[i + 1] == "CUDA_VISIBLE_DEVICES"]
+
+
+@pytest.mark.parametrize("gpu_index,env", [(1, {}), (None, {"CUDA_VISIBLE_DEVICES": "1"})])
+def test_one_gpu_shown_is_device_zero_inside(monkeypatch, gpu_index, env):
+    # measured on a two-H200 host: with only /dev/nvidia1 shown, CUDA_VISIBLE_DEVICES=1 inside made
+    # cuInit fail (no device) and every check on the second GPU a harness error; CUDA numbers the
+    # nodes it can open, so the one shown is device 0
+    shown = []
+    monkeypatch.setattr(sandbox, "gpu_devices", lambda index=None: shown.append(index) or ["/dev/null"])
+    argv = sandbox.wrap(["true"], gpu=True, gpu_index=gpu_index, env=env).argv
+    assert shown == [1]
+    assert _inside_cuda_devices(argv) == ["0"]
+
+
+def test_every_gpu_shown_keeps_the_device_selection_unset(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(sandbox, "gpu_devices", lambda index=None: ["/dev/null"])
+    assert _inside_cuda_devices(sandbox.wrap(["true"], gpu=True).argv) == []

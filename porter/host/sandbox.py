@@ -483,8 +483,12 @@ def _bwrap(argv, *, ro, rw, devices, gpu, gpu_index, env, limits, cwd, tmp, pyth
     # /dev: bwrap's minimal one, read-only once the nodes are in (a writable tmpfs of half the RAM
     # otherwise), /dev/shm its own bounded tmpfs
     m.add("--dev", "/dev", dest="/dev")
-    for d in list(devices) + (gpu_devices(gpu_index if gpu_index is not None else visible_gpu(inside_env))
-                              if gpu else []):
+    shown = gpu_index if gpu_index is not None else visible_gpu(inside_env)
+    if gpu and shown is not None:
+        # CUDA numbers only the GPUs whose node it can open: with one node shown, that GPU is device 0
+        # inside, and the host's index (1 on a two-GPU host) would name no device at all
+        inside_env["CUDA_VISIBLE_DEVICES"] = "0"
+    for d in list(devices) + (gpu_devices(shown) if gpu else []):
         m.add("--dev-bind", d, d, dest=d)
         binds.append(("dev", d))
     m.add("--perms", "1777", "--size", str(limits.shm_size), "--tmpfs", "/dev/shm", dest="/dev/shm")
