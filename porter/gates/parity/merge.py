@@ -19,6 +19,10 @@ import math
 # the most the exchange around a timed call may add to its event time (checker's "go" to the runner's
 # report: two socket hops, the event record and synchronize, Python on both sides), per clock
 GAP_LIMIT_MS = {"cuda": 0.5, "host": 5.0}
+# and a share of the call itself: a long call sleeps in the driver's sync, and waking it on a host busy with
+# builds cost 0.507 ms at 106 ms a call (two-H200 lease, 2026-11-29); work hidden in 1% of a call cannot
+# move a perf verdict whose limits start at 1.25x
+GAP_SHARE = 0.01
 
 
 def _num(v) -> bool:
@@ -100,9 +104,10 @@ def gap_failures(times: list, walls: list, reps: int, limit_ms: float) -> list[s
                 f"{walls[r]:.4g} ms the checker measured around it"]
     gaps = sorted(w - t for w, t in zip(walls, times))
     gap = gaps[len(gaps) // 2]
+    limit_ms += GAP_SHARE * sorted(times)[len(times) // 2]
     if gap > limit_ms:
         wall = sorted(walls)[len(walls) // 2]
         return [f"from outside the candidate's process each timed call took {wall:.4g} ms (median), {gap:.4g} ms "
-                f"more than its events say, where the exchange costs at most {limit_ms:g} ms: its timing is "
+                f"more than its events say, where the exchange costs at most {limit_ms:.4g} ms: its timing is "
                 "not believed"]
     return []
