@@ -101,8 +101,11 @@ def _measured_now(row: dict, specs: dict) -> bool:
 
 def judged_mutants(table: dict, specs: dict) -> set[tuple[str, str]]:
     """(unit, perf mutant) pairs of a perf-table JSON judged on the unit's spec as it is now: on a case the
-    unit's current row times, or, refused by a parity check before any case was timed, on that spec's hash."""
-    judged = {(m["unit"], m["mutant"]): m.get("case") or m.get("spec_sha256") for m in table.get("mutants") or []}
+    unit's current row times, or, refused by a parity check before any case was timed, on that spec's hash.
+    Only a mutant refused by the check it names counts: one that got another verdict is judged again (a
+    harness fix since, or a spec gap, is what the next lease is for)."""
+    judged = {(m["unit"], m["mutant"]): m.get("case") or m.get("spec_sha256")
+              for m in table.get("mutants") or [] if m.get("ok") is True}
     out = set()
     for r in filter(lambda r: _measured_now(r, specs), table["rows"]):
         where = {c["case"] for c in r["cases"]} | {specs[r["unit"]].sha256}
