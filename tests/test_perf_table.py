@@ -31,10 +31,11 @@ def chunks(tmp_path) -> list[Path]:
 def test_merged_chunks_give_one_table_and_the_floors_ds4_declares(tmp_path, chunks):
     target = load_target(REPO, "minimoe")  # the rows name ds4's units; the target only styles the table
     out = tmp_path / "table.md"
-    assert perf_table.from_json(target, [str(p) for p in chunks], out) == 0
+    # 1: the recorded table holds a perf mutant refused by another check than the one it names
+    assert perf_table.from_json(target, [str(p) for p in chunks], out) == 1
     text = out.read_text()
     per_op, every_case = text.split("## every timed case")
-    assert per_op.count("\n| ds4_gpu_") == 57 and "4 of 4 perf mutants refused" in text
+    assert per_op.count("\n| ds4_gpu_") == 57 and "5 of 6 perf mutants refused by the check they name" in text
     cases = sum(len(r.get("cases") or []) for r in json.loads(MEASURED.read_text())["rows"])
     assert cases and every_case.count("\n| ds4_gpu_") == cases
     block = text[text.index("[perf.floors]"):text.rindex("```")]
@@ -145,14 +146,17 @@ def test_missing_from_resumes_a_table_with_only_the_ops_not_measured_on_their_cu
     assert perf_table.current_rows(table, specs) == {"a"}
     # a perf mutant of the op not judged on a case its current row times: the op is measured again
     table["rows"].append({"unit": "d", "cases": [{"case": "prefill 2048"}], "spec_sha256": "sha-d"})
-    table["mutants"] = [{"unit": "a", "mutant": "slow-a", "case": "x"},
-                        {"unit": "d", "mutant": "slow-d", "case": "prefill 64, a case d no longer times"}]
+    table["mutants"] = [{"unit": "a", "mutant": "slow-a", "case": "x", "ok": True},
+                        {"unit": "d", "mutant": "slow-d", "case": "prefill 64, a case d no longer times", "ok": True}]
     assert perf_table.current_rows(table, specs, {"a": ["slow-a"], "d": ["slow-d"]}) == {"a"}
     assert perf_table.current_rows(table, specs, {"a": ["slow-a", "never-judged"]}) == {"d"}
     # refused by a parity check before any case was timed: judged on the spec it names
-    table["mutants"] += [{"unit": "a", "mutant": "skip-a", "case": None, "spec_sha256": "sha-a"},
-                         {"unit": "d", "mutant": "skip-d", "case": None, "spec_sha256": "sha-of-an-older-d"}]
+    table["mutants"] += [{"unit": "a", "mutant": "skip-a", "case": None, "spec_sha256": "sha-a", "ok": True},
+                         {"unit": "d", "mutant": "skip-d", "case": None, "spec_sha256": "sha-of-an-older-d", "ok": True}]
     assert perf_table.current_rows(table, specs, {"a": ["slow-a", "skip-a"], "d": ["skip-d"]}) == {"a"}
+    # refused, but not by the check it names: owed again
+    table["mutants"].append({"unit": "a", "mutant": "wrong-check-a", "case": "x", "ok": False})
+    assert "a" not in perf_table.current_rows(table, specs, {"a": ["slow-a", "wrong-check-a"]})
     # what a resumed table judges again: none of the mutants already judged on the current spec
     assert perf_table.judged_mutants(table, specs) == {("a", "slow-a"), ("a", "skip-a")}
     # ds4's recorded table: the ops re-measured at their production-size cases are current at HEAD
@@ -170,13 +174,13 @@ def test_missing_from_resumes_a_table_with_only_the_ops_not_measured_on_their_cu
     for m in perf_rule_mutants(ds4):
         named.setdefault(m.unit, []).append(m.name)
     current = perf_table.current_rows(json.loads(MEASURED.read_text()), load_specs(ds4), named)
-    # every op measured at its production-size cases; matmul_q8_0 and routed_moe_batch still owe their
-    # prefill perf mutants
+    # every op measured at its production-size cases; matmul_q8_0 owes the prefill mutant the 2026-11-29 lease
+    # saw refused by `timing` (the cross-check's gap bound before it grew with the call) rather than the
+    # slowdown it names, routed_moe_batch the mutant that lease had no time for
     assert len(current) == 55 and not {"ds4_gpu_matmul_q8_0_tensor", "ds4_gpu_routed_moe_batch_tensor"} & current
     owed = {(m.unit, m.name) for m in perf_rule_mutants(ds4)} - perf_table.judged_mutants(
         json.loads(MEASURED.read_text()), load_specs(ds4))
-    assert {name for _, name in owed} == {"q8_0-prefill-product-once-per-token", "q8_0-prefill-one-launch-per-token",
-                                          "moe-batch-one-token-at-a-time"}
+    assert {name for _, name in owed} == {"q8_0-prefill-product-once-per-token", "moe-batch-one-token-at-a-time"}
 
 
 def test_a_measured_note_names_porters_commit_only_from_porters_own_checkout(tmp_path, monkeypatch):
