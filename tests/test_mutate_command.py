@@ -75,6 +75,7 @@ def test_calibrates_table_shows_the_recorded_score_with_todays_declarations(work
     from porter.target import load_target
 
     target = load_target(workspace, "minimoe")
+    (target.dir / "mutation.json").unlink(missing_ok=True)  # the workspace's copy of the recorded table
     assert command.recorded_table(target, {"rows": [{"unit": UNIT}]}) == ""  # no table: nothing shown
     from porter.spec import load_specs
 
