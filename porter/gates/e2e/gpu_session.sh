@@ -48,7 +48,9 @@ if [ -d .whl ]; then
   fi
   export PYTHONPATH=/tmp/site:$PWD
 else
-  export PYTHONPATH=$PWD
+  # keep the caller's path: a session started from a copy of the tree (no .whl there) imports porter's
+  # dependencies from where its caller installed them
+  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 fi
 mkdir -p runs/fixtures
 [ -f .carry/minimoe.gguf ] && cp .carry/minimoe.gguf runs/fixtures/minimoe.gguf
