@@ -32,6 +32,24 @@ Arguments, by the header's parameter types:
   bool                     True/False (or 0/1)
   bool *                   Flag(): an out-flag in host memory (false before the call, not compared)
 
+Bad tensor arguments, for shapes with expect="error" only (validate_call refuses them in an ok
+shape, one line naming the parameter): whatever the header calls a bad argument must make the unit
+report failure, and a port that drops its argument guards can write past a caller's buffer.
+  either tensor kind       Null()                     a NULL tensor pointer (no descriptor at all)
+                           In(a, data_null=True)      a descriptor whose data pointer is NULL (also
+                           Out(dt, sh, data_null=True), InOut(a, data_null=True))
+                           In(a, claim_bytes=k)       a descriptor claiming k bytes, fewer than the
+                           Out(dt, sh, claim_bytes=k) buffer holds (InOut too): the real buffer stays
+                                                      full size, so a unit that ignores the claim
+                                                      writes inside memory the harness owns and is
+                                                      refused by its return code, not by a crash; the
+                                                      checker also refuses ("guard") any write past
+                                                      the claim (past nothing, for data_null)
+The plan carries them (a buffer's "data_null" / "claim_bytes", a NULL binding), the parity child
+builds the descriptor from them before every call, and the verdict stays the checker's and the
+parent's (gate.evaluate: an error case passes on a failure return, with guards and const inputs
+intact).  A claim is a fact of the case's layout, so the two-seeds-same-layout rule covers it.
+
 Weights by tensor name: a shape with source "model:<name>[,<name>...]" names
 real GGUF tensors (ds4's names, e.g. blk.3.ffn_gate_exps.weight); its builder
 asks ctx.weights(shape, [Want(...), ...], rng) for them.  With a user model
@@ -121,37 +139,90 @@ def _dtype_name(a: np.ndarray) -> str:
     raise SpecError(f"tensor arguments are float32 or int32, not {a.dtype}")
 
 
+class _Descriptor:
+    """What a tensor argument's descriptor says besides its real buffer: by default {data: the buffer,
+    bytes: its size}.  An error case may lie in it (the header's bad arguments): `data_null` hands the
+    unit a descriptor whose data pointer is NULL, `claim_bytes` one that holds fewer bytes than the
+    buffer really has.  The buffer stays full size either way, so a unit that ignores the claim writes
+    inside memory the harness owns and is refused by its return code (and by the checker, which sees
+    the bytes past the claim change), never by a crash."""
+
+    def _check_descriptor(self) -> None:
+        self.data_null = bool(self.data_null)
+        if self.claim_bytes is not None:
+            if isinstance(self.claim_bytes, bool) or not isinstance(self.claim_bytes, (int, np.integer)):
+                raise SpecError(f"claim_bytes is a byte count, not {type(self.claim_bytes).__name__}")
+            self.claim_bytes = int(self.claim_bytes)
+            if not 0 <= self.claim_bytes < self.nbytes:
+                raise SpecError(f"claim_bytes={self.claim_bytes}: a claim is fewer bytes than the buffer's "
+                                f"{self.nbytes} (and not negative)")
+
+    @property
+    def lies(self) -> str:
+        """What the descriptor says that is not so, in words ("" when it tells the truth)."""
+        parts = (["its data pointer is NULL"] if self.data_null else []) + (
+            [f"it claims {self.claim_bytes} of the buffer's {self.nbytes} bytes"] if self.claim_bytes is not None else [])
+        return " and ".join(parts)
+
+    def descriptor(self) -> dict:
+        """The plan's record of the lie (empty when there is none)."""
+        return {**({"data_null": True} if self.data_null else {}),
+                **({"claim_bytes": self.claim_bytes} if self.claim_bytes is not None else {})}
+
+
 @dataclass
-class In:
+class In(_Descriptor):
     array: np.ndarray
+    data_null: bool = False
+    claim_bytes: int | None = None
 
     def __post_init__(self):
         self.array = np.ascontiguousarray(self.array)
         self.dtype = _dtype_name(self.array)
+        self._check_descriptor()
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.array.nbytes)
 
 
 @dataclass
-class InOut:
+class InOut(_Descriptor):
     array: np.ndarray
+    data_null: bool = False
+    claim_bytes: int | None = None
 
     def __post_init__(self):
         self.array = np.ascontiguousarray(self.array)
         self.dtype = _dtype_name(self.array)
+        self._check_descriptor()
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.array.nbytes)
 
 
 @dataclass
-class Out:
+class Out(_Descriptor):
     dtype: str
     shape: tuple[int, ...]
+    data_null: bool = False
+    claim_bytes: int | None = None
 
     def __post_init__(self):
         if self.dtype not in _DTYPES:
             raise SpecError(f"unknown output dtype {self.dtype!r}")
         self.shape = tuple(int(s) for s in self.shape)
+        self._check_descriptor()
 
     @property
     def nbytes(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64)) * 4
+
+
+@dataclass(frozen=True)
+class Null:
+    """A NULL pointer for a tensor parameter (`const T_tensor *` or `T_tensor *`): no descriptor at all."""
 
 
 @dataclass(frozen=True)
@@ -608,14 +679,16 @@ def validate_call(spec: UnitSpec, api_fn, shape: Shape, call: Call) -> None:
     for p in params:
         a, k = call.args[p["name"]], p["kind"]
         if k == "tensor":
-            if p["const"]:
+            if isinstance(a, Null):
+                ok = True
+            elif p["const"]:
                 ok = isinstance(a, In) or (isinstance(a, InOut) and any(
                     isinstance(b, Same) and b.param == p["name"] for b in call.args.values()))
             else:
                 ok = isinstance(a, (Out, InOut, Same))
             if isinstance(a, Same):
                 tgt = call.args.get(a.param)
-                ok = ok and a.param in call.args and not isinstance(tgt, Same)
+                ok = ok and a.param in call.args and not isinstance(tgt, (Same, Null))
         elif k == "map":
             ok = isinstance(a, Map)
         elif k == "flag":
@@ -634,6 +707,11 @@ def validate_call(spec: UnitSpec, api_fn, shape: Shape, call: Call) -> None:
             ok = False
         if not ok:
             raise SpecError(f"{where}: parameter {p['name']} ({p['type']}) got {type(a).__name__}")
+        bad = "a NULL pointer" if isinstance(a, Null) else \
+            f"a descriptor where {a.lies}" if isinstance(a, _Descriptor) and a.lies else ""
+        if bad and shape.expect != "error":
+            raise SpecError(f"{where}: parameter {p['name']} gets {bad}: bad arguments belong in a shape "
+                            "with expect='error'")
     if shape.expect == "ok":
         for name in spec.outputs:
             if name not in call.expect:

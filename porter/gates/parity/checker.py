@@ -16,7 +16,9 @@ so none of those are done there:
   - when the runner says a call returned (its stream synchronized), this
     process reads the outputs itself, then again once the runner says the
     device is idle (a difference: work still running on another stream), and
-    checks guards and const inputs;
+    checks guards and const inputs -- and, where an error case's descriptor
+    claimed fewer bytes than its buffer or a NULL data pointer, that nothing
+    past the claim was written;
   - timed calls: it writes each repetition's input set (the rotation is the
     plan's, read before the runner started) and flushes L2, decides in secret
     which repetitions' outputs it reads back, and times every repetition from
@@ -144,6 +146,21 @@ class Checker:
                 out.append({"tensor": n, "side": "after", "n_bytes": int(d.size), "first": int(d[0])})
         return out
 
+    def _claim_damage(self) -> list[dict]:
+        """Writes a unit could only make by ignoring what its descriptor said (an error case's lie, from
+        the plan this process read before the runner started): past the bytes a descriptor claims, or
+        anywhere in a buffer whose descriptor's data pointer was NULL.  Const inputs are whole-checked."""
+        out = []
+        for n, b in self.case["buffers"].items():
+            if b["role"] == "in" or not (b.get("data_null") or b.get("claim_bytes") is not None):
+                continue
+            start = 0 if b.get("data_null") else int(b["claim_bytes"])
+            n_diff, first = compare.byte_diff(self.initial[n][start:], self._read(n)[start:])
+            if n_diff:
+                out.append({"tensor": n, "side": "past-claim", "n_bytes": n_diff, "first": first, "claim": start,
+                            "data_null": bool(b.get("data_null"))})
+        return out
+
     # -- requests ----------------------------------------------------------
     def _expect(self, msg: dict, *states: str) -> None:
         if self.case is None or msg.get("case") != self.case["id"]:
@@ -200,7 +217,7 @@ class Checker:
         cid, case = self.case["id"], self.case
         settled = {n: self._read(n) for n in self.immediate}
         rec = {"pass": p, "settle_changed": [n for n in self.immediate if settled[n] != self.immediate[n]],
-               "guard_damage": self._guard_damage(), "const_changed": []}
+               "guard_damage": self._guard_damage() + self._claim_damage(), "const_changed": []}
         for name, b in case["buffers"].items():
             if b["role"] == "in":
                 n_diff, first = compare.byte_diff(self.initial[name], self._read(name))

@@ -209,7 +209,7 @@ class OpCalls:
         arena = shared_mem.make_arena(self.dev.kind, int(reply["size"]), self.dev, loader, fds[0])
         bufs = {name: _Shared(arena.base + int(reply["offsets"][name]), int(b["nbytes"]))
                 for name, b in case["buffers"].items()}
-        structs = {name: Tensor(buf.ptr, buf.nbytes, 0) for name, buf in bufs.items()}
+        structs = {name: Tensor(*_descriptor(case, name, buf), 0) for name, buf in bufs.items()}
         probe_cfg = plan.get("probe") or {}
         probing = bool(probe_cfg.get("enabled")) and self.stream is not None
         # one pass per case is probed, drawn here where the candidate cannot know it: a unit that
@@ -264,8 +264,9 @@ class OpCalls:
         args = []
         for p in self.plan["params"]:
             k, name = p["kind"], p["name"]
-            if k == "tensor":
-                args.append(ctypes.byref(structs[case["bind"][name]]))
+            if k == "tensor":  # bound to no buffer: an error case's NULL tensor
+                b = case["bind"][name]
+                args.append(ctypes.POINTER(Tensor)() if b is None else ctypes.byref(structs[b]))
             elif k == "map":
                 args.append(ctypes.c_void_p(host_map.ctypes.data if host_map is not None else None))
             elif k == "flag":  # a `bool *` out-flag: a fresh host bool, false before the call
@@ -288,7 +289,7 @@ class OpCalls:
         self.step(case=cid, pass_=p, step="prepare")
         self.link.ask({"op": "prepare", "case": cid, "pass": p})
         for name, s in structs.items():  # a previous call may have rewritten a descriptor
-            s.data, s.bytes, s.owner = bufs[name].ptr, bufs[name].nbytes, 0
+            (s.data, s.bytes), s.owner = _descriptor(case, name, bufs[name]), 0
         host_map = self._map_for(pdata, arrays)
         map_bytes = host_map.tobytes() if host_map is not None else None
         if self.h_forget is not None:
@@ -385,7 +386,7 @@ class OpCalls:
 
         def put(k_inputs: int) -> None:
             for name, st in structs.items():  # a call may have rewritten a descriptor
-                st.data, st.bytes, st.owner = bufs[name].ptr, bufs[name].nbytes, 0
+                (st.data, st.bytes), st.owner = _descriptor(case, name, bufs[name]), 0
             self.link.ask({"op": "put", "case": cid, "set": k_inputs})
 
         loaded, host_map = None, None
@@ -432,6 +433,16 @@ class _Shared:
 
     def __init__(self, ptr: int, nbytes: int):
         self.ptr, self.nbytes = ptr, nbytes
+
+
+def _descriptor(case: dict, name: str, buf: _Shared) -> tuple[int | None, int]:
+    """(data, bytes) the unit's descriptor of buffer `name` holds before each call: the buffer itself,
+    or what an error case's plan says instead (a NULL data pointer, fewer bytes than the buffer has;
+    the buffer stays full size, so a unit that ignores the claim writes into memory the checker owns)."""
+    b = case["buffers"][name]
+    data = None if b.get("data_null") else buf.ptr
+    claim = b.get("claim_bytes")
+    return data, (int(claim) if claim is not None else buf.nbytes)
 
 
 def call_only(plan_dir: Path, plan: dict) -> int:

@@ -26,7 +26,7 @@ import numpy as np
 
 from porter.gates.parity import compare, executors, merge, runner
 from porter.gates.parity.compare import Failure
-from porter.spec import (Call, Context, Exact, Flag, In, InOut, Map, Out, Same, Shape, SpecError,
+from porter.spec import (Call, Context, Exact, Flag, In, InOut, Map, Null, Out, Same, Shape, SpecError,
                                       UnitSpec, header_params, validate_call)
 from porter.host import toolchain
 from porter.digest import sha256_file
@@ -129,20 +129,20 @@ class PreparedCase:
 
 
 def _layout(spec: UnitSpec, params: list[dict], call: Call) -> dict:
-    """Buffers, bindings and scalars of one call: both passes of a case must agree."""
+    """Buffers, bindings and scalars of one call: both passes of a case must agree.  A buffer's
+    descriptor lie (an error case's data_null / claim_bytes) is part of it; a Null tensor is bound to
+    no buffer (None) and, as an output, is not read back."""
     buffers, bind, scalars, outputs = {}, {}, {}, {}
     map_info = None
+    roles = ((In, "in"), (InOut, "inout"), (Out, "out"))
     for p in params:
         a = call.args[p["name"]]
-        if isinstance(a, In):
-            buffers[p["name"]] = {"role": "in", "nbytes": a.array.nbytes, "dtype": a.dtype}
+        role = next((r for cls, r in roles if isinstance(a, cls)), None)
+        if role is not None:
+            buffers[p["name"]] = {"role": role, "nbytes": a.nbytes, "dtype": a.dtype, **a.descriptor()}
             bind[p["name"]] = p["name"]
-        elif isinstance(a, InOut):
-            buffers[p["name"]] = {"role": "inout", "nbytes": a.array.nbytes, "dtype": a.dtype}
-            bind[p["name"]] = p["name"]
-        elif isinstance(a, Out):
-            buffers[p["name"]] = {"role": "out", "nbytes": a.nbytes, "dtype": a.dtype}
-            bind[p["name"]] = p["name"]
+        elif isinstance(a, Null):
+            bind[p["name"]] = None
         elif isinstance(a, Map):
             map_info = {"size": a.size, "file": a.file}
         elif not isinstance(a, (Same, Flag)):
@@ -152,7 +152,8 @@ def _layout(spec: UnitSpec, params: list[dict], call: Call) -> dict:
         if isinstance(a, Same):
             bind[p["name"]] = bind[a.param]
     for name in spec.outputs:
-        outputs[name] = bind[name]
+        if bind[name] is not None:
+            outputs[name] = bind[name]
     return {"buffers": buffers, "bind": bind, "scalars": scalars, "outputs": outputs, "map": map_info}
 
 
@@ -328,7 +329,7 @@ def write_plan(plan_dir: Path, spec: UnitSpec, api_fn, cases: list[PreparedCase]
         passes = [call_data(c, p, call) for p, call in enumerate(c.calls)]
         pc = {
             "id": c.id, "label": c.shape.label, "expect": c.shape.expect, "timed": c.shape.timed,
-            "buffers": {n: {"role": b["role"], "nbytes": b["nbytes"]} for n, b in c.layout["buffers"].items()},
+            "buffers": {n: {k: v for k, v in b.items() if k != "dtype"} for n, b in c.layout["buffers"].items()},
             "bind": c.layout["bind"], "outputs": c.layout["outputs"], "passes": passes,
         }
         if c.shape.timed and c.shape.expect == "ok" and timing_reps > 0:
@@ -509,6 +510,12 @@ def evaluate(spec: UnitSpec, cases: list[PreparedCase], results: dict, outputs,
                                  f"(data={_hx(s['before'][0])}, bytes={s['before'][1]}, owner={s['before'][2]}) to "
                                  f"(data={_hx(s['after'][0])}, bytes={s['after'][1]}, owner={s['after'][2]})"))
             for g in prec.get("guard_damage", []):
+                if g.get("side") == "past-claim":  # the checker's: an error case's descriptor said fewer bytes
+                    where = ("its descriptor's data pointer was NULL" if g.get("data_null") else
+                             f"its descriptor claimed {g.get('claim')} bytes")
+                    f.append(Failure("guard", label, p, f"{g['n_bytes']} bytes of {g['tensor']} past what the unit was "
+                                     f"given were written ({where}; first {g['first']} bytes past it)"))
+                    continue
                 f.append(Failure("guard", label, p, f"{g['n_bytes']} guard bytes {g['side']} {g['tensor']} were "
                                  f"written (nearest {g['first']} bytes from its {'start' if g['side'] == 'before' else 'end'})"))
             for c in prec.get("const_changed", []):
