@@ -33,6 +33,7 @@ extern "C" int mini_gpu_matmul_q8_0_tensor(
     if (!out || !x || in_dim == 0 || in_dim % 32 != 0) return -1;
     if (n_tok == 0 || out_dim == 0) return 0;
     if (x->bytes < n_tok * in_dim * sizeof(float) || out->bytes < n_tok * out_dim * sizeof(float)) return -1;
+    if (!out->data || !x->data) return -1;
     const uint8_t *w = (const uint8_t *)mini_cuda_model_ptr(model_map, model_size, weight_offset,
                                                             out_dim * (in_dim / 32) * 34);
     if (!w) return -1;
