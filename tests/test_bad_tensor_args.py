@@ -11,6 +11,8 @@ library stands in for the backend (tests/test_parity_compare.py's FAKE_BACKEND),
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -19,8 +21,10 @@ from porter.gates.parity import gate as G
 from porter.spec import (Call, In, InOut, Null, Out, Same, Shape, SpecError, UnitSpec, Tol, header_params,
                          load_spec, validate_call)
 
-from tests.test_parity_compare import target  # noqa: F401  (fixtures)
+from tests.test_parity_compare import FAKE_BACKEND, fixture_ctx, target  # noqa: F401  (fixtures)
 
+CC = shutil.which("cc") or shutil.which("gcc")
+needs_cc = pytest.mark.skipif(CC is None, reason="no C compiler (cc) to build the stand-in libraries")
 UNIT = "mini_gpu_swiglu_tensor"
 OK, ERR = Shape("ok", {"n": 4}), Shape("err", {"n": 4}, expect="error", why="a bad argument")
 
@@ -162,3 +166,153 @@ def test_the_checker_sees_writes_past_a_claim_and_into_a_buffer_given_as_null():
     inout = {"role": "inout", "nbytes": 32, "claim_bytes": 4}
     assert run({"x": inout}, {"x": (0, b"\7" * 4)}) == []
     assert run({"x": inout}, {"x": (31, b"\7")})[0]["first"] == 27
+
+
+# ---------------------------------------------------------------------------
+# the whole gate, host mode: what the child hands the unit, and guards missing
+# ---------------------------------------------------------------------------
+
+SWIGLU_GUARDS = ("    if (!out || !gate || !up || !out->data || !gate->data || !up->data) return -1;"
+                 "  /* mini_gpu.h: bad arguments */\n")
+SWIGLU_BYTES = "    if (out->bytes < n * 4 || gate->bytes < n * 4 || up->bytes < n * 4) return -1;\n"
+HONEST_LOOP = "    for (uint64_t i = 0; i < n; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];\n"
+
+# what the unit saw, as its return code: the child must hand it the plan's NULLs and claims exactly
+PROBE = """    if (!out) return 11; if (!gate) return 12; if (!up) return 13;
+    if (!out->data) return 21; if (!gate->data) return 22; if (!up->data) return 23;
+    if (out->bytes != n * 4) return 1000 + (int)(n * 4 - out->bytes);
+    if (gate->bytes != n * 4) return 2000 + (int)(n * 4 - gate->bytes);
+    if (up->bytes != n * 4) return 3000 + (int)(n * 4 - up->bytes);
+"""
+
+# name: (source edits, the check that must refuse it; None: it passes)
+VARIANTS = {
+    "honest": ([], None),
+    "probe": ([(SWIGLU_GUARDS, PROBE), (SWIGLU_BYTES, "")], None),
+    # the mutants that survived on the GPU before the spec had these cases
+    "no_null_guard": ([(SWIGLU_GUARDS, "    if (!out->data || !gate->data || !up->data) return -1;\n")], "crash"),
+    "null_guard_and": ([(SWIGLU_GUARDS, "    if (!out && !gate && !up) return -1;\n"
+                                        "    if (!out->data || !gate->data || !up->data) return -1;\n")], "crash"),
+    "no_data_guard": ([(SWIGLU_GUARDS, "    if (!out || !gate || !up) return -1;\n")], "crash"),
+    "no_bytes_guard": ([(SWIGLU_BYTES, "")], "guard"),
+    "bytes_guard_divides": ([(SWIGLU_BYTES, SWIGLU_BYTES.replace("n * 4", "n / 4"))], "guard"),
+    "bytes_guard_returns_0": ([(SWIGLU_BYTES, SWIGLU_BYTES.replace("return -1", "return 0"))], "error-return"),
+    # says no, but only after writing the whole buffer: the checker's record refuses it, not its return code
+    "writes_then_refuses": ([(SWIGLU_BYTES, ""), (HONEST_LOOP, HONEST_LOOP + SWIGLU_BYTES)], "guard"),
+}
+
+
+@pytest.fixture(scope="module")
+def libs(tmp_path_factory):
+    if CC is None:
+        pytest.skip("no C compiler (cc)")
+    d = tmp_path_factory.mktemp("bad_tensors")
+    out = {}
+    for name, (edits, _) in VARIANTS.items():
+        src = FAKE_BACKEND
+        for old, new in edits:
+            assert src.count(old) == 1, (name, old)
+            src = src.replace(old, new)
+        (d / f"{name}.c").write_text(src)
+        subprocess.run([CC, "-O1", "-shared", "-fPIC", "-o", str(d / f"lib{name}.so"), str(d / f"{name}.c"), "-lm"],
+                       check=True)
+        out[name] = d / f"lib{name}.so"
+    return out
+
+
+def _run(target, ctx, lib, tmp_path):
+    return G.run_spec(target, load_spec(target, UNIT), lib, workspace=tmp_path, mode="host", ctx=ctx, timing_reps=0)
+
+
+@needs_cc
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_each_missing_guard_is_refused_and_the_guarded_unit_passes(target, fixture_ctx, libs, tmp_path, name):
+    check = VARIANTS[name][1]
+    r = _run(target, fixture_ctx, libs[name], tmp_path)
+    assert not r.skipped, r.summary
+    if check is None:
+        assert r.ok, r.summary + "\n" + r.diagnostics
+    else:
+        assert not r.ok and r.check == check, (check, r.summary)
+        assert "error: " in r.summary  # refused on a bad-argument case, not on the op's values
+    if name == "writes_then_refuses":
+        assert "past what the unit was given were written (its descriptor claimed 24 bytes" in r.diagnostics
+
+
+@needs_cc
+def test_the_child_hands_the_unit_exactly_the_plans_nulls_and_claims(target, fixture_ctx, libs, tmp_path):
+    r = _run(target, fixture_ctx, libs["probe"], tmp_path)
+    assert r.ok, r.summary
+    rc = {c["label"]: c["passes"][0]["rc"] for c in r.evidence["cases"] if c["expect"] == "error"}
+    # the base case n = 7: 28 bytes, a claim one float short is 24
+    assert rc == {"error: out is NULL": 11, "error: gate is NULL": 12, "error: up is NULL": 13,
+                  "error: out->data is NULL": 21, "error: gate->data is NULL": 22, "error: up->data is NULL": 23,
+                  "error: out->bytes one element short": 1004, "error: gate->bytes one element short": 2004,
+                  "error: up->bytes one element short": 3004}
+    assert all(p["rc"] == 0 for c in r.evidence["cases"] if c["expect"] == "ok" for p in c["passes"])
+
+
+# ---------------------------------------------------------------------------
+# minimoe's op specs: every tensor parameter, by construction
+# ---------------------------------------------------------------------------
+
+def _minimoe_op_specs(target):
+    from porter.gates.parity.scenario import is_scenario
+    from porter.spec import load_specs
+
+    return {u: s for u, s in load_specs(target).items() if not is_scenario(s)}
+
+
+def test_every_minimoe_op_spec_has_the_three_bad_cases_for_every_tensor_parameter(target):
+    specs = _minimoe_op_specs(target)
+    assert len(specs) == 14
+    for unit, spec in specs.items():
+        tensors = {p["name"] for p in header_params(target.api_function(unit)) if p["kind"] == "tensor"}
+        made = {(s.dims["bad_tensor"], s.dims["bad"]) for s in spec.shapes if "bad_tensor" in s.dims}
+        assert made == {(p, k) for p in tensors for k in ("null", "data_null", "short")}, unit
+        for s in spec.shapes:
+            if "bad_tensor" in s.dims:
+                assert s.expect == "error" and "mini_gpu.h" in s.why and "bad argument" in s.why, (unit, s.label)
+
+
+def test_the_bad_cases_are_made_from_one_nonempty_ok_case_and_pass_the_plan(target, fixture_ctx):
+    """Each bad case is its base case's call with one tensor replaced (sizes exact: the claim is one
+    element short of what the call reads or writes); the rest of the call is the base case's."""
+    for unit, spec in _minimoe_op_specs(target).items():
+        cases = G.prepare(spec, target.api_function(unit), fixture_ctx, [5, 6])
+        for c in cases:
+            if "bad_tensor" not in c.shape.dims:
+                continue
+            p, kind = c.shape.dims["bad_tensor"], c.shape.dims["bad"]
+            base = next(b for b in cases if b.shape.expect == "ok" and "bad_tensor" not in b.shape.dims and dict(
+                b.shape.dims) == {k: v for k, v in c.shape.dims.items() if k not in ("bad_tensor", "bad")})
+            a, b = c.calls[0].args, base.calls[0].args
+            assert set(a) == set(b) and all(type(a[k]) is type(b[k]) for k in a if k != p), (unit, c.shape.label)
+            assert all(x.nbytes > 0 for x in b.values() if isinstance(x, (In, InOut, Out))), (unit, "empty base")
+            if kind == "null":
+                assert isinstance(a[p], Null) and c.layout["bind"][p] is None
+            elif kind == "data_null":
+                assert c.layout["buffers"][p]["data_null"] is True and "claim_bytes" not in c.layout["buffers"][p]
+            else:
+                assert c.layout["buffers"][p]["claim_bytes"] == b[p].nbytes - 4
+
+
+def test_the_helper_refuses_a_base_it_cannot_make_bad_cases_from(target):
+    from porter.spec import sibling
+
+    sh = sibling(str(target.dir / "parity" / "mini_gpu_add_tensor.py"), "_shared")
+    with pytest.raises(SpecError, match="from an ok case"):
+        sh.with_bad_tensors(lambda *a: None, Shape("e", {"n": 1}, expect="error"), ("out",))
+    x = _x()
+
+    def aliased(shape, ctx, rng):
+        return Call(args={"out": Same("a"), "a": InOut(x), "b": In(x), "n": 4}, expect={"out": x})
+
+    shapes, build = sh.with_bad_tensors(aliased, Shape("alias", {"n": 4}), ("out", "a"))
+    by = {s.label: s for s in shapes}
+    with pytest.raises(SpecError, match="out of the base case 'alias' is Same"):
+        build(by["error: out->data is NULL"], None, np.random.default_rng(0))
+    with pytest.raises(SpecError, match="another parameter aliases a"):
+        build(by["error: a->bytes one element short"], None, np.random.default_rng(0))
+    # the ok shapes still go to the spec's own build
+    assert build(Shape("alias", {"n": 4}), None, np.random.default_rng(0)).args["out"] == Same("a")

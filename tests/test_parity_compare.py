@@ -342,6 +342,7 @@ FAKE_BACKEND = textwrap.dedent(r"""
     #endif
 
     int mini_gpu_swiglu_tensor(tensor *out, const tensor *gate, const tensor *up, uint64_t n) {
+        if (!out || !gate || !up || !out->data || !gate->data || !up->data) return -1;  /* mini_gpu.h: bad arguments */
         const float *g = gate->data, *u = up->data; float *o = out->data;
         if (out->bytes < n * 4 || gate->bytes < n * 4 || up->bytes < n * 4) return -1;
     #if defined(HACK_UNTOUCHED)
@@ -384,6 +385,8 @@ FAKE_BACKEND = textwrap.dedent(r"""
     int mini_gpu_matmul_q8_0_tensor(tensor *out, const void *map, uint64_t size, uint64_t off, uint64_t in_dim,
                                     uint64_t out_dim, const tensor *x, uint64_t n_tok) {
         if (in_dim == 0 || in_dim % 32) return -1;
+        if (!out || !x || !out->data || !x->data) return -1;
+        if (out->bytes < n_tok * out_dim * 4 || x->bytes < n_tok * in_dim * 4) return -1;
         const uint64_t rb = in_dim / 32 * 34;
         const unsigned char *w = mini_cuda_model_ptr(map, size, off, out_dim * rb);
         if (!w) return -1;
@@ -411,6 +414,9 @@ FAKE_BACKEND = textwrap.dedent(r"""
     int mini_gpu_router_topk_tensor(tensor *ids, tensor *weights, const tensor *logits, uint32_t n_expert,
                                     uint32_t n_tokens, uint32_t top_k) {
         if (top_k == 0 || top_k > n_expert || n_expert > 256) return -1;
+        if (!ids || !weights || !logits || !ids->data || !weights->data || !logits->data) return -1;
+        if (ids->bytes < (uint64_t)n_tokens * top_k * 4 || weights->bytes < (uint64_t)n_tokens * top_k * 4 ||
+            logits->bytes < (uint64_t)n_tokens * n_expert * 4) return -1;
         for (uint32_t t = 0; t < n_tokens; t++) {
             const float *l = (const float *)logits->data + (uint64_t)t * n_expert;
             float p[256], mx = l[0], sum = 0, chosen = 0; int taken[256] = {0};
@@ -438,6 +444,8 @@ FAKE_BACKEND = textwrap.dedent(r"""
 
     int mini_gpu_embed_rows_tensor(tensor *out, const tensor *tokens, const void *map, uint64_t size,
                                    uint64_t off, uint32_t n_vocab, uint32_t n_embd, uint32_t n_tokens) {
+        if (!out || !tokens || !out->data || !tokens->data) return -1;
+        if (out->bytes < (uint64_t)n_tokens * n_embd * 4 || tokens->bytes < (uint64_t)n_tokens * 4) return -1;
         const uint16_t *tab = mini_cuda_model_ptr(map, size, off, (uint64_t)n_vocab * n_embd * 2);
         if (!tab) return -1;
         const int32_t *tk = tokens->data; float *o = out->data;

@@ -444,7 +444,7 @@ def _mini_attention(stable):
 
 def test_minimoe_attention_softmax_without_its_max_fails_only_the_shifted_scores():
     spec = _op_specs("minimoe")["mini_gpu_attention_window_tensor"]
-    ordinary = [sh.label for sh in spec.shapes if not sh.edge and not sh.timed]
+    ordinary = [sh.label for sh in spec.shapes if not sh.edge and sh.expect == "ok" and not sh.timed]
     edges = _edge_labels(spec)
     assert ordinary and edges
     assert all(_mini_verdicts(spec, ordinary, _mini_attention(stable=False)).values())

@@ -1,7 +1,9 @@
 """Helpers shared by the minimoe parity specs (loaded with spec.sibling; not a spec)."""
 import numpy as np
 
-from porter.spec import Call, Context, In, Out, SpecError
+import dataclasses
+
+from porter.spec import Call, Context, In, InOut, Null, Out, Same, Shape, SpecError
 from reference import quant
 
 
@@ -76,3 +78,55 @@ def expert_ids(rng, n_tokens, n_expert, top_k):
 
 INPUTS = ("weights: the fixture's real tensors, or random valid blocks of the type at random map offsets; "
           "activations ~ N(0, 1); the engine's real widths")
+
+
+# ---- bad tensor arguments ---------------------------------------------------------------------------
+# mini_gpu.h: "Return 0 on success, non-zero on failure (bad arguments, device error)".  A NULL tensor,
+# a tensor whose data is NULL and a tensor holding fewer bytes than the call reads or writes are bad
+# arguments: a port that drops its guards dereferences NULL or writes past the caller's buffer.
+CONTRACT = 'mini_gpu.h: ops "return non-zero on failure (bad arguments, ...)"'
+BAD_TENSOR = {
+    "null": ("error: {p} is NULL", "{p} is a NULL tensor, a bad argument; " + CONTRACT),
+    "data_null": ("error: {p}->data is NULL", "{p}'s data pointer is NULL, a bad argument; " + CONTRACT),
+    "short": ("error: {p}->bytes one element short",
+              "{p} holds one element fewer than the call reads or writes, a bad argument (the op would "
+              "overrun the caller's buffer); " + CONTRACT),
+}
+
+
+def with_bad_tensors(build, base: Shape, tensors: tuple[str, ...]):
+    """(shapes, build): for EVERY tensor parameter named in `tensors`, three expect="error" shapes made
+    from the ok case `base` -- the tensor passed as NULL, its descriptor's data pointer NULL, its
+    descriptor claiming one element fewer than its buffer holds -- and a build() that makes them (the
+    base case's arguments, one of them replaced) and defers every other shape to `build`.
+
+    The claim is one element short of what the call needs only because every minimoe op spec builds
+    each In/Out/InOut to exactly the size the call reads or writes (each known-good's guard checks
+    that size: scripted/good/*.md); `base` must not be an empty call (n = 0 returns before the data
+    checks) nor pass any of `tensors` as an alias (Same)."""
+    if base.expect != "ok":
+        raise SpecError(f"bad tensor cases are made from an ok case, not {base.label!r}")
+    shapes = [Shape(label.format(p=p), dict(base.dims, bad_tensor=p, bad=kind), source=base.source,
+                    expect="error", why=why.format(p=p))
+              for p in tensors for kind, (label, why) in BAD_TENSOR.items()]
+
+    def build_with_bad_tensors(shape, ctx, rng):
+        p, kind = shape.dims.get("bad_tensor"), shape.dims.get("bad")
+        if p is None:
+            return build(shape, ctx, rng)
+        args = dict(build(base, ctx, rng).args)
+        a = args.get(p)
+        if not isinstance(a, (In, InOut, Out)):
+            raise SpecError(f"shape {shape.label!r}: {p} of the base case {base.label!r} is "
+                            f"{type(a).__name__}, not a tensor of its own (In, InOut or Out)")
+        if any(isinstance(b, Same) and b.param == p for b in args.values()):
+            raise SpecError(f"shape {shape.label!r}: another parameter aliases {p} in {base.label!r}")
+        if kind == "null":
+            args[p] = Null()
+        elif kind == "data_null":
+            args[p] = dataclasses.replace(a, data_null=True)
+        else:  # one element short: every minimoe tensor is 4-byte float32 or int32
+            args[p] = dataclasses.replace(a, claim_bytes=a.nbytes - 4)
+        return Call(args=args)
+
+    return shapes, build_with_bad_tensors

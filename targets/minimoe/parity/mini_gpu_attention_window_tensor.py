@@ -5,14 +5,18 @@ Real cases read the fixture's sinks (blk.*.attn_sinks.weight) at their real
 offsets with the engine's sizes (4 heads, head_dim 64, window 32, scale 1/8):
 a prefill from position 0, a chunk at pos0 40 whose window no longer starts at
 key 0, a decode step at position 63.  Synthetic cases use other head counts,
-window 1, a window longer than the context, and larger sinks so that the sink's
-share of the mass is large (a kernel without the sink fails by far)."""
+window 1, a window longer than the context, windows of 68 and 80 keys (past
+the one 32-key chunk the real window fits, where a chunked online softmax
+rescales what it has summed; head_dim 256, the most the kernel takes), and
+larger sinks so that the sink's share of the mass is large (a kernel without
+the sink fails by far)."""
 import numpy as np
 
 from porter.spec import Call, Context, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import minimoe_ops as ops
 
 E = sibling(__file__, "_edges")
+sh = sibling(__file__, "_shared")
 
 
 def build(shape, ctx, rng):
@@ -43,6 +47,11 @@ def build(shape, ctx, rng):
 
 REAL = {"n_head": 4, "head_dim": 64, "window": 32}
 
+# pos0 2: k_cache and v_cache hold 9 rows, q and out 7 tokens x 3 heads (each tensor a size of its own)
+BASE = Shape("odd: 3 heads, head_dim 24, window 5, pos0 2, 7 tokens",
+             {"n_tokens": 7, "pos0": 2, "n_head": 3, "head_dim": 24, "window": 5, "scale": 0.3})
+BAD, build_checked = sh.with_bad_tensors(build, BASE, ("out", "q", "k_cache", "v_cache"))
+
 SPEC = UnitSpec(
     unit="mini_gpu_attention_window_tensor",
     reference="reference.minimoe_ops.attention_window",
@@ -53,11 +62,17 @@ SPEC = UnitSpec(
         Shape("3 tokens at pos0 40 (window cut)", dict(REAL, n_tokens=3, pos0=40),
               source="fixture:blk.1.attn_sinks.weight"),
         Shape("decode 1 token at pos0 63", dict(REAL, n_tokens=1, pos0=63), source="fixture:blk.0.attn_sinks.weight"),
-        Shape("odd: 3 heads, head_dim 24, window 5, pos0 2, 7 tokens",
-              {"n_tokens": 7, "pos0": 2, "n_head": 3, "head_dim": 24, "window": 5, "scale": 0.3}),
+        BASE,
         Shape("window 1 (self only), head_dim 128, pos0 9",
               {"n_tokens": 1, "pos0": 9, "n_head": 2, "head_dim": 128, "window": 1}),
         Shape("window 100 > context, 5 tokens", {"n_tokens": 5, "pos0": 0, "n_head": 4, "head_dim": 64, "window": 100}),
+        # a kernel walks keys in chunks (the known-good 32 at a time, one per lane): the engine's window of 32
+        # fits one chunk, so only a longer window reaches the running max's rescale across chunks
+        Shape("window 100 at pos0 60, 8 tokens (68 keys: past one 32-key chunk)",
+              {"n_tokens": 8, "pos0": 60, "n_head": 4, "head_dim": 64, "window": 100}),
+        Shape("window 80 at pos0 90, head_dim 256, 5 tokens, scores +200 (the max moves between chunks)",
+              {"n_tokens": 5, "pos0": 90, "n_head": 3, "head_dim": 256, "window": 80, "shift": True},
+              edge=E.EDGE_SHIFTED),
         Shape("prefill 7 tokens at pos0 0, scores +200", dict(REAL, n_tokens=7, pos0=0, shift=True),
               source="fixture:blk.0.attn_sinks.weight", edge=E.EDGE_SHIFTED),
         Shape("decode 1 token at pos0 63, scores +200", dict(REAL, n_tokens=1, pos0=63, shift=True),
@@ -67,8 +82,8 @@ SPEC = UnitSpec(
               edge=E.EDGE_SHIFTED),
         Shape("prefill 128 tokens (timing)", dict(REAL, n_tokens=128, pos0=0), source="fixture:blk.1.attn_sinks.weight",
               timed=True),
-    ],
-    build=build,
+    ] + BAD,
+    build=build_checked,
     bytes_moved=lambda s: 4 * s.dims["head_dim"] * (2 * s.dims["n_tokens"] * s.dims["n_head"]
                                                     + 2 * (s.dims["pos0"] + s.dims["n_tokens"])),
 )

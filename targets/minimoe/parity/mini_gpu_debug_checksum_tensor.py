@@ -6,8 +6,10 @@ float32 order (a pairwise/tree sum is ~1e-7 relative; a naive serial sum of
 sum does not cancel."""
 import numpy as np
 
-from porter.spec import Call, In, Out, Shape, Tol, UnitSpec
+from porter.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import minimoe_ops as ops
+
+sh = sibling(__file__, "_shared")
 
 
 def build(shape, ctx, rng):
@@ -15,6 +17,9 @@ def build(shape, ctx, rng):
     x = rng.uniform(0.0, 1.0, n).astype(np.float32)
     return Call(args={"checksum": Out("f32", (2,)), "x": In(x), "n": n}, expect={"checksum": ops.debug_checksum(x, n)})
 
+
+BASE = Shape("n=7", {"n": 7})  # not n=0: an empty sum returns before its data checks
+BAD, build_checked = sh.with_bad_tensors(build, BASE, ("checksum", "x"))
 
 SPEC = UnitSpec(
     unit="mini_gpu_debug_checksum_tensor",
@@ -24,10 +29,10 @@ SPEC = UnitSpec(
     shapes=[
         Shape("n=0 (zeros)", {"n": 0}, zero_answer="the checksum of no elements is (0, 0)"),
         Shape("n=1", {"n": 1}),
-        Shape("n=7", {"n": 7}),
+        BASE,
         Shape("n=1000", {"n": 1000}),
         Shape("n=65537 (bandwidth)", {"n": 65537}, timed=True),
-    ],
-    build=build,
+    ] + BAD,
+    build=build_checked,
     bytes_moved=lambda s: 4 * s.dims["n"],
 )

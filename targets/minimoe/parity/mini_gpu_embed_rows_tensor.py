@@ -4,8 +4,10 @@ offset and always include token 0 and token n_vocab-1; a token id outside
 [0, n_vocab) must be an error, not a clamp."""
 import numpy as np
 
-from porter.spec import Call, Context, In, Out, Shape, Tol, UnitSpec
+from porter.spec import Call, Context, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import minimoe_ops as ops
+
+sh = sibling(__file__, "_shared")
 
 
 def build(shape, ctx, rng):
@@ -31,6 +33,9 @@ def build(shape, ctx, rng):
     return Call(args=args, expect={"out": ops.embed_rows(tokens, m.array, off, n_vocab, n_embd, n)})
 
 
+BASE = Shape("odd table 37x40, 5 tokens", {"n_tokens": 5, "n_vocab": 37, "n_embd": 40})
+BAD, build_checked = sh.with_bad_tensors(build, BASE, ("out", "tokens"))
+
 SPEC = UnitSpec(
     unit="mini_gpu_embed_rows_tensor",
     reference="reference.minimoe_ops.embed_rows",
@@ -40,13 +45,13 @@ SPEC = UnitSpec(
         Shape("token_embd, 1 token", {"n_tokens": 1}, source="fixture:token_embd.weight"),
         Shape("token_embd, 3 tokens", {"n_tokens": 3}, source="fixture:token_embd.weight"),
         Shape("token_embd, 7 tokens", {"n_tokens": 7}, source="fixture:token_embd.weight"),
-        Shape("odd table 37x40, 5 tokens", {"n_tokens": 5, "n_vocab": 37, "n_embd": 40}),
+        BASE,
         Shape("token_embd, 1024 tokens (bandwidth)", {"n_tokens": 1024}, source="fixture:token_embd.weight", timed=True),
         Shape("error: token id = n_vocab", {"n_tokens": 3, "bad_token": "n_vocab"}, source="fixture:token_embd.weight",
               expect="error", why="a token id outside [0, n_vocab) is an error, not a clamp"),
         Shape("error: token id = -1", {"n_tokens": 2, "bad_token": -1}, source="fixture:token_embd.weight",
               expect="error", why="a token id outside [0, n_vocab) is an error, not a clamp"),
-    ],
-    build=build,
+    ] + BAD,
+    build=build_checked,
     bytes_moved=lambda s: s.dims["n_tokens"] * (4 + 256 * 6),
 )

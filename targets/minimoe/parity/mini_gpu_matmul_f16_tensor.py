@@ -6,6 +6,9 @@ from reference import minimoe_ops as ops
 
 sh = sibling(__file__, "_shared")
 
+BASE = Shape("odd 5x40, 3 tokens", {"n_tok": 3, "out_dim": 5, "in_dim": 40})
+BAD, build_checked = sh.with_bad_tensors(sh.dense_matmul("F16", ops.matmul_f16), BASE, ("out", "x"))
+
 SPEC = UnitSpec(
     unit="mini_gpu_matmul_f16_tensor",
     reference="reference.minimoe_ops.matmul_f16",
@@ -17,13 +20,13 @@ SPEC = UnitSpec(
         Shape("router 8x256, 7 tokens", {"n_tok": 7}, source="fixture:blk.0.ffn_gate_inp.weight"),
         Shape("token_embd as 512x256, 16 tokens", {"n_tok": 16, "real_shape": (512, 256)},
               source="fixture:token_embd.weight", timed=True),
-        Shape("odd 5x40, 3 tokens", {"n_tok": 3, "out_dim": 5, "in_dim": 40}),
+        BASE,
         Shape("odd 3x41, 9 tokens", {"n_tok": 9, "out_dim": 3, "in_dim": 41}),
         Shape("odd 17x1000, 2 tokens", {"n_tok": 2, "out_dim": 17, "in_dim": 1000}),
         Shape("error: weights past the end of the map", {"n_tok": 1, "out_dim": 8, "in_dim": 64,
               "offset_past_end": True}, expect="error", why="the weight range lies outside the model map"),
-    ],
-    build=sh.dense_matmul("F16", ops.matmul_f16),
+    ] + BAD,
+    build=build_checked,
     bytes_moved=sh.dense_bytes("F16"),
     flops=sh.dense_flops,
 )

@@ -10,6 +10,9 @@ from reference import minimoe_ops as ops
 
 sh = sibling(__file__, "_shared")
 
+BASE = Shape("odd 7x96 (3 blocks), 5 tokens", {"n_tok": 5, "out_dim": 7, "in_dim": 96})
+BAD, build_checked = sh.with_bad_tensors(sh.dense_matmul("Q8_0", ops.matmul_q8_0), BASE, ("out", "x"))
+
 SPEC = UnitSpec(
     unit="mini_gpu_matmul_q8_0_tensor",
     reference="reference.minimoe_ops.matmul_q8_0",
@@ -24,15 +27,15 @@ SPEC = UnitSpec(
               source="fixture:output.weight", timed=True),
         Shape("attn_q 256x256, 64 tokens (prefill)", {"n_tok": 64, "real_shape": (256, 256)},
               source="fixture:blk.1.attn_q.weight", timed=True),
-        Shape("odd 7x96 (3 blocks), 5 tokens", {"n_tok": 5, "out_dim": 7, "in_dim": 96}),
+        BASE,
         Shape("1x32 (1 block), 3 tokens", {"n_tok": 3, "out_dim": 1, "in_dim": 32}),
         Shape("33x4128 (129 blocks), 2 tokens", {"n_tok": 2, "out_dim": 33, "in_dim": 4128}),
         Shape("error: in_dim 80 not a multiple of 32", {"n_tok": 2, "out_dim": 4, "in_dim": 96, "call_in_dim": 80},
               expect="error", why="in_dim must be a multiple of 32"),
         Shape("error: weights past the end of the map", {"n_tok": 1, "out_dim": 8, "in_dim": 64,
               "offset_past_end": True}, expect="error", why="the weight range lies outside the model map"),
-    ],
-    build=sh.dense_matmul("Q8_0", ops.matmul_q8_0),
+    ] + BAD,
+    build=build_checked,
     bytes_moved=sh.dense_bytes("Q8_0"),
     flops=sh.dense_flops,
 )

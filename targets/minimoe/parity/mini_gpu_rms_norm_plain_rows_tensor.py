@@ -9,6 +9,7 @@ from porter.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import minimoe_ops as ops
 
 E = sibling(__file__, "_edges")
+sh = sibling(__file__, "_shared")
 
 
 def build(shape, ctx, rng):
@@ -19,6 +20,9 @@ def build(shape, ctx, rng):
                 expect={"out": ops.rms_norm_plain_rows(x, n, rows, eps)})
 
 
+BASE = Shape("odd n=33 x 5 rows", {"n": 33, "rows": 5, "eps": 1e-6})
+BAD, build_checked = sh.with_bad_tensors(build, BASE, ("out", "x"))
+
 SPEC = UnitSpec(
     unit="mini_gpu_rms_norm_plain_rows_tensor",
     reference="reference.minimoe_ops.rms_norm_plain_rows",
@@ -28,7 +32,7 @@ SPEC = UnitSpec(
         Shape("q heads, 1 token (64 x 4 rows)", {"n": 64, "rows": 4, "eps": 1e-6}),
         Shape("k head, 3 tokens (64 x 3 rows)", {"n": 64, "rows": 3, "eps": 1e-6}),
         Shape("q heads, 7 tokens (64 x 28 rows)", {"n": 64, "rows": 28, "eps": 1e-6}),
-        Shape("odd n=33 x 5 rows", {"n": 33, "rows": 5, "eps": 1e-6}),
+        BASE,
         Shape("n=7 x 1 row", {"n": 7, "rows": 1, "eps": 1e-6}),
         Shape("n=1000 x 3 rows", {"n": 1000, "rows": 3, "eps": 1e-6}),
         Shape("near zero: q heads, 7 tokens (64 x 28 rows)", {"n": 64, "rows": 28, "eps": 1e-6, "near_zero": True},
@@ -36,7 +40,7 @@ SPEC = UnitSpec(
         Shape("near zero: n=7 x 1 row", {"n": 7, "rows": 1, "eps": 1e-6, "near_zero": True}, edge=E.EDGE_NEAR_ZERO),
         Shape("eps matters (x ~ 0.03, eps 1e-3)", {"n": 64, "rows": 9, "eps": 1e-3, "lo": 0.02, "hi": 0.05}),
         Shape("q heads, 2048 tokens (bandwidth)", {"n": 64, "rows": 8192, "eps": 1e-6}, timed=True),
-    ],
-    build=build,
+    ] + BAD,
+    build=build_checked,
     bytes_moved=lambda s: 8 * s.dims["n"] * s.dims["rows"],
 )

@@ -8,6 +8,7 @@ from porter.spec import Call, Context, In, Out, Shape, SpecError, Tol, UnitSpec,
 from reference import minimoe_ops as ops
 
 E = sibling(__file__, "_edges")
+sh = sibling(__file__, "_shared")
 
 
 def build(shape, ctx, rng):
@@ -30,6 +31,9 @@ def build(shape, ctx, rng):
     )
 
 
+BASE = Shape("odd n=257 x 3 rows", {"n": 257, "rows": 3, "eps": 1e-6})
+BAD, build_checked = sh.with_bad_tensors(build, BASE, ("out", "x"))
+
 SPEC = UnitSpec(
     unit="mini_gpu_rms_norm_weight_rows_tensor",
     reference="reference.minimoe_ops.rms_norm_weight_rows",
@@ -41,12 +45,12 @@ SPEC = UnitSpec(
         Shape("attn_norm, 7 tokens", {"rows": 7, "eps": 1e-6}, source="fixture:blk.1.attn_norm.weight"),
         Shape("output_norm, last row", {"rows": 1, "eps": 1e-6}, source="fixture:output_norm.weight"),
         Shape("odd n=96 x 5 rows, eps 1e-3, small x", {"n": 96, "rows": 5, "eps": 1e-3, "lo": 0.02, "hi": 0.05}),
-        Shape("odd n=257 x 3 rows", {"n": 257, "rows": 3, "eps": 1e-6}),
+        BASE,
         Shape("near zero: attn_norm, 7 tokens", {"rows": 7, "eps": 1e-6, "near_zero": True},
               source="fixture:blk.1.attn_norm.weight", edge=E.EDGE_NEAR_ZERO),
         Shape("ffn_norm, 2048 tokens (bandwidth)", {"rows": 2048, "eps": 1e-6}, source="fixture:blk.0.ffn_norm.weight",
               timed=True),
-    ],
-    build=build,
+    ] + BAD,
+    build=build_checked,
     bytes_moved=lambda s: 8 * 256 * s.dims["rows"] + 4 * 256,
 )

@@ -38,6 +38,10 @@ def build(shape, ctx, rng):
                                                                   n_tokens, top_k)})
 
 
+BASE = Shape("synthetic: 3 experts of 24x512, top 3, 3 tokens",
+             {"n_tokens": 3, "top_k": 3, "n_expert": 3, "n_embd": 24, "n_ff": 512})
+BAD, build_checked = sh.with_bad_tensors(build, BASE, ("out", "mid", "expert_ids", "expert_weights"))
+
 SPEC = UnitSpec(
     unit="mini_gpu_routed_down_q2_k_tensor",
     reference="reference.minimoe_ops.routed_down_q2_k",
@@ -47,8 +51,7 @@ SPEC = UnitSpec(
         Shape("real experts, 1 token x top 2", {"n_tokens": 1, "top_k": 2}, source="fixture:blk.0.ffn_down_exps.weight"),
         Shape("real experts, 3 tokens x top 2", {"n_tokens": 3, "top_k": 2}, source="fixture:blk.1.ffn_down_exps.weight"),
         Shape("real experts, 7 tokens x top 2", {"n_tokens": 7, "top_k": 2}, source="fixture:blk.0.ffn_down_exps.weight"),
-        Shape("synthetic: 3 experts of 24x512, top 3, 3 tokens",
-              {"n_tokens": 3, "top_k": 3, "n_expert": 3, "n_embd": 24, "n_ff": 512}),
+        BASE,
         Shape("synthetic: 1 expert of 5x256, top 1, 4 tokens",
               {"n_tokens": 4, "top_k": 1, "n_expert": 1, "n_embd": 5, "n_ff": 256}),
         Shape("real experts, 64 tokens x top 2 (timing)", {"n_tokens": 64, "top_k": 2},
@@ -56,8 +59,8 @@ SPEC = UnitSpec(
         Shape("error: an expert id = n_expert", {"n_tokens": 3, "top_k": 2, "bad_id": True},
               source="fixture:blk.0.ffn_down_exps.weight", expect="error",
               why="an expert id outside [0, n_expert) is an error"),
-    ],
-    build=build,
+    ] + BAD,
+    build=build_checked,
     # the least bytes: each chosen expert's matrix once (84 B per 256 weights; 8 experts in the
     # fixture), each token's top_k inputs, ids and weights, and its output row
     bytes_moved=lambda s: min(s.dims["n_tokens"] * s.dims["top_k"], s.dims.get("n_expert", 8)) * 256 * 256 // 256 * 84

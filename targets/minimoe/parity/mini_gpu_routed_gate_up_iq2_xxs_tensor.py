@@ -43,6 +43,10 @@ def build(shape, ctx, rng):
 REAL = "fixture:blk.0.ffn_gate_exps.weight,blk.0.ffn_up_exps.weight"
 REAL1 = "fixture:blk.1.ffn_gate_exps.weight,blk.1.ffn_up_exps.weight"
 
+BASE = Shape("synthetic: 3 experts of 24x512, top 3, 3 tokens",
+             {"n_tokens": 3, "top_k": 3, "n_expert": 3, "n_ff": 24, "n_embd": 512})
+BAD, build_checked = sh.with_bad_tensors(build, BASE, ("gate", "up", "x", "expert_ids"))
+
 SPEC = UnitSpec(
     unit="mini_gpu_routed_gate_up_iq2_xxs_tensor",
     reference="reference.minimoe_ops.routed_gate_up_iq2_xxs",
@@ -52,8 +56,7 @@ SPEC = UnitSpec(
         Shape("real experts, 1 token x top 2", {"n_tokens": 1, "top_k": 2}, source=REAL),
         Shape("real experts, 3 tokens x top 2", {"n_tokens": 3, "top_k": 2}, source=REAL1),
         Shape("real experts, 7 tokens x top 2", {"n_tokens": 7, "top_k": 2}, source=REAL),
-        Shape("synthetic: 3 experts of 24x512, top 3, 3 tokens",
-              {"n_tokens": 3, "top_k": 3, "n_expert": 3, "n_ff": 24, "n_embd": 512}),
+        BASE,
         Shape("synthetic: 1 expert of 1x256, top 1, 5 tokens",
               {"n_tokens": 5, "top_k": 1, "n_expert": 1, "n_ff": 1, "n_embd": 256}),
         Shape("real experts, 64 tokens x top 2 (timing)", {"n_tokens": 64, "top_k": 2}, source=REAL1, timed=True),
@@ -61,8 +64,8 @@ SPEC = UnitSpec(
               expect="error", why="an expert id outside [0, n_expert) is an error"),
         Shape("error: a negative expert id", {"n_tokens": 2, "top_k": 2, "bad_id": -1}, source=REAL,
               expect="error", why="an expert id outside [0, n_expert) is an error"),
-    ],
-    build=build,
+    ] + BAD,
+    build=build_checked,
     # the least bytes: each expert that is chosen at all has its gate and up matrices read once
     # (66 B per 256 weights; the fixture has 8 experts), whatever the number of tokens choosing it:
     # counting them per token would let an honest kernel look faster than the memory allows

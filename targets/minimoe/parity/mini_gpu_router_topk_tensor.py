@@ -12,6 +12,7 @@ from porter.spec import Call, Exact, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import minimoe_ops as ops
 
 E = sibling(__file__, "_edges")
+sh = sibling(__file__, "_shared")
 
 TIE_RULE = "on equal p the lower expert index ranks first"
 
@@ -48,6 +49,9 @@ def build(shape, ctx, rng):
     return Call(args=args, expect={"expert_ids": ids, "expert_weights": w}, keys={"expert_ids": logits})
 
 
+BASE = Shape("ties: 5 experts, top 3, 7 tokens", {"n_tokens": 7, "n_expert": 5, "top_k": 3})
+BAD, build_checked = sh.with_bad_tensors(build, BASE, ("expert_ids", "expert_weights", "logits"))
+
 SPEC = UnitSpec(
     unit="mini_gpu_router_topk_tensor",
     reference="reference.minimoe_ops.router_topk",
@@ -60,7 +64,7 @@ SPEC = UnitSpec(
         Shape("real router logits, 3 tokens", {"n_tokens": 3, "top_k": 2}, source="fixture:blk.1.ffn_gate_inp.weight"),
         Shape("real router logits, 7 tokens", {"n_tokens": 7, "top_k": 2}, source="fixture:blk.0.ffn_gate_inp.weight"),
         Shape("ties: 8 experts, top 2, 16 tokens", {"n_tokens": 16, "n_expert": 8, "top_k": 2}),
-        Shape("ties: 5 experts, top 3, 7 tokens", {"n_tokens": 7, "n_expert": 5, "top_k": 3}),
+        BASE,
         Shape("ties: 8 experts, top 1, 9 tokens", {"n_tokens": 9, "n_expert": 8, "top_k": 1}),
         Shape("ties: 64 experts, top 6, 5 tokens", {"n_tokens": 5, "n_expert": 64, "top_k": 6}),
         Shape("all: 8 experts, top 8, 2 tokens", {"n_tokens": 2, "n_expert": 8, "top_k": 8}),
@@ -72,7 +76,7 @@ SPEC = UnitSpec(
               source="fixture:blk.1.ffn_gate_inp.weight", timed=True),
         Shape("error: top_k 9 > n_expert 8", {"n_tokens": 2, "n_expert": 8, "top_k": 9}, expect="error",
               why="top_k must not exceed n_expert"),
-    ],
-    build=build,
+    ] + BAD,
+    build=build_checked,
     bytes_moved=lambda s: s.dims["n_tokens"] * (4 * 8 + 8 * s.dims["top_k"]),
 )

@@ -1,8 +1,10 @@
 """Parity spec: mini_gpu_swiglu_tensor  (out[i] = silu(gate[i]) * up[i])."""
 import numpy as np
 
-from porter.spec import Call, In, Out, Shape, Tol, UnitSpec
+from porter.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import minimoe_ops as ops
+
+sh = sibling(__file__, "_shared")
 
 N_TOKENS_X_TOPK_X_NFF = 3 * 2 * 256  # the engine's call for 3 tokens: n_tokens * top_k * n_ff
 
@@ -27,6 +29,9 @@ def build(shape, ctx, rng):
     )
 
 
+BASE = Shape("n=7", {"n": 7})
+BAD, build_checked = sh.with_bad_tensors(build, BASE, ("out", "gate", "up"))
+
 SPEC = UnitSpec(
     unit="mini_gpu_swiglu_tensor",
     reference="reference.minimoe_ops.swiglu",
@@ -34,11 +39,11 @@ SPEC = UnitSpec(
     outputs={"out": Tol(nmse=1e-9, max_err_rms=1e-4)},
     shapes=[
         Shape("n=1", {"n": 1}),
-        Shape("n=7", {"n": 7}),
+        BASE,
         Shape("n=1000 (not a multiple of 32/256)", {"n": 1000}, edge=EDGE_TAILS),
         Shape("n=1536 (3 tokens x top_k 2 x n_ff 256)", {"n": N_TOKENS_X_TOPK_X_NFF}, edge=EDGE_TAILS),
         Shape("n=2^20+3 (bandwidth)", {"n": (1 << 20) + 3}, timed=True),
-    ],
-    build=build,
+    ] + BAD,
+    build=build_checked,
     bytes_moved=lambda s: 12 * s.dims["n"],
 )
