@@ -316,3 +316,56 @@ def test_the_helper_refuses_a_base_it_cannot_make_bad_cases_from(target):
         build(by["error: a->bytes one element short"], None, np.random.default_rng(0))
     # the ok shapes still go to the spec's own build
     assert build(Shape("alias", {"n": 4}), None, np.random.default_rng(0)).args["out"] == Same("a")
+
+
+# an in-place op whose only tensor is the bad one: the NULL case has no buffer at all, the short case
+# claims less of an InOut (what past the claim must keep is its input, not a sentinel)
+ROPE = r"""
+#include <math.h>
+#include <stdint.h>
+typedef struct { void *data; uint64_t bytes; int32_t owner; } tensor;
+void *mini_cuda_stream(void) { return 0; }
+int mini_gpu_rope_tail_tensor(tensor *x, uint32_t n_tokens, uint32_t n_head, uint32_t head_dim, uint32_t n_rot,
+                              uint32_t pos0, float freq_base) {
+    if (!x) return -1;
+    if ((n_rot & 1) || n_rot > head_dim) return -1;
+    if (n_tokens == 0 || n_head == 0 || n_rot == 0) return 0;
+    if (!x->data) return -1;
+    if (x->bytes < (uint64_t)n_tokens * n_head * head_dim * 4) return -1;
+    float *a = x->data;
+    for (uint32_t t = 0; t < n_tokens; t++)
+        for (uint32_t h = 0; h < n_head; h++)
+            for (uint32_t j = 0; j < n_rot / 2; j++) {
+                double th = (double)(pos0 + t) * pow((double)freq_base, -2.0 * j / n_rot);
+                float *p = a + ((uint64_t)t * n_head + h) * head_dim + (head_dim - n_rot) + 2 * j;
+                double x0 = p[0], x1 = p[1];
+                p[0] = (float)(x0 * cos(th) - x1 * sin(th));
+                p[1] = (float)(x0 * sin(th) + x1 * cos(th));
+            }
+    return 0;
+}
+"""
+ROPE_VARIANTS = {
+    "honest": ("", "", None),
+    "no_null_guard": ("    if (!x) return -1;\n", "", "crash"),
+    "no_bytes_guard": ("    if (x->bytes < (uint64_t)n_tokens * n_head * head_dim * 4) return -1;\n", "", "guard"),
+}
+
+
+@needs_cc
+@pytest.mark.parametrize("name", sorted(ROPE_VARIANTS))
+def test_an_in_place_op_with_one_tensor(target, tmp_path, name):
+    from porter.spec import Context
+
+    old, new, check = ROPE_VARIANTS[name]
+    assert not old or ROPE.count(old) == 1
+    (tmp_path / "rope.c").write_text(ROPE.replace(old, new) if old else ROPE)
+    subprocess.run([CC, "-O1", "-shared", "-fPIC", "-o", str(tmp_path / "librope.so"), str(tmp_path / "rope.c"), "-lm"],
+                   check=True)
+    r = G.run_spec(target, load_spec(target, "mini_gpu_rope_tail_tensor"), tmp_path / "librope.so",
+                   workspace=tmp_path, mode="host", ctx=Context(None), timing_reps=0)
+    assert not r.skipped, r.summary
+    if check is None:
+        assert r.ok, r.summary + "\n" + r.diagnostics
+    else:
+        assert not r.ok and r.check == check and "error: x" in r.summary, r.summary
