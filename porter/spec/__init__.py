@@ -171,7 +171,10 @@ class _Descriptor:
 
 
 @dataclass
-class In(_Descriptor):
+class _Given(_Descriptor):
+    """A tensor argument whose initial contents the spec gives (In, InOut): two classes, not one with a
+    flag, because the header's const-ness decides which of them a parameter may take."""
+
     array: np.ndarray
     data_null: bool = False
     claim_bytes: int | None = None
@@ -187,19 +190,13 @@ class In(_Descriptor):
 
 
 @dataclass
-class InOut(_Descriptor):
-    array: np.ndarray
-    data_null: bool = False
-    claim_bytes: int | None = None
+class In(_Given):
+    """Const input: checked unchanged after the call."""
 
-    def __post_init__(self):
-        self.array = np.ascontiguousarray(self.array)
-        self.dtype = _dtype_name(self.array)
-        self._check_descriptor()
 
-    @property
-    def nbytes(self) -> int:
-        return int(self.array.nbytes)
+@dataclass
+class InOut(_Given):
+    """In place: initial contents, compared after the call."""
 
 
 @dataclass
