@@ -13,7 +13,6 @@ known-good that lost a guard dereferences NULL, and that must fail this test, no
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -22,6 +21,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
+# the scripted-answer builder and the fixture GGUF, as the scripted answers' tests load and write them
+from tests.test_scripted_answers import bs, fixture_gguf  # noqa: F401  (fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = ROOT / "targets" / "minimoe"
@@ -112,17 +114,8 @@ CALLS = textwrap.dedent(r"""
 """)
 
 
-def _builder():
-    spec = importlib.util.spec_from_file_location("minimoe_build_scripted_guards", TARGET / "tools" / "build_scripted.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
 def guarded_library(tmp_path_factory):
-    bs = _builder()
     d = tmp_path_factory.mktemp("known_good_guards")
     from porter.spec import load_specs
     from porter.target import load_target
@@ -139,16 +132,6 @@ def guarded_library(tmp_path_factory):
                            *bs.target_config()["cuda"]["link_flags"]], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return lib, units
-
-
-@pytest.fixture(scope="module")
-def fixture_gguf(tmp_path_factory):
-    spec = importlib.util.spec_from_file_location("mm_fixture_guards", TARGET / "make_fixture.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    path = tmp_path_factory.mktemp("fixture") / "minimoe.gguf"
-    mod.write_fixture(path)
-    return path
 
 
 def _run(lib: Path, gguf: Path) -> tuple[list[dict], subprocess.CompletedProcess]:
@@ -177,7 +160,6 @@ def test_the_known_good_refuses_every_bad_tensor_case_before_it_launches(guarded
 def test_the_check_sees_a_known_good_without_its_bytes_guard(tmp_path, fixture_gguf):
     """The control: the add known-good with its bytes guard dropped (the mutant that survived on the
     GPU) reaches its launch on the claimed-bytes cases, and this test's check says so."""
-    bs = _builder()
     good = bs.good_source("mini_gpu_add_tensor")
     guard = "    if (out->bytes < need || a->bytes < need || b->bytes < need) return -1;\n"
     assert guard in good
