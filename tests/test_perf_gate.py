@@ -135,7 +135,7 @@ def test_a_run_takes_each_missing_baseline_once_and_records_it_as_no_calibration
     built, ran = [], []
     monkeypatch.setattr(baseline.UpstreamLibraries, "known_good", lambda self: built.append(1) or lib)
 
-    def fake_parity(target, unit, good, opts):
+    def fake_parity(target, unit, good, opts, **kw):
         ran.append(unit)
         sha = specs[unit].sha256
         return GateResult("parity", True, "parity ok", evidence={
@@ -161,6 +161,46 @@ def test_a_run_takes_each_missing_baseline_once_and_records_it_as_no_calibration
     ran.clear()
     assert baseline.take_baselines(target, workspace, h, list(specs), ledger, line=lines.append) == {}
     assert ran == []  # taken once
+
+
+@pytest.mark.parametrize("per_gpu", ["1", "4"])
+def test_a_baseline_is_a_timed_run_however_many_workers_share_the_gpu(workspace, monkeypatch, tmp_path, per_gpu):
+    """With warm workers sharing the GPU a warm run makes no timed call (parity_on_library): a baseline taken
+    that way held no timing, and perf judged all 57 ds4 ops by the roofline floor alone (an H200 run, 4
+    workers).  The baseline is a fresh child alone on the GPU there; a pass that still timed nothing is not
+    recorded, so perf never mistakes it for a comparison and the next run takes it again."""
+    from porter.calibration import baseline
+    from porter.gates.parity import executors
+    from porter.spec import load_specs
+    from porter.records.history import History
+
+    monkeypatch.setenv(executors.PER_GPU_ENV, per_gpu)
+    target = _ask_for_upstream_baselines(workspace)
+    specs = load_specs(target)
+    timed = sorted(u for u, s in specs.items() if baseline.times_a_case(s))
+    lib = tmp_path / "libupstream.so"
+    lib.write_bytes(b"\x7fELF")
+    monkeypatch.setattr(baseline.UpstreamLibraries, "known_good", lambda self: lib)
+    untimed_pass = timed[0]
+    fresh = {}
+
+    def fake_parity(target, unit, good, opts, fresh_process=False, **kw):
+        fresh[unit] = fresh_process
+        timing = None if unit == untimed_pass else {"case": "timed", "median_ms": 0.5, "times_ms": [0.5] * 5}
+        return GateResult("parity", True, "parity ok", evidence={
+            "target": "minimoe", "gate": "parity", "ok": True, "unit": unit,
+            "spec": {"sha256": specs[unit].sha256}, "timing": timing})
+    monkeypatch.setattr(baseline, "parity_on_library", fake_parity)
+    lines = []
+    got = baseline.take_baselines(target, workspace, History.read(workspace, "minimoe"), timed, Ledger(workspace),
+                                  line=lines.append)
+    assert set(fresh.values()) == {per_gpu != "1"}
+    assert got[untimed_pass] is False and all(got[u] for u in timed[1:])
+    assert any(f"{untimed_pass}: KNOWN-GOOD RAN UNTIMED" in ln for ln in lines)
+    h = History.read(workspace, "minimoe")
+    assert h.calibrations(untimed_pass) == [] and perf.baseline(h, untimed_pass, specs[untimed_pass].sha256)[0] is None
+    assert all(perf.baseline(h, u, specs[u].sha256)[0]["median_ms"] == 0.5 for u in timed[1:])
+    assert baseline.missing_baselines(specs, h, timed) == [untimed_pass]  # the next run takes it again
 
 
 def test_no_baselines_are_taken_unless_the_target_asks(workspace, monkeypatch):

@@ -50,17 +50,21 @@ def test_minimoe_scripted_slow_answer_and_replay_mutant_are_perf_mutants():
     assert muts["matmul_q8_0_skip_when_timed.cu"].must_fail_check == "timing"
 
 
-def test_the_perf_table_judges_the_known_good_against_itself_and_every_perf_mutant(tmp_path, monkeypatch):
+@pytest.mark.parametrize("per_gpu", ["1", "4"])
+def test_the_perf_table_judges_the_known_good_against_itself_and_every_perf_mutant(tmp_path, monkeypatch, per_gpu):
     """`porter dev perf-table` (the GPU must-show in one command), with the parity runs faked: the known-good
     re-timed in a fresh process passes its own calibrated limit, the host regime is measured beside it, a
-    slow perf mutant is refused by 'slowdown', and the table says so."""
+    slow perf mutant is refused by 'slowdown', and the table says so.  With warm workers sharing the GPU a
+    warm run makes no timed call (faked so here too): every run the table times is then a fresh child."""
     from types import SimpleNamespace
 
-    from porter.calibration import perf_table
+    from porter.calibration import calibrator, perf_table
     from porter.calibration.calibrator import CalibrateOptions
     from porter.gates.mutants import Mutant
+    from porter.gates.parity import executors
     from porter.gates.result import GateResult
 
+    monkeypatch.setenv(executors.PER_GPU_ENV, per_gpu)
     target = load_target(REPO, "minimoe")
     unit = "mini_gpu_matmul_q8_0_tensor"
     ran = []
@@ -69,12 +73,14 @@ def test_the_perf_table_judges_the_known_good_against_itself_and_every_perf_muta
         regime = opts.parity.regime or "device"
         ran.append((Path(lib).name, regime, fresh_process))
         ms = {"good.so": 1.0 if regime == "device" else 30.0, "slow.so": 4.0}[Path(lib).name]
+        timed = fresh_process or per_gpu == "1"
         return GateResult("parity", True, "parity ok", evidence={
             "regime": {"name": regime}, "device": {"name": "NVIDIA H100"},
             "timing": {"case": "c", "median_ms": ms, "times_ms": [ms, ms * 1.01, ms * 0.99],
-                       "roofline_ms": 0.5}})
+                       "roofline_ms": 0.5} if timed else None})
 
     monkeypatch.setattr(perf_table, "parity_on_library", parity)
+    monkeypatch.setattr(calibrator, "parity_on_library", parity)
     opts = CalibrateOptions(tmp_path, [unit], ledger=False, variants=False)
     row, first, seeds = perf_table.measure_unit(target, unit, tmp_path / "good.so", opts, ["host"])
     assert row["perf"] == "pass" and row["pct_roofline"] == 50.0 and row["host_pct_roofline"] == pytest.approx(5 / 3)

@@ -17,7 +17,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from porter.calibration.calibrator import CalibrateOptions, parity_on_library, record
+from porter.calibration.calibrator import CalibrateOptions, baseline_alone, parity_on_library, record
 from porter.calibration.libraries import BuildError, UpstreamLibraries
 from porter.errors import PorterError
 from porter.gates.driver import ParityOptions
@@ -72,19 +72,28 @@ def take_baselines(target, workspace: Path, history, units: list[str], ledger, l
 
     def one(unit: str):
         t1 = time.monotonic()
-        return unit, parity_on_library(target, unit, good, opts), time.monotonic() - t1
+        # where warm workers share the GPU (PORTER_PARITY_WORKERS_PER_GPU > 1) a warm run makes no timed call
+        # (parity_on_library): the baseline is a fresh child holding the GPU alone, or it has nothing to time
+        res = parity_on_library(target, unit, good, opts, fresh_process=baseline_alone())
+        return unit, res, time.monotonic() - t1
 
     # several specs at once: each one's inputs and numpy reference (most of a ds4 spec's time: 109 s of
     # routed_moe_batch's, measured on an H100) are built in parallel, while the children that run and time
-    # the library still take the GPU one at a time (the warm pool: one worker per GPU)
+    # the library still take the GPU one at a time (one warm worker per GPU, or a fresh child holding it alone)
     with ThreadPoolExecutor(max_workers=PARALLEL_SPECS) as pool:
         for unit, res, secs in pool.map(one, todo):
             done += 1
-            passed[unit] = res.ok
             timing = ParityEvidence.of(res.evidence).timing
-            what = (f"{timing.median_ms:.4g} ms on {timing.case!r}" if res.ok and timing and timing.median_ms
-                    else res.summary[:200])
-            line(f"  [{done}/{len(todo)}] {unit}: {'ok' if res.ok else 'KNOWN-GOOD REFUSED'}: {what} ({secs:.1f} s)")
+            timed = bool(timing and timing.median_ms)
+            # a pass without a timed call is no baseline: recorded as one, it left perf judging every case by
+            # the roofline floor alone while status said "no known-good comparison" (measured on an H200, run
+            # with 4 workers on the GPU); unrecorded, the next run takes it again
+            passed[unit] = res.ok and timed
+            word = "ok" if res.ok and timed else "KNOWN-GOOD RAN UNTIMED" if res.ok else "KNOWN-GOOD REFUSED"
+            what = f"{timing.median_ms:.4g} ms on {timing.case!r}" if passed[unit] else res.summary[:200]
+            line(f"  [{done}/{len(todo)}] {unit}: {word}: {what} ({secs:.1f} s)")
+            if res.ok and not timed:
+                continue
             records[unit] = {"ok": False, "known_good_ok": res.ok, "mutants": 0, "mutants_rejected": 0,
                              "summary": f"{NOT_A_CALIBRATION}: {res.summary}"[:300],
                              "evidence": res.evidence if res.ok else None, "spec": specs[unit]}

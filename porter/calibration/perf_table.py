@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from porter.calibration.baseline import times_a_case
-from porter.calibration.calibrator import CalibrateOptions, parity_on_library, perf_on_mutant
+from porter.calibration.calibrator import CalibrateOptions, baseline_alone, parity_on_library, perf_on_mutant, timed_alone
 from porter.calibration.chunks import chunk_units
 from porter.calibration.libraries import libraries_for
 from porter.gates.mutants import perf_rule_mutants
@@ -64,7 +64,9 @@ def _regime_run(target, unit, lib, opts: CalibrateOptions, seeds, regime: str | 
 def measure_unit(target, unit: str, good: Path, opts: CalibrateOptions, regimes: list[str]) -> tuple[dict, object, list]:
     """(the unit's row, the known-good's first run, its seeds)."""
     seeds = fresh_seeds(2)
-    first = _regime_run(target, unit, good, opts, seeds, None)
+    # the known-good's time is the row's point: alone on the GPU where warm workers share it (a shared warm
+    # run makes no timed call, see calibrator.parity_on_library)
+    first = _regime_run(target, unit, good, opts, seeds, None, fresh=baseline_alone())
     row = {"unit": unit, "regime": target.spec.perf.regime, "known_good": first.word, "case": _timing(first).get("case"),
            "spec_sha256": getattr(ParityEvidence.of(first.evidence).spec, "sha256", None)}
     if not first.ok:  # the known-good refused on its own spec: why is the row's point
@@ -85,7 +87,7 @@ def measure_unit(target, unit: str, good: Path, opts: CalibrateOptions, regimes:
     if shares and verdict is not None:
         row["suggested_floor"] = min(shares)
     for name in regimes:
-        other = _regime_run(target, unit, good, opts, seeds, name)
+        other = _regime_run(target, unit, good, opts, seeds, name, fresh=baseline_alone())
         ot = _timing(other)
         row[f"{name}_ms"] = ot.get("median_ms")
         row[f"{name}_pct_roofline"] = perf.pct_of_roofline(ot)
@@ -165,7 +167,8 @@ def judge_mutant(target, m, libs, opts: CalibrateOptions, first, seeds) -> dict:
         lib = libs.mutant(m)
     except Exception as exc:  # noqa: BLE001 - a mutant that does not build is a row, not a crash
         return dict(row, got="build-error", ok=False, summary=str(exc)[:300])
-    r = parity_on_library(target, m.unit, lib, opts, timeout=m.timeout, seeds=seeds)
+    r = timed_alone(target, m.unit, lib, opts, parity_on_library(target, m.unit, lib, opts, timeout=m.timeout,
+                                                                   seeds=seeds), seeds, m.timeout)
     if m.perf and r.ok:
         r = perf_on_mutant(target, m.unit, r, first, lambda: parity_on_library(
             target, m.unit, lib, opts, timeout=m.timeout, fresh_process=True))
