@@ -83,6 +83,12 @@ def test_honest_candidate_is_timed_and_rechecked(target, fixture_ctx, libs, tmp_
     assert "timing" in r.evidence["checks"]["run"] and "impossible" in r.evidence["checks"]["run"]
     assert r.evidence["regime"]["name"] == target.spec.perf.regime == "device"  # named in the evidence
     assert t["input_sets"] == 3 and len(t["times_ms"]) == 4 and t["tail_median_ms"] is not None
+    # where the run's time went, each phase once: the executor's share holds the queue and the child
+    h = r.evidence["harness_s"]
+    phases = ("prepare_s", "plan_s", "executor_s", "judge_s")
+    assert all(h[k] >= 0 for k in phases + ("waited_s", "child_s")) and h["child_s"] > 0
+    assert h["waited_s"] + h["child_s"] <= h["executor_s"] + 0.01
+    assert sum(h[k] for k in phases) <= h["total_s"] + 0.01
 
 
 def test_work_skipped_while_timed_is_caught(target, fixture_ctx, libs, tmp_path, fresh_pool):

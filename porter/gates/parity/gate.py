@@ -790,18 +790,21 @@ def _run_spec(target, spec, library: Path, *, workspace: Path | None = None, see
                       probe=(probe if probe is not None else default_probe()) if mode == "cuda" else None)
         limit = watchdog_s(timeout or float(os.environ.get("PORTER_PARITY_TIMEOUT", DEFAULT_TIMEOUT_S)),
                            prepared.cases, timing_reps)
+        t_planned = time.monotonic()
         # a warm worker serves one plan too, but the perf gate's re-time wants nothing made before its plan
         ex = (executors.fresh_executor(mode) if fresh_process else executors.executor(mode) if kind.warm
               else executors.child_executor(mode))
         if arch:  # a required architecture's run (gates.archs.across): on a GPU of that kind
             ex = executors.on_arch(ex, arch)
         outcome = ex.run(plan_dir, limit)
+        t_ran = time.monotonic()
         try:  # from here on candidate code has run: whatever goes wrong judging it is its failure, never a skip
             outputs = _load_outputs(plan_dir / runner.CHECKER_DIR if outcome.checker is not None else plan_dir)
             failures, reports = kind.judge(target, spec, prepared, outcome, outputs, plan_dir, harness,
                                            orders=orders)
         except Exception as exc:  # noqa: BLE001
             raise _Unjudgeable(exc) from exc
+        t_judged = time.monotonic()
         failures = _outcome_failures(outcome, {c.id: c.label for c in prepared.cases}) + failures
         if sanitize and kind.sanitizable and mode == "cuda" and outcome.status == "done":
             plan(plan_dir / "sanitize", mode="cuda", probe=None, timing_reps=0)
@@ -839,8 +842,11 @@ def _run_spec(target, spec, library: Path, *, workspace: Path | None = None, see
         failures=[f.line() for f in failures[:50]],
         child={"status": outcome.status, "elapsed_s": round(outcome.elapsed_s, 3), "detail": outcome.detail,
                "phase_s": (outcome.results or {}).get("phase_s")},
+        # where a run's minutes go (production-size ds4 cases: a parity run of 150 s whose child took 18):
+        # writing the plan, the executor (a free slot and the GPU's gate, the checker, the child), judging
         sanitize=san, harness_s={k: round(v, 3) for k, v in {
-            "prepare_s": t_prepared - t_start, "child_s": outcome.elapsed_s,
+            "prepare_s": t_prepared - t_start, "plan_s": t_planned - t_prepared, "executor_s": t_ran - t_planned,
+            "waited_s": outcome.waited_s, "child_s": outcome.elapsed_s, "judge_s": t_judged - t_ran,
             "total_s": time.monotonic() - t_start}.items()}, **{"timing": None, **d.evidence})
     if ok:
         summary = d.summary_ok

@@ -368,10 +368,14 @@ class WarmPool:
 
     def run(self, plan_dir: Path, timeout: float) -> runner.ChildOutcome:
         plan_dir = Path(plan_dir)
+        t0 = time.monotonic()
         i = self.free.get()
         try:
             with self.gates[self.slots[i]].shared():
-                return self._run_on(i, plan_dir, timeout)
+                waited = time.monotonic() - t0
+                o = self._run_on(i, plan_dir, timeout)
+                o.waited_s = waited
+                return o
         finally:
             self.free.put(i)
 
@@ -400,13 +404,17 @@ class WarmPool:
     def run_fresh(self, plan_dir: Path, timeout: float, sanitize: bool = False) -> runner.ChildOutcome:
         """A child started for this plan alone, on a slot of this pool, holding its GPU exclusive (DeviceGate):
         it never shares the GPU with another plan's timed calls, nor they with it, however many slots the GPU has."""
+        t0 = time.monotonic()
         i = self.free.get()
         try:
             dev = self.slots[i]
             with self.gates[dev].exclusive():
-                return runner.run_child(Path(plan_dir), timeout,
-                                        argv=runner.child_argv(Path(plan_dir), sanitize=True) if sanitize else None,
-                                        env={"CUDA_VISIBLE_DEVICES": str(dev)} if dev is not None else None)
+                waited = time.monotonic() - t0
+                o = runner.run_child(Path(plan_dir), timeout,
+                                     argv=runner.child_argv(Path(plan_dir), sanitize=True) if sanitize else None,
+                                     env={"CUDA_VISIBLE_DEVICES": str(dev)} if dev is not None else None)
+                o.waited_s = waited
+                return o
         finally:
             self.free.put(i)
 

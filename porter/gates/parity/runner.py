@@ -58,6 +58,7 @@ class ChildOutcome:
     # where it ran, said by the harness on that machine (never the child): toolchain.where_facts()
     where: dict = field(default_factory=dict)
     checker: dict | None = None  # the checker's facts (checker.json), None for plans run without one
+    waited_s: float = 0.0  # for a slot and the GPU's gate before anything of this plan ran (the pool's queue)
 
 
 def _tail(path: Path, limit: int = 4000) -> str:
