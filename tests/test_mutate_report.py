@@ -167,3 +167,12 @@ def test_survivors_are_shown_as_their_diffs():
     text = report.survivors_text(MUTANTS)
     assert "survived u arith dddddddddddd at 3:4" in text and "--- x\n+++ y" in text
     assert "111111111111" in text and "aaaaaaaaaaaa" not in text
+
+
+def test_kills_on_the_untimed_cases_alone_are_counted_apart():
+    ms = [dict(m) for m in MUTANTS]
+    killed = [m for m in ms if m["outcome"] == "killed"]
+    killed[0]["screen"] = True
+    s = report.summarize(ms)
+    assert s["overall"]["killed_by_screen"] == 1 and s["overall"]["killed"] == 4
+    assert report.summarize(MUTANTS)["overall"]["killed_by_screen"] == 0

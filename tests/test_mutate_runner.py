@@ -63,9 +63,9 @@ def calls(monkeypatch):
     return seen
 
 
-def opts(tmp_path, jobs=1):
+def opts(tmp_path, jobs=1, screen=False):
     return CalibrateOptions(tmp_path, None, None, True, ParityOptions(mode="host", timeout=120.0), ledger=False,
-                            jobs=jobs)
+                            jobs=jobs, mutation_screen=screen)
 
 
 def test_each_mutant_is_killed_by_its_check_perf_where_parity_passed_or_survives(calls, tmp_path):
@@ -138,3 +138,42 @@ def test_a_judged_mutants_library_is_removed_and_the_known_goods_kept(calls, tmp
     runner.run_all(None, CachedLibs(), [built("u", "wrong"), built("u", "slow"), built("u", "same")], ["u"],
                    opts(tmp_path), out=lambda *a: None)
     assert sorted(p.name for p in (cache / "lib").iterdir()) == ["k0"] and good.is_file() and elsewhere.is_file()
+
+
+def test_a_mutant_refused_by_the_untimed_cases_is_killed_without_the_production_sizes(monkeypatch, tmp_path):
+    """The screen: each mutant first on the spec's untimed cases.  Refused there, it is killed by that check
+    and the whole spec (the production-size timed cases, most of a heavy spec's time) never runs for it;
+    passing there decides nothing: the whole spec runs, so a flaw only the production sizes show is still
+    killed, by the whole spec.  A spec with no timed case is run once, as before."""
+    from types import SimpleNamespace
+
+    runs = []
+    full = {"good.so": True, "wrong.so": False, "bigonly.so": False, "same.so": True, "wrongtoo.so": False}
+    screened = {"wrong.so": False, "bigonly.so": True, "same.so": True, "wrongtoo.so": False}
+
+    def parity(target, unit, lib, opts, timeout=None, env=None, seeds=None, fresh_process=False, screen=False):
+        name = Path(lib).name
+        runs.append((unit, name, screen))
+        ok = screened[name] if screen else full[name]
+        ev = {"timing": {"median_ms": 1.0}, **({"screen": {"cases": 3}} if screen else {})}
+        return GateResult("parity", ok, "parity ok" if ok else "parity failed [nmse]", evidence=ev,
+                          check=None if ok else "nmse")
+
+    monkeypatch.setattr(calibrator, "parity_on_library", parity)
+    monkeypatch.setattr(calibrator, "perf_on_mutant", lambda *a: GateResult("perf", True, "perf ok"))
+    shapes = {"timed": [SimpleNamespace(timed=False), SimpleNamespace(timed=True)],
+              "untimed": [SimpleNamespace(timed=False), SimpleNamespace(timed=False)]}
+    monkeypatch.setattr(runner, "load_spec", lambda target, unit: SimpleNamespace(shapes=shapes[unit]))
+    bs = [built("timed", t) for t in ("wrong", "bigonly", "same")] + [built("untimed", "wrongtoo")]
+    _, results = runner.run_all(None, Libs(), bs, ["timed", "untimed"], opts(tmp_path, screen=True),
+                                out=lambda *a: None)
+    got = {(r["id"][:7].rstrip("0"), u): (r["outcome"], r.get("check"), r.get("screen", False))
+           for u in ("timed", "untimed") for r in results.values() if r["id"] in {b.mutation.id for b in bs
+                                                                                   if b.mutation.unit == u}}
+    assert got == {("wrong", "timed"): ("killed", "nmse", True), ("bigonly", "timed"): ("killed", "nmse", False),
+                   ("same", "timed"): ("survived", None, False), ("wrongto", "untimed"): ("killed", "nmse", False)}
+    of = lambda unit, name: [sc for u, n, sc in runs if (u, n) == (unit, name)]  # noqa: E731
+    assert of("timed", "wrong.so") == [True], "refused by the screen: the whole spec never ran for it"
+    assert of("timed", "bigonly.so") == [True, False] and of("timed", "same.so") == [True, False]
+    assert of("untimed", "wrongtoo.so") == [False], "nothing to screen: one run"
+    assert of("timed", "good.so") == [False], "the known-good always runs the whole spec"

@@ -53,6 +53,7 @@ def libs(tmp_path_factory):
     d = tmp_path_factory.mktemp("timing")
     out = {}
     variants = {"honest": FAKE_BACKEND, "skip_timed": FAKE_BACKEND.replace(HONEST_LOOP, SKIP_WHEN_TIMED),
+                "wrong": FAKE_BACKEND.replace(HONEST_LOOP, HONEST_LOOP.replace("* u[i]", "+ u[i]")),
                 "replay_unchanged": "#define _POSIX_C_SOURCE 199309L\n#include <time.h>\n"
                                     + FAKE_BACKEND.replace(HONEST_LOOP, REPLAY_UNCHANGED)}
     for name, src in variants.items():
@@ -249,3 +250,24 @@ def test_work_left_past_the_end_event_is_refused(target, fixture_ctx):
     settled = dict(quiet, settle_changed_reps=[0])  # outputs changed between the end event and the device sync
     fails = _judge(spec, case, settled, outputs, [0, 1, 2])
     assert fails and "past the end event" in fails[0].detail
+
+
+def test_a_screen_runs_the_untimed_cases_only_and_decides_nothing_the_timed_ones_would(target, fixture_ctx, libs,
+                                                                                     tmp_path, fresh_pool):
+    """ParityOptions.screen (mutation testing's first pass): the cases the spec does not time, no timed call.
+    It refuses a wrong answer as the whole spec would; a candidate that misbehaves only while timed passes
+    it, which is why a pass there is never a verdict (the mutation runner then runs the whole spec)."""
+    spec = load_spec(target, UNIT)
+    untimed = sum(not s.timed for s in spec.shapes)
+    assert 0 < untimed < len(spec.shapes)
+    run = lambda lib: run_spec(target, spec, lib, workspace=tmp_path, mode="host", ctx=fixture_ctx,  # noqa: E731
+                               timing_reps=4, screen=True)
+    ok = run(libs["honest"])
+    assert ok.ok and ok.evidence["screen"] == {"cases": untimed} and ok.evidence["timing"] is None
+    assert len(ok.evidence["cases"]) == untimed
+    wrong = run(libs["wrong"])
+    assert not wrong.ok and wrong.evidence["screen"] == {"cases": untimed}
+    assert run(libs["skip_timed"]).ok  # only the whole spec's timed calls show it (test above)
+    whole = run_spec(target, spec, libs["honest"], workspace=tmp_path, mode="host", ctx=fixture_ctx, timing_reps=4)
+    assert "screen" not in whole.evidence and whole.evidence["timing"] is not None
+    assert len(whole.evidence["cases"]) == len(spec.shapes)

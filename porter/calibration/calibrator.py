@@ -56,6 +56,9 @@ class CalibrateOptions:
     # seed sets the known-good runs on per spec (seed_sweep.py; `porter calibrate --seed-sets`, default 20
     # there); 1: one run, as before the sweep (what a library caller gets unless it asks)
     seed_sets: int = 1
+    # mutation testing: each mutant first on the spec's untimed cases, the whole spec only where those pass
+    # (porter.calibration.mutate.runner)
+    mutation_screen: bool = True
 
 
 class RunSlots:
@@ -109,7 +112,8 @@ def _probe_counts(res) -> dict:
 
 
 def parity_on_library(target, unit: str, lib: Path, opts: CalibrateOptions, timeout: float | None = None,
-                      env: dict | None = None, seeds: list[int] | None = None, fresh_process: bool = False):
+                      env: dict | None = None, seeds: list[int] | None = None, fresh_process: bool = False,
+                      screen: bool = False):
     """The unit gates judging output (the registry's: parity, and any other registered so), through the
     one driver, on a library that holds the unit under test (a typed library candidate): the first
     refusal, else the first of them's verdict (parity's: its evidence is what calibration keeps).
@@ -120,11 +124,12 @@ def parity_on_library(target, unit: str, lib: Path, opts: CalibrateOptions, time
     parity's own timing checks (the exchange measured from outside the candidate's process, the roofline)
     would refuse correct code for their load -- measured: upstream's indexer QAT at 2048 tokens, 2.4 ms more
     from outside than its events said.  Its values decide; a run whose timing matters is made alone
-    (timed_alone)."""
+    (timed_alone).  screen: the spec's untimed cases only (ParityOptions.screen; a mutation screen)."""
     shared = not fresh_process and baseline_alone()
     parity = ParityOptions(**{**asdict(opts.parity), "timeout": timeout or opts.parity.timeout,
                               **({"env": env} if env else {}), **({"seeds": seeds} if seeds else {}),
-                              "fresh_process": fresh_process, **({"timing_reps": 0} if shared else {})})
+                              "fresh_process": fresh_process, "screen": screen,
+                              **({"timing_reps": 0} if shared else {})})
     ctx = GateContext(target, opts.workspace, parity=parity, library=Path(lib))
     results = run_gates(Candidate.library(unit, lib), ctx, gates=registry.names(registry.UNIT, role=registry.OUTPUT))
     return refusal(results) or results[0]

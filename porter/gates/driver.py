@@ -52,6 +52,9 @@ class ParityOptions:
     env: dict[str, str] | None = None
     regime: str | None = None  # None: the target's [perf] regime; another name: a comparison run (perf-table)
     fresh_process: bool = False  # a fresh child, never a warm worker (the perf gate's re-time)
+    # only the cases the spec does not time: a mutation screen (a kill there is the spec's kill; a pass decides
+    # nothing, the whole spec runs next), never a candidate's verdict
+    screen: bool = False
 
 
 @dataclass

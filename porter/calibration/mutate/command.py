@@ -49,12 +49,15 @@ def add_arguments(p) -> None:
     p.add_argument("--op", action="append", metavar="OP", help="with --mutate: only this operator (repeatable)")
     p.add_argument("--builds-only", action="store_true",
                    help="with --mutate: generate, deduplicate and build, judge nothing (exit 0 without a GPU)")
+    p.add_argument("--no-screen", action="store_true",
+                   help="with --mutate: run every mutant on the whole spec (default: first on its untimed cases, "
+                   "the whole spec only where those pass)")
     p.add_argument("--write", action="store_true",
                    help="record what was measured with the target: with --mutate the judged table in "
                    "targets/<t>/mutation.json, else each spec's seed sweep (2+ sets) in targets/<t>/seed_sweep.json")
 
 
-ONLY_WITH_MUTATE = ("budget", "seed", "op", "builds_only")
+ONLY_WITH_MUTATE = ("budget", "seed", "op", "builds_only", "no_screen")
 
 
 def stray_options(args) -> list[str]:
@@ -168,7 +171,8 @@ def judge_all(args, p: Plan, built: list[Built], cache: Path) -> tuple[dict, dic
     opts = CalibrateOptions(p.workspace, p.units, None, True,
                             ParityOptions(mode=args.mode, sanitize=args.sanitize, timeout=args.timeout,
                                           timing_reps=args.timing_reps),
-                            show_static=False, ledger=False, variants=False)
+                            show_static=False, ledger=False, variants=False,
+                            mutation_screen=not getattr(args, "no_screen", False))
     if getattr(args, "jobs", None):
         if args.jobs < 1:
             raise PorterError(f"--jobs must be at least 1, not {args.jobs}")

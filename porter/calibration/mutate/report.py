@@ -48,11 +48,12 @@ def declared_outcomes(mutants: list[dict], declared: dict[str, Declared]) -> tup
 
 def counts(mutants: list[dict]) -> dict:
     """generated, each outcome, the checks that killed, and the score (None when nothing was judged)."""
-    c = {"generated": len(mutants), **{o: 0 for o in OUTCOMES}, "killed_by": {}}
+    c = {"generated": len(mutants), **{o: 0 for o in OUTCOMES}, "killed_by": {}, "killed_by_screen": 0}
     for m in mutants:
         c[m["outcome"]] += 1
         if m["outcome"] == "killed":
             c["killed_by"][m.get("check") or "?"] = c["killed_by"].get(m.get("check") or "?", 0) + 1
+            c["killed_by_screen"] += bool(m.get("screen"))  # on the untimed cases alone (runner.screen)
     judged = c["killed"] + c["survived"]
     c["score"] = round(c["killed"] / judged, 4) if judged else None
     return c
@@ -159,6 +160,8 @@ def op_table(summary: dict, possible: dict[str, int], width: int | None = None, 
         base = [name, of, c["generated"], c["did-not-build"], c["equivalent"], c["duplicate"]]
         if judged:
             by = ", ".join(f"{k} {v}" for k, v in sorted(c["killed_by"].items(), key=lambda kv: (-kv[1], kv[0])))
+            if c.get("killed_by_screen"):
+                by += f" ({c['killed_by_screen']} on the untimed cases alone)"
             t.add_row(*base, c["killed"], c["survived"], score_text(c), by or "-")
         else:
             t.add_row(*base, c["not-run"])

@@ -24,6 +24,7 @@ from porter.calibration.mutate.objects import DISTINCT, Built
 from porter.errors import PorterError
 from porter.gates.evidence import ParityEvidence
 from porter.gates.parity.gate import fresh_seeds
+from porter.spec import load_spec
 
 # a mutant's time limit: this many times the known-good's run, at least MIN_TIMEOUT_S, at most the spec's
 MUTANT_TIMEOUT = 5.0
@@ -69,6 +70,20 @@ def judge(parity, perf=None) -> tuple[str, str | None, str]:
     return "survived", None, parity.summary + why
 
 
+def screen(target, unit: str, lib, opts, timeout: float, seeds: list[int]):
+    """The mutant on its spec's untimed cases (gate.screen_cases): their refusal, which is the whole spec's
+    refusal too (the same cases, seeds and checks), else None -- the whole spec decides.  The timed cases are
+    the production sizes, most of a heavy spec's time (ds4: a 2048-token prefill); most mutants are refused
+    without them.  A spec with nothing to screen is not run twice: None."""
+    if not getattr(opts, "mutation_screen", False):
+        return None
+    timed = [getattr(s, "timed", False) for s in getattr(load_spec(target, unit), "shapes", [])]
+    if not any(timed) or all(timed):
+        return None
+    r = calibrator.parity_on_library(target, unit, lib, opts, timeout=timeout, seeds=seeds, screen=True)
+    return r if not r.ok and not r.skipped and (r.evidence or {}).get("screen") else None
+
+
 def run_unit(target, libs, good, unit: str, built: list[Built], opts, run=None) -> tuple[dict, list[dict]]:
     """The known-good and every distinct mutant of `unit`: ({known-good facts}, [one result per mutant]).
     `run(fn)`: where a parity run happens (the calibration's run slots); None: here, now."""
@@ -95,9 +110,11 @@ def run_unit(target, libs, good, unit: str, built: list[Built], opts, run=None) 
             lib = libs.mutant(m)
         except (BuildError, PorterError) as exc:
             return {"id": b.mutation.id, "outcome": "did-not-build", "error": f"link: {exc}"[:300]}
-        r = calibrator.parity_on_library(target, unit, lib, opts, timeout=timeout, seeds=seeds)
-        # passed on its values on a shared GPU: again alone, timed, before perf judges it
-        r = calibrator.timed_alone(target, unit, lib, opts, r, seeds, timeout)
+        r, screened = screen(target, unit, lib, opts, timeout, seeds), True
+        if r is None:
+            r, screened = calibrator.parity_on_library(target, unit, lib, opts, timeout=timeout, seeds=seeds), False
+            # passed on its values on a shared GPU: again alone, timed, before perf judges it
+            r = calibrator.timed_alone(target, unit, lib, opts, r, seeds, timeout)
         p = None
         if r.ok:  # judged against this run's known-good, as a hand-written perf mutant is
             p = calibrator.perf_on_mutant(target, unit, r, res, lambda: calibrator.parity_on_library(
@@ -105,7 +122,7 @@ def run_unit(target, libs, good, unit: str, built: list[Built], opts, run=None) 
         drop_library(libs, lib, good)
         outcome, check, summary = judge(r, p)
         return {"id": b.mutation.id, "outcome": outcome, "check": check, "summary": summary[:300],
-                "seconds": round(time.monotonic() - t1, 2)}
+                "seconds": round(time.monotonic() - t1, 2), **({"screen": True} if screened else {})}
 
     return facts, [run(lambda b=b: one(b)) for b in mine] if opts.slots is None else \
         opts.slots.map([lambda b=b: one(b) for b in mine])

@@ -175,7 +175,8 @@ def run(candidate, ctx) -> GateResult:
     def on(arch: str | None) -> GateResult:
         return run_spec(target, spec, Path(ctx.library), workspace=ctx.workspace, seeds=opts.seeds, sanitize=sanitize,
                         timeout=opts.timeout, mode=opts.mode, timing_reps=opts.timing_reps, env=opts.env,
-                        regime=opts.regime, fresh_process=opts.fresh_process, candidate_sha256=candidate.sha256,
+                        regime=opts.regime, fresh_process=opts.fresh_process, screen=opts.screen,
+                        candidate_sha256=candidate.sha256,
                         calibration=calibration, arch=arch, **extra)
 
     required = getattr(target, "required_archs", ())

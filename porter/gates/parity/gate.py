@@ -10,6 +10,7 @@ summary or diagnostics (those feed the next prompt).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -764,7 +765,8 @@ def _run_spec(target, spec, library: Path, *, workspace: Path | None = None, see
               candidate_sha256: str | None = None, probe: dict | None = None, keep: bool | None = None,
               calibration: dict | None = None, ctx=None, env: dict | None = None,
               prepared: "Prepared | None" = None, regime: str | None = None,
-              fresh_process: bool = False, profile_with=None, arch: str | None = None) -> GateResult:
+              fresh_process: bool = False, profile_with=None, arch: str | None = None,
+              screen: bool = False) -> GateResult:
     """A scenario is not timed (the perf gate skips it), makes its own ordering probes (hold/peek) and
     is not run under compute-sanitizer: `sanitize`, `timing_reps` and `probe` are op-spec options.
     `profile_with`: an executor that reruns the plan, once it completed, under a profiler
@@ -783,6 +785,9 @@ def _run_spec(target, spec, library: Path, *, workspace: Path | None = None, see
         prepared = kind.prepare(target, spec, seeds, ctx, prepared, plan_dir / "files")
         if prepared.error is not None:
             return GateResult("parity", False, f"parity skipped: spec error: {prepared.error}", skipped=True)
+        screened = screen and kind is OP and screen_cases(prepared.cases)
+        if screened:
+            prepared = dataclasses.replace(prepared, cases=screened)
         t_prepared = time.monotonic()
         plan = functools.partial(kind.plan, target=target, spec=spec, prepared=prepared, library=library,
                                  harness=harness, env=env)
@@ -838,6 +843,7 @@ def _run_spec(target, spec, library: Path, *, workspace: Path | None = None, see
               "reference_sha256": _reference_sha(spec),
               "outputs": {k: v.describe() for k, v in spec.outputs.items()}},
         calibration=calibration, seeds=[f"{s & (2**64 - 1):016x}" for s in prepared.seeds], cases=reports,
+        **({"screen": {"cases": len(screened)}} if screened else {}),
         checks={"run": d.checks_run + (["sanitize"] if san else []), "failed": failed_checks},
         failures=[f.line() for f in failures[:50]],
         child={"status": outcome.status, "elapsed_s": round(outcome.elapsed_s, 3), "detail": outcome.detail,
@@ -871,6 +877,14 @@ def _run_spec(target, spec, library: Path, *, workspace: Path | None = None, see
                "worst_nmse": d.worst_nmse, **d.metrics}
     return GateResult("parity", ok, summary, "\n".join(lines), _clean(metrics), ParityEvidence.record(_clean(evidence)),
                       check=None if ok else first.check)
+
+
+def screen_cases(cases: list[PreparedCase]) -> list[PreparedCase] | None:
+    """The cases a mutation screen runs: every one the spec does not time.  The timed ones are the production
+    sizes (ds4: 2048-token prefill, 64k-context decode), most of a heavy spec's run; a mutant the rest already
+    refuses needs no more.  None where that would leave nothing, or drop nothing."""
+    kept = [c for c in cases if not c.shape.timed]
+    return kept if kept and len(kept) < len(cases) else None
 
 
 def _load_outputs(plan_dir: Path) -> dict:
