@@ -291,10 +291,8 @@ def _decode_int_parts(qt: QT, blocks: np.ndarray):
         l = np.arange(4)
         gidx = (aux0[:, :, None] >> (8 * l)) & 0xFF                     # (nb, 8, 4)
         sidx = (aux1[:, :, None] >> (7 * l)) & 127                      # (nb, 8, 4)
-        # every (grid word, sign byte) pair's 8 signed codes, looked up in one gather: per element the
-        # sign rule cost 25x the lookup, and the routed-MoE specs decode hundreds of MB of experts
-        signed = IQ2XXS_GRID[:, None, :] * _iq2_signs(np.arange(128))[None, :, :]   # (256, 128, 8)
-        q = signed[gidx, sidx].reshape(len(blocks), QK_K)
+        mag = IQ2XXS_GRID[gidx]                                         # (nb, 8, 4, 8)
+        q = (mag * _iq2_signs(sidx)).reshape(len(blocks), QK_K)
         db = d[:, None] * (0.5 + (aux1 >> 28)) * 0.25                   # (nb, 8)
         return q, db, np.zeros_like(db), 32
     raise NotImplementedError(qt.name)
