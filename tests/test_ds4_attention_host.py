@@ -47,6 +47,9 @@ static float e4m3_rt(float x) {  /* nearest code by a linear scan, ties to the e
 #endif
   return (x < 0 ? -1.0f : 1.0f) * e4m3_val(best); }
 int ds4_gpu_dsv4_fp8_kv_quantize_tensor(T *x, uint32_t n_tok, uint32_t head_dim, uint32_t n_rot) {
+#ifndef FAULT_NO_NULL_CHECK
+  if (!x) return 0;
+#endif
   if (n_rot > head_dim || x->bytes < (uint64_t)n_tok * head_dim * 4) return 0;
   uint32_t nn = head_dim - n_rot;
   for (uint32_t t = 0; t < n_tok; t++) { float *r = (float *)x->ptr + (uint64_t)t * head_dim;
@@ -64,6 +67,9 @@ int ds4_gpu_dsv4_fp8_kv_quantize_tensor(T *x, uint32_t n_tok, uint32_t head_dim,
 
 int ds4_gpu_store_raw_kv_batch_tensor(T *raw, const T *kv, uint32_t raw_cap, uint32_t pos0, uint32_t n_tokens,
                                       uint32_t head_dim) {
+#ifndef FAULT_NO_NULL_CHECK
+  if (!raw || !kv) return 0;
+#endif
   if (!raw_cap || raw->bytes < (uint64_t)raw_cap * head_dim * 4 || kv->bytes < (uint64_t)n_tokens * head_dim * 4)
     return 0;
   for (uint32_t t = 0; t < n_tokens; t++) for (uint32_t d = 0; d < head_dim; d++) {
@@ -83,6 +89,9 @@ int ds4_gpu_store_raw_kv_batch_tensor(T *raw, const T *kv, uint32_t raw_cap, uin
 
 int ds4_gpu_compressor_prefill_state_ratio4_tensor(T *skv, T *ssc, const T *kv, const T *sc, const void *map,
     uint64_t size, uint64_t ape_off, uint32_t ape_type, uint32_t head_dim, uint32_t pos0) {
+#ifndef FAULT_NO_NULL_CHECK
+  if (!skv || !ssc || !kv || !sc) return 0;
+#endif
   uint32_t w = 2 * head_dim;
   if (ape_type > 1 || kv->bytes < 16ull * w || sc->bytes < 16ull * w || skv->bytes < 32ull * w) return 0;
   for (uint32_t i = 0; i < 8 * w; i++) { ((float *)skv->ptr)[i] = 0;
@@ -104,6 +113,9 @@ int ds4_gpu_compressor_prefill_state_ratio4_tensor(T *skv, T *ssc, const T *kv, 
 
 int ds4_gpu_attention_prefill_raw_heads_tensor(T *heads, const void *map, uint64_t size, uint64_t sinks_off,
     const T *q, const T *kv, uint32_t n_tokens, uint32_t window, uint32_t n_head, uint32_t head_dim) {
+#ifndef FAULT_NO_NULL_CHECK
+  if (!heads || !q || !kv) return 0;
+#endif
   if (window > 256) return 0;
   const float *sinks = (const float *)((const char *)map + sinks_off);
   const float *Q = q->ptr, *K = kv->ptr; float *O = heads->ptr;
@@ -182,6 +194,9 @@ int ds4_gpu_compressor_prefill_tensor(T *comp, T *skv, T *ssc, const T *kv, cons
     uint64_t size, uint64_t ape_off, uint32_t ape_type, uint64_t norm_off, uint32_t norm_type, uint32_t hd,
     uint32_t ratio, uint32_t pos0, uint32_t n, uint32_t n_rot, uint32_t n_ctx_orig, bool fp8, float fb, float fs,
     float ef, float af, float bfast, float bslow, float eps) {
+#ifndef FAULT_NO_NULL_CHECK
+  if (!comp || !skv || !ssc || !kv || !sc) return 0;
+#endif
   if (!hd || !ratio || !n || n_rot > hd || (n_rot & 1) || ape_type > 1 || norm_type) return 0;
   uint32_t coff = ratio == 4 ? 2 : 1, w = coff * hd, rows = coff * ratio, n_comp = n / ratio, cut = n_comp * ratio;
   const float *K = kv->ptr, *S = sc->ptr, *norm = (const float *)((const char *)map + norm_off);
@@ -353,6 +368,9 @@ int ds4_gpu_attention_indexed_mixed_batch_heads_tensor(T *heads, const void *map
     const T *q, const T *raw, const T *comp, const T *topk, uint32_t n_tokens, uint32_t pos0, uint32_t n_raw,
     uint32_t raw_cap, uint32_t raw_start, uint32_t n_comp, uint32_t top_k, uint32_t window, uint32_t ratio,
     uint32_t n_head, uint32_t hd) {
+#ifndef FAULT_NO_NULL_CHECK
+  if (!heads || !q || !raw || !comp || !topk) return 0;
+#endif
   if (!n_tokens || !n_raw || raw_cap < n_raw || raw_start >= raw_cap || !n_comp || !top_k || top_k > 512) return 0;
   static float mask[16 * 8192];
   static int32_t sel[512];
@@ -430,6 +448,7 @@ def _host_cases(spec):
     pytest.param("ds4_gpu_dsv4_fp8_kv_quantize_tensor", "FAULT_FP8_LAST_BLOCK", "values", marks=SLOW),
     pytest.param("ds4_gpu_dsv4_fp8_kv_quantize_tensor", "FAULT_FP8_TIES_UP", "values", marks=SLOW),
     ("ds4_gpu_store_raw_kv_batch_tensor", None, "pass"),
+    ("ds4_gpu_store_raw_kv_batch_tensor", "FAULT_NO_NULL_CHECK", "crash"),  # _null_guards.py's cases
     ("ds4_gpu_store_raw_kv_batch_tensor", "FAULT_RAW_NO_F16", "values"),
     pytest.param("ds4_gpu_store_raw_kv_batch_tensor", "FAULT_RAW_IGNORES_POS0", "values", marks=SLOW),
     pytest.param("ds4_gpu_store_raw_kv_batch_tensor", "FAULT_RAW_LAST_DROPPED", "values", marks=SLOW),

@@ -198,6 +198,9 @@ STAND_IN_C = r"""
 typedef struct { void *ptr; uint64_t bytes; int owner; } T;
 int ds4_gpu_init(void) { return 1; }
 int ds4_gpu_swiglu_tensor(T *out, const T *gate, const T *up, uint32_t n, float clamp, float weight) {
+#ifndef FAULT_NO_NULL_CHECK
+  if (!out || !gate || !up) return 0;
+#endif
   float *o = out->ptr; const float *g = gate->ptr, *u = up->ptr;
 #ifdef FAULT_WEIGHT_IGNORED
   weight = 1.0f;
@@ -216,6 +219,9 @@ int ds4_gpu_swiglu_tensor(T *out, const T *gate, const T *up, uint32_t n, float 
 int ds4_gpu_rope_tail_tensor(T *x, uint32_t n_tok, uint32_t n_head, uint32_t head_dim, uint32_t n_rot,
     uint32_t pos0, uint32_t n_ctx_orig, bool inverse, float freq_base, float freq_scale, float ext_factor,
     float attn_factor, float beta_fast, float beta_slow) {
+#ifndef FAULT_NO_NULL_CHECK
+  if (!x) return 0;
+#endif
   if (n_rot > head_dim || (n_rot & 1)) return 0;
   double lo = 0, hi = 0, pi = 3.14159265358979323846;
   if (ext_factor != 0) { double den = 2 * log(freq_base);
@@ -235,6 +241,9 @@ int ds4_gpu_rope_tail_tensor(T *x, uint32_t n_tok, uint32_t n_head, uint32_t hea
   return 1;
 }
 int ds4_gpu_indexer_topk_tensor(T *sel, const T *scores, uint32_t n_comp, uint32_t n_tokens, uint32_t top_k) {
+#ifndef FAULT_NO_NULL_CHECK
+  if (!sel || !scores) return 0;
+#endif
   if (!n_comp || !n_tokens || !top_k || top_k > n_comp) return 0;
   for (uint32_t t = 0; t < n_tokens; t++) {
     const float *r = (const float *)scores->ptr + (uint64_t)t * n_comp;

@@ -30,6 +30,9 @@ typedef struct { void *ptr; uint64_t bytes; int owner; } T;
 int ds4_gpu_init(void) { return 1; }
 
 int ds4_gpu_add_tensor(T *out, const T *a, const T *b, uint32_t n) {
+#ifndef FAULT_NO_NULL_CHECK
+  if (!out || !a || !b) return 0;
+#endif
   if (out->bytes < 4ull * n || a->bytes < 4ull * n || b->bytes < 4ull * n) return 0;
   uint32_t m = n;
 #ifdef FAULT_ADD_TAIL
@@ -40,12 +43,18 @@ int ds4_gpu_add_tensor(T *out, const T *a, const T *b, uint32_t n) {
 }
 
 int ds4_gpu_repeat_hc_tensor(T *out, const T *row, uint32_t n_embd, uint32_t n_hc) {
+#ifndef FAULT_NO_NULL_CHECK
+  if (!out || !row) return 0;
+#endif
   if (!n_embd || !n_hc || row->bytes < 4ull * n_embd || out->bytes < 4ull * n_embd * n_hc) return 0;
   for (uint64_t i = 0; i < (uint64_t)n_embd * n_hc; i++) FP(out)[i] = FP(row)[i % n_embd];
   return 1;
 }
 
 int ds4_gpu_dsv4_topk_mask_tensor(T *mask, const T *topk, uint32_t n_comp, uint32_t n_tokens, uint32_t top_k) {
+#ifndef FAULT_NO_NULL_CHECK
+  if (!mask || !topk) return 0;
+#endif
   if (!n_comp || !n_tokens || !top_k || mask->bytes < 4ull * n_tokens * n_comp ||
       topk->bytes < 4ull * n_tokens * top_k) return 0;
   const uint32_t *s = topk->ptr;
@@ -66,6 +75,9 @@ static float rms_scale(const float *x, uint32_t n, float eps) {
 
 int ds4_gpu_rms_norm_weight_rows_tensor(T *out, const T *x, const void *map, uint64_t size, uint64_t off, uint32_t n,
                                         uint32_t rows, float eps) {
+#ifndef FAULT_NO_NULL_CHECK
+  if (!out || !x) return 0;
+#endif
   if (off > size || size - off < 4ull * n || out->bytes < 4ull * n * rows || x->bytes < 4ull * n * rows) return 0;
   const float *w = MAPF(map, off);
 #ifdef FAULT_EPS
@@ -80,6 +92,9 @@ int ds4_gpu_rms_norm_weight_rows_tensor(T *out, const T *x, const void *map, uin
 }
 
 int ds4_gpu_head_rms_norm_tensor(T *x, uint32_t n_tok, uint32_t n_head, uint32_t head_dim, float eps) {
+#ifndef FAULT_NO_NULL_CHECK
+  if (!x) return 0;
+#endif
   if (x->bytes < 4ull * n_tok * n_head * head_dim) return 0;
   uint64_t heads = (uint64_t)n_tok * n_head;
 #ifdef FAULT_FIRST_TOKEN
@@ -122,6 +137,9 @@ static void split_one(float *out, const float *mix, const float *sc, const float
 
 int ds4_gpu_hc_split_sinkhorn_tensor(T *out, const T *mix, const void *map, uint64_t size, uint64_t s_off,
                                      uint64_t b_off, uint32_t n_hc, uint32_t iters, float eps) {
+#ifndef FAULT_NO_NULL_CHECK
+  if (!out || !mix) return 0;
+#endif
   if (n_hc != 4 || s_off > size || size - s_off < 12 || b_off > size || size - b_off < 96 ||
       mix->bytes < 96 || out->bytes < 96) return 0;
   uint64_t rows = mix->bytes / 96; if (out->bytes / 96 < rows) rows = out->bytes / 96;
@@ -135,6 +153,9 @@ int ds4_gpu_hc_split_sinkhorn_tensor(T *out, const T *mix, const void *map, uint
 
 int ds4_gpu_hc_expand_split_tensor(T *out_hc, const T *block_out, const T *residual_hc, const T *split,
                                    uint32_t n_embd, uint32_t n_hc) {
+#ifndef FAULT_NO_NULL_CHECK
+  if (!out_hc || !block_out || !residual_hc || !split) return 0;
+#endif
   if (!n_embd || !n_hc) return 0;
   uint64_t nt = out_hc->bytes / (4ull * n_hc * n_embd); uint32_t mw = 2 * n_hc + n_hc * n_hc;
   const float *blk = FP(block_out), *res = FP(residual_hc), *sp = FP(split);
@@ -164,6 +185,9 @@ static float half_to_float(uint16_t h) {
 
 int ds4_gpu_embed_tokens_hc_tensor(T *out_hc, const T *tokens, const void *map, uint64_t size, uint64_t off,
                                    uint32_t n_vocab, uint32_t n_tokens, uint32_t n_embd, uint32_t n_hc) {
+#ifndef FAULT_NO_NULL_CHECK
+  if (!out_hc || !tokens) return 0;
+#endif
   if (off > size || 2ull * n_vocab * n_embd > size - off || tokens->bytes < 4ull * n_tokens ||
       out_hc->bytes < 4ull * n_tokens * n_hc * n_embd) return 0;
   const uint16_t *w = (const uint16_t *)((const char *)map + off);
@@ -184,6 +208,9 @@ static float softplus(float x) { return x > 20.0f ? x : (x < -20.0f ? expf(x) : 
 int ds4_gpu_router_select_batch_tensor(T *selected, T *weights, T *probs, const void *map, uint64_t size,
     uint64_t b_off, uint64_t h_off, uint32_t hash_rows, uint32_t groups, uint32_t used, bool has_bias,
     bool hash_mode, const T *logits, const T *tokens, uint32_t n_tokens) {
+#ifndef FAULT_NO_NULL_CHECK
+  if (!selected || !weights || !probs || !logits || !tokens) return 0;
+#endif
   if (!n_tokens || groups > 1 || used > 0 || logits->bytes < 1024ull * n_tokens || probs->bytes < 1024ull * n_tokens ||
       selected->bytes < 24ull * n_tokens || weights->bytes < 24ull * n_tokens) return 0;
   const float *bias = 0; const int32_t *hash = 0;
@@ -259,6 +286,9 @@ def _stand_in(tmp_path, *defines) -> Path:
     ("ds4_gpu_embed_tokens_hc_tensor", None, "pass"),
     ("ds4_gpu_router_select_batch_tensor", None, "pass"),
     ("ds4_gpu_add_tensor", "FAULT_ADD_TAIL", "sentinel"),
+    # upstream's first check refuses a NULL tensor (targets/ds4/parity/_null_guards.py); without it: SIGSEGV
+    ("ds4_gpu_add_tensor", "FAULT_NO_NULL_CHECK", "crash"),
+    ("ds4_gpu_router_select_batch_tensor", "FAULT_NO_NULL_CHECK", "crash"),
     ("ds4_gpu_rms_norm_weight_rows_tensor", "FAULT_EPS", "values"),
     ("ds4_gpu_head_rms_norm_tensor", "FAULT_FIRST_TOKEN", "values"),
     ("ds4_gpu_hc_split_sinkhorn_tensor", "FAULT_ITER", "values"),

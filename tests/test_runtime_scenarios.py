@@ -495,6 +495,9 @@ void ds4_gpu_print_memory_report(const char *label) {
 }
 int ds4_gpu_embed_token_hc_tensor(T *out, const void *map, uint64_t size, uint64_t woff, uint32_t n_vocab,
                                   uint32_t token, uint32_t n_embd, uint32_t n_hc) {
+#ifndef FAULT_NO_NULL_CHECK
+  if (!out) return 0;
+#endif
   if (!out || !map || woff >= size) return 0;
   uint64_t wb = (uint64_t)n_vocab * n_embd * 2;
   if (wb > size - woff || out->bytes < 4ull * n_embd * n_hc) return 0;

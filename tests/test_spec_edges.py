@@ -216,7 +216,7 @@ def test_ds4_swiglu_with_an_overflowing_sigmoid_fails_only_the_far_gates():
         e = np.exp(g, dtype=F)
         return {"out": (g * (e / (F(1) + e)) * u * F(a["weight"])).astype(F)}
 
-    ordinary = [sh.label for sh in spec.shapes if not sh.edge and small(sh)]
+    ordinary = [sh.label for sh in spec.shapes if not sh.edge and small(sh) and sh.expect == "ok"]
     edges = _edge_labels(spec)
     assert ordinary and edges
     assert all(_verdicts(spec, ordinary, op).values())

@@ -12,6 +12,7 @@ as 'tie-rule'."""
 import numpy as np
 
 from porter.spec import Call, Exact, In, Out, Shape, UnitSpec
+from porter.spec import sibling as _sibling
 from reference import ds4_ops as ops
 
 TIE_RULE = "descending score; equal scores rank the lower index first (ds4.c's strict '>' scan)"
@@ -128,3 +129,6 @@ SPEC = UnitSpec(
     build=build,
     bytes_moved=lambda s: 4 * s.dims["n_tokens"] * (s.dims["n_comp"] + s.dims["top_k"]),
 )
+
+# a NULL tensor upstream's first check refuses, one error case each (_null_guards.py)
+SPEC = _sibling(__file__, "_null_guards").with_null_tensors(SPEC)

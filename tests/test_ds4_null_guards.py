@@ -1,0 +1,110 @@
+"""ds4's NULL-tensor error cases (targets/ds4/parity/_null_guards.py) held to upstream's code, both ways.
+
+Each case is made from a static fact about the known-good: the op's first statement is one
+`if (...) return 0;` with `!p` among its top-level `||` terms, so upstream returns 0 for a NULL p having
+touched nothing.  A table that named a tensor upstream does not refuse would make the spec refuse correct
+code; one that missed a guarded tensor would leave a port that drops the check unseen.  The checkout is
+read here (skipped without it); the cases' construction needs only the specs.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from conftest import NO_DS4, REPO, ds4_checkout
+
+CHECKOUT = ds4_checkout()
+needs_checkout = pytest.mark.skipif(CHECKOUT is None, reason=NO_DS4)
+
+
+def _table():
+    from porter.spec import sibling
+
+    return sibling(str(REPO / "targets" / "ds4" / "parity" / "x.py"), "_null_guards")
+
+
+def _first_guards(src: str) -> dict[str, tuple[list[str], set[str]]]:
+    """op -> (its parameter names in order, the names its first `if (...) return 0;` refuses as NULL)."""
+    out = {}
+    for m in re.finditer(r'extern "C" int (ds4_gpu_\w+_tensor)\(([^)]*)\)\s*\{', src):
+        names = [re.split(r"[\s*]+", p.strip())[-1] for p in m.group(2).split(",")]
+        body = re.sub(r"^(\s*\(void\)\s*\w+\s*;)+", "", src[m.end():])
+        g = re.match(r"\s*if\s*\(((?:[^()]|\([^()]*\))*)\)\s*(\{[^{}]*\breturn 0;\s*\}|return 0;)", body, re.S)
+        terms = {t.replace(" ", "").replace("\n", "") for t in g.group(1).split("||")} if g else set()
+        out[m.group(1)] = (names, {n for n in names if f"!{n}" in terms})
+    return out
+
+
+@pytest.fixture(scope="module")
+def target():
+    from porter.target import load_target
+
+    return load_target(REPO, "ds4", CHECKOUT)
+
+
+@needs_checkout
+def test_every_listed_tensor_is_refused_by_upstreams_first_check_and_none_is_missed(target):
+    from porter.spec import header_params
+
+    src = (CHECKOUT / "ds4_cuda.cu").read_text(errors="replace")
+    guards = _first_guards(src)
+    table = _table().NULL_GUARDED
+    specs = {p.stem for p in (REPO / "targets" / "ds4" / "parity").glob("ds4_gpu_*_tensor.py")}
+    seen = {}
+    for unit in sorted(specs & set(guards)):
+        names, refused = guards[unit]
+        if not refused:
+            continue
+        header = [p["name"] for p in header_params(target.api_function(unit))]
+        tensors = {p["name"] for p in header_params(target.api_function(unit)) if p["kind"] == "tensor"}
+        assert len(names) == len(header), unit  # positions name the same parameters
+        # the header's name for each refused parameter (the definition may name it otherwise)
+        seen[unit] = tuple(h for n, h in zip(names, header) if n in refused and h in tensors)
+    want = {u: t for u, t in seen.items() if t}
+    assert {u: set(t) for u, t in table.items()} == {u: set(t) for u, t in want.items()}
+
+
+@needs_checkout
+def test_a_guard_that_is_not_the_first_statement_makes_no_case():
+    guards = _first_guards("""
+extern "C" int ds4_gpu_a_tensor(ds4_gpu_tensor *out, const ds4_gpu_tensor *x, uint32_t n) {
+    (void)n;
+    if (!out || !x || n == 0) return 0;
+}
+extern "C" int ds4_gpu_b_tensor(ds4_gpu_tensor *out, const ds4_gpu_tensor *x, uint32_t n) {
+    launch(out, x);
+    if (!out) return 0;
+}
+extern "C" int ds4_gpu_c_tensor(ds4_gpu_tensor *out, const ds4_gpu_tensor *mask, uint32_t n) {
+    if (!out || (!mask && n > 4)) { fprintf(stderr, "bad"); return 0; }
+}
+""")
+    assert guards["ds4_gpu_a_tensor"][1] == {"out", "x"}
+    assert guards["ds4_gpu_b_tensor"][1] == set()  # something ran before the check
+    assert guards["ds4_gpu_c_tensor"][1] == {"out"}  # a NULL mask alone is no refusal
+
+
+@needs_checkout
+def test_each_null_case_is_the_base_case_with_that_one_tensor_null(target):
+    from porter.spec import Context, In, InOut, Null, Out, load_specs, validate_call
+
+    specs = load_specs(target)
+    ctx = Context.for_target(target)
+    table = _table()
+    for unit, tensors in table.NULL_GUARDED.items():
+        spec = specs[unit]
+        nulls = [s for s in spec.shapes if table.KEY in s.dims]
+        assert [s.dims[table.KEY] for s in nulls] == list(tensors), unit
+        base = table.base_shape(spec)
+        assert base.expect == "ok" and not base.timed
+        for s in nulls:
+            assert s.expect == "error" and s.label.startswith(f"error: {s.dims[table.KEY]} is NULL")
+            call = spec.build(s, ctx, np.random.default_rng(1))
+            validate_call(spec, target.api_function(unit), s, call)
+            assert isinstance(call.args[s.dims[table.KEY]], Null) and not call.expect
+            others = [a for k, a in call.args.items() if k != s.dims[table.KEY]]
+            assert not any(isinstance(a, Null) for a in others)
+            assert any(isinstance(a, (In, InOut, Out)) for a in others) or len(tensors) == 1
