@@ -151,6 +151,9 @@ int ds4_gpu_attention_prefill_raw_heads_tensor(T *heads, const void *map, uint64
 
 int ds4_gpu_indexer_scores_prefill_tensor(T *scores, const T *q, const T *w, const T *k, uint32_t n_comp,
     uint32_t n_tokens, uint32_t n_head, uint32_t head_dim, uint32_t ratio, float scale) {
+#ifndef FAULT_NO_NULL_CHECK
+  if (!scores || !q || !w || !k) return 0;
+#endif
   if (!ratio || !n_comp || k->bytes < (uint64_t)n_comp * head_dim * 4) return 0;
   const float *Q = q->ptr, *W = w->ptr, *K = k->ptr; float *S = scores->ptr;
   for (uint32_t t = 0; t < n_tokens; t++) for (uint32_t c = 0; c < n_comp; c++) {

@@ -509,6 +509,9 @@ int ds4_gpu_embed_token_hc_tensor(T *out, const void *map, uint64_t size, uint64
 }
 int ds4_gpu_matmul_q8_0_tensor(T *out, const void *map, uint64_t size, uint64_t woff, uint64_t in, uint64_t outd,
                                const T *x, uint64_t n_tok) {
+#ifndef FAULT_NO_NULL_CHECK
+  if (!out || !x) return 0;
+#endif
   if (!out || !x || !map) return 0;
   uint64_t blocks = (in + 31) / 32, wb = outd * blocks * 34;
   if (woff > size || wb > size - woff) return 0;

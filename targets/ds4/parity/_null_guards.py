@@ -7,9 +7,12 @@ before, so neither was seen (minimoe's mutation table: dropped guards were 19 of
 tests/test_ds4_null_guards.py reads each op's first statement in the checkout and holds this table to it,
 both ways: every name here is guarded there, and every tensor guarded there is named here.
 
-Not listed: ops whose host function hands its arguments to a shared launcher first (the attention
-batch paths, routed MoE, the Q8_0 matmuls, indexer scores) or opens with another statement: their
-guards are not the first thing they run, so no case is made from them here.
+An op whose whole body is `return launcher(a, b, ...);` with its own parameters as the arguments is
+read through the launcher: the launcher's first statement is then the first thing run (the indexer
+scores, the Q8_0 matmul, routed MoE for one token).  Not listed: ops that open with another statement
+(an environment switch between fused and unfused kernels), a guard this reading cannot parse, or a
+definition whose parameters do not line up with the header's (routed MoE's batch call): no case is made
+from them here.
 
 The case is the op's first untimed ok case with that one tensor NULL (ds4's contract: 0 is failure).
 """
@@ -44,10 +47,14 @@ NULL_GUARDED: dict[str, tuple[str, ...]] = {
     "ds4_gpu_hc_weighted_sum_split_tensor": ("out", "residual_hc", "split"),
     "ds4_gpu_hc_weighted_sum_tensor": ("out", "residual_hc", "weights"),
     "ds4_gpu_head_rms_norm_tensor": ("x",),
+    "ds4_gpu_indexer_score_one_tensor": ("scores", "q", "weights", "index_comp"),
+    "ds4_gpu_indexer_scores_decode_batch_tensor": ("scores", "q", "weights", "index_comp"),
+    "ds4_gpu_indexer_scores_prefill_tensor": ("scores", "q", "weights", "index_comp"),
     "ds4_gpu_indexer_topk_tensor": ("selected", "scores"),
     "ds4_gpu_matmul_f16_pair_tensor": ("out_a", "out_b", "x"),
     "ds4_gpu_matmul_f16_tensor": ("out", "x"),
     "ds4_gpu_matmul_f32_tensor": ("out", "x"),
+    "ds4_gpu_matmul_q8_0_tensor": ("out", "x"),
     "ds4_gpu_output_hc_weights_tensor": ("out", "pre"),
     "ds4_gpu_repeat_hc_tensor": ("out", "row"),
     "ds4_gpu_rms_norm_plain_rows_tensor": ("out", "x"),
@@ -55,6 +62,7 @@ NULL_GUARDED: dict[str, tuple[str, ...]] = {
     "ds4_gpu_rms_norm_weight_rows_tensor": ("out", "x"),
     "ds4_gpu_rms_norm_weight_tensor": ("out", "x"),
     "ds4_gpu_rope_tail_tensor": ("x",),
+    "ds4_gpu_routed_moe_one_tensor": ("out", "gate", "up", "mid", "experts", "selected", "weights", "x"),
     "ds4_gpu_router_select_batch_tensor": ("selected", "weights", "probs", "logits", "tokens"),
     "ds4_gpu_router_select_tensor": ("selected", "weights", "probs", "logits"),
     "ds4_gpu_store_raw_kv_batch_tensor": ("raw_cache", "kv"),
