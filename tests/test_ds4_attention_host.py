@@ -327,6 +327,9 @@ static int decode_attn(int unit, float *O, const float *sinks, const float *Q, c
 int ds4_gpu_attention_decode_raw_batch_heads_tensor(T *heads, const void *map, uint64_t size, uint64_t sinks_off,
     const T *q, const T *raw, uint32_t n_tokens, uint32_t pos0, uint32_t n_raw, uint32_t raw_cap, uint32_t raw_start,
     uint32_t window, uint32_t n_head, uint32_t hd) {
+#ifndef FAULT_NO_NULL_CHECK
+  if (!heads || !q || !raw) return 0;
+#endif
   if (!n_tokens || !n_raw || raw_cap < n_raw || raw_start >= raw_cap) return 0;
   return decode_attn(U_RAW, heads->ptr, SINKS, q->ptr, raw->ptr, raw->ptr, NULL, 0, n_tokens, pos0, n_raw, raw_cap,
                      raw_start, 0, window, 1, n_head, hd);
@@ -334,6 +337,9 @@ int ds4_gpu_attention_decode_raw_batch_heads_tensor(T *heads, const void *map, u
 int ds4_gpu_attention_prefill_static_mixed_heads_tensor(T *heads, const void *map, uint64_t size, uint64_t sinks_off,
     const T *q, const T *raw, const T *comp, uint32_t n_tokens, uint32_t n_comp, uint32_t window, uint32_t ratio,
     uint32_t n_head, uint32_t hd) {
+#ifndef FAULT_NO_NULL_CHECK
+  if (!heads || !q || !raw) return 0;
+#endif
   if (!n_tokens || !ratio) return 0;
   return decode_attn(U_STATIC, heads->ptr, SINKS, q->ptr, raw->ptr, comp->ptr, NULL, 0, n_tokens, 0, n_tokens,
                      n_tokens, 0, n_comp, window, ratio, n_head, hd);
@@ -341,6 +347,9 @@ int ds4_gpu_attention_prefill_static_mixed_heads_tensor(T *heads, const void *ma
 int ds4_gpu_attention_prefill_masked_mixed_heads_tensor(T *heads, const void *map, uint64_t size, uint64_t sinks_off,
     const T *q, const T *raw, const T *comp, const T *mask, uint32_t n_tokens, uint32_t n_comp, uint32_t window,
     uint32_t ratio, uint32_t n_head, uint32_t hd) {
+#ifndef FAULT_NO_NULL_CHECK
+  if (!heads || !q || !raw) return 0;
+#endif
   if (!n_tokens || !ratio) return 0;
   return decode_attn(U_MASKED, heads->ptr, SINKS, q->ptr, raw->ptr, comp->ptr, mask->ptr, 1, n_tokens, 0, n_tokens,
                      n_tokens, 0, n_comp, window, ratio, n_head, hd);
@@ -349,6 +358,9 @@ int ds4_gpu_attention_decode_mixed_batch_heads_tensor(T *heads, const void *map,
     const T *q, const T *raw, const T *comp, const T *mask, uint32_t use_mask, uint32_t n_tokens, uint32_t pos0,
     uint32_t n_raw, uint32_t raw_cap, uint32_t raw_start, uint32_t n_comp, uint32_t window, uint32_t ratio,
     uint32_t n_head, uint32_t hd) {
+#ifndef FAULT_NO_NULL_CHECK
+  if (!heads || !q || !raw) return 0;
+#endif
   if (!n_tokens || !n_raw || raw_cap < n_raw || raw_start >= raw_cap || (n_comp && !ratio)) return 0;
   if (n_comp > 7936 && use_mask) return 0;  /* upstream's limit, kept so the spec's refusal case holds */
   return decode_attn(U_MIXED, heads->ptr, SINKS, q->ptr, raw->ptr, comp->ptr, mask->ptr, use_mask, n_tokens, pos0,
@@ -357,6 +369,9 @@ int ds4_gpu_attention_decode_mixed_batch_heads_tensor(T *heads, const void *map,
 int ds4_gpu_attention_decode_heads_tensor(T *heads, const void *map, uint64_t size, uint64_t sinks_off, const T *q,
     const T *raw, uint32_t n_raw, uint32_t raw_cap, uint32_t raw_start, const T *comp, uint32_t n_comp,
     const T *mask, uint32_t use_mask, uint32_t n_head, uint32_t hd) {
+#ifndef FAULT_NO_NULL_CHECK
+  if (!heads || !q || !raw) return 0;
+#endif
   if (!n_raw || raw_cap < n_raw || raw_start >= raw_cap) return 0;
   if (n_comp > 7936 && use_mask) return 0;
   return decode_attn(U_DECODE_HEADS, heads->ptr, SINKS, q->ptr, raw->ptr, comp->ptr, mask->ptr, use_mask, 1, 0,

@@ -26,12 +26,34 @@ def _table():
     return sibling(str(REPO / "targets" / "ds4" / "parity" / "x.py"), "_null_guards")
 
 
+def _top_level(text: str, sep: str) -> list[str]:
+    """`text` split at each `sep` outside parentheses."""
+    parts, depth, start, i = [], 0, 0, 0
+    while i < len(text):
+        c = text[i]
+        depth += (c == "(") - (c == ")")
+        if depth == 0 and text.startswith(sep, i):
+            parts.append(text[start:i])
+            start = i = i + len(sep)
+            continue
+        i += 1
+    return parts + [text[start:]]
+
+
 def _refused(body: str, names: list[str]) -> set[str]:
     """The names of `names` a body's first statement (after `(void)x;` casts) refuses as NULL: one
-    `if (...) return 0;` whose top-level `||` terms include `!name`."""
+    `if (...) return 0;` (or `{ return 0; }`) whose top-level `||` terms include `!name`."""
     body = re.sub(r"^(\s*\(void\)\s*\w+\s*;)+", "", body)
-    g = re.match(r"\s*if\s*\(((?:[^()]|\([^()]*\))*)\)\s*(\{[^{}]*\breturn 0;\s*\}|return 0;)", body, re.S)
-    terms = {t.replace(" ", "").replace("\n", "") for t in g.group(1).split("||")} if g else set()
+    m = re.match(r"\s*if\s*\(", body)
+    if not m:
+        return set()
+    depth, i = 1, m.end()
+    while depth and i < len(body):
+        depth += (body[i] == "(") - (body[i] == ")")
+        i += 1
+    if not re.match(r"\s*(\{\s*return 0;\s*\}|return 0;)", body[i:]):
+        return set()
+    terms = {re.sub(r"\s+", "", t) for t in _top_level(body[m.end():i - 1], "||")}
     return {n for n in names if f"!{n}" in terms}
 
 
@@ -107,12 +129,18 @@ extern "C" int ds4_gpu_b_tensor(ds4_gpu_tensor *out, const ds4_gpu_tensor *x, ui
     if (!out) return 0;
 }
 extern "C" int ds4_gpu_c_tensor(ds4_gpu_tensor *out, const ds4_gpu_tensor *mask, uint32_t n) {
-    if (!out || (!mask && n > 4)) { fprintf(stderr, "bad"); return 0; }
+    if (!out || (!mask && n > 4) || (n && out->bytes < (uint64_t)n * sizeof(float))) {
+        return 0;
+    }
+}
+extern "C" int ds4_gpu_g_tensor(ds4_gpu_tensor *out, const ds4_gpu_tensor *x, uint32_t n) {
+    if (!out || !x) { fprintf(stderr, "bad"); return 0; }
 }
 """)
     assert guards["ds4_gpu_a_tensor"][1] == {"out", "x"}
     assert guards["ds4_gpu_b_tensor"][1] == set()  # something ran before the check
     assert guards["ds4_gpu_c_tensor"][1] == {"out"}  # a NULL mask alone is no refusal
+    assert guards["ds4_gpu_g_tensor"][1] == set()  # the refusal does something first
     through = _first_guards("""
 static int launch(ds4_gpu_tensor *dst, const ds4_gpu_tensor *src, uint32_t n) {
     if (!dst || !src || n == 0) return 0;

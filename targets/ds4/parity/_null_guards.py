@@ -1,6 +1,6 @@
 """NULL tensors upstream refuses before it reads anything: one error case per such tensor, per op.
 
-Each op below opens (after `(void)x;` casts) with one `if (...) return 0;` whose top-level `||` terms
+Each op below opens (after `(void)x;` casts) with one `if (...) return 0;` (or `{ return 0; }`), whose top-level `||` terms
 include `!p` for every tensor p listed (named as the header names the parameter at that position): passed NULL, upstream returns 0 having touched nothing.  A port
 that drops that check dereferences NULL (a crash) or returns success; the op's spec never passed NULL
 before, so neither was seen (minimoe's mutation table: dropped guards were 19 of its 30 survivors).
@@ -24,10 +24,15 @@ from porter.spec import Call, In, InOut, Null, Out, Same, Shape, SpecError, Unit
 
 NULL_GUARDED: dict[str, tuple[str, ...]] = {
     "ds4_gpu_add_tensor": ("out", "a", "b"),
+    "ds4_gpu_attention_decode_heads_tensor": ("heads", "q", "raw_kv"),
+    "ds4_gpu_attention_decode_mixed_batch_heads_tensor": ("heads", "q", "raw_kv"),
+    "ds4_gpu_attention_decode_raw_batch_heads_tensor": ("heads", "q", "raw_kv"),
     "ds4_gpu_attention_indexed_mixed_batch_heads_tensor": ("heads", "q", "raw_kv", "comp_kv", "topk"),
     "ds4_gpu_attention_output_low_q8_tensor": ("low", "heads"),
     "ds4_gpu_attention_output_q8_batch_tensor": ("out", "low", "heads"),
+    "ds4_gpu_attention_prefill_masked_mixed_heads_tensor": ("heads", "q", "raw_kv"),
     "ds4_gpu_attention_prefill_raw_heads_tensor": ("heads", "q", "raw_kv"),
+    "ds4_gpu_attention_prefill_static_mixed_heads_tensor": ("heads", "q", "raw_kv"),
     "ds4_gpu_compressor_prefill_ratio4_replay_tensor": ("comp_cache", "state_kv", "state_score", "kv", "sc"),
     "ds4_gpu_compressor_prefill_state_ratio4_tensor": ("state_kv", "state_score", "kv_tail", "sc_tail"),
     "ds4_gpu_compressor_prefill_tensor": ("comp_cache", "state_kv", "state_score", "kv", "sc"),
