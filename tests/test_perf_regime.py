@@ -61,11 +61,12 @@ def test_a_fresh_child_waits_for_the_gpu_slot_a_warm_plan_holds(monkeypatch, tmp
 
     started = threading.Event()
     seen = {}
+    outcome = runner.ChildOutcome("done", 0, 0.01, "completed")
 
     def child(plan_dir, timeout, argv=None, env=None):
         seen.update(env=env, argv=argv)
         started.set()
-        return "outcome"
+        return outcome
 
     monkeypatch.setattr(runner, "run_child", child)
     p = pool.WarmPool("cuda", 1, [3])  # one slot, GPU 3; no worker is started until a plan comes
@@ -76,5 +77,6 @@ def test_a_fresh_child_waits_for_the_gpu_slot_a_warm_plan_holds(monkeypatch, tmp
     assert not started.wait(0.3)  # not before the slot is free (a wait that cannot pass early, whatever the load)
     p.free.put(held)
     t.join(60)
-    assert got == ["outcome"] and seen["env"] == {"CUDA_VISIBLE_DEVICES": "3"}
+    assert got == [outcome] and seen["env"] == {"CUDA_VISIBLE_DEVICES": "3"}
+    assert outcome.waited_s >= 0.3  # the evidence says how long it queued (harness_s.waited_s)
     assert seen["argv"][0].endswith("compute-sanitizer") and p.free.qsize() == 1  # the slot is given back
