@@ -61,28 +61,29 @@ def _refused(body: str, names: list[str]) -> set[str]:
 LITERAL = re.compile(r'\d+[uUlL]*|0x[0-9a-fA-F]+[uUlL]*|"[^"\\]*"|true|false|NULL|nullptr')
 
 
-def _params(text: str) -> list[str]:
-    return [re.split(r"[\s*&]+", p.strip())[-1] for p in text.split(",")]
-
-
 def _first_guards(src: str) -> dict[str, tuple[list[str], set[str]]]:
     """op -> (its parameter names in order, the names the first statement it runs refuses as NULL).  An op
     whose whole body is `return launcher(p, q, ...);` over its own parameters runs the launcher's first
-    statement first: each argument a launcher parameter it refuses is refused."""
-    launchers = {m.group(1): (_params(m.group(2)), m.end()) for m in re.finditer(
-        r"^(?:static\s+)?(?:inline\s+)?int\s+(\w+)\(([^)]*)\)\s*\{", src, re.M)}
+    statement first: each argument a launcher parameter it refuses is refused.  Definitions and their
+    parameters come from the CUDA grammar (porter.target.cparse), the guards from each body's text."""
+    from porter.target.cparse import function_definitions
+
+    defs = {f.name: f for f in function_definitions(src)}
     out = {}
-    for m in re.finditer(r'extern "C" int (ds4_gpu_\w+_tensor)\(([^)]*)\)\s*\{', src):
-        names, body = _params(m.group(2)), src[m.end():]
+    for f in defs.values():
+        if not (f.extern_c and re.fullmatch(r"ds4_gpu_\w+_tensor", f.name)):
+            continue
+        names, body = [p.name for p in f.params], f.body[1:]  # past the opening brace
         refused = _refused(body, names)
         call = re.match(r"\s*return\s+(\w+)\(([^;]*)\);\s*\}", body, re.S)
-        if not refused and call and call.group(1) in launchers:
+        if not refused and call and call.group(1) in defs:
             args = [a.strip() for a in call.group(2).split(",")]
-            lparams, at = launchers[call.group(1)]
+            launcher = defs[call.group(1)]
+            lparams = [p.name for p in launcher.params]
             if len(args) == len(lparams) and all(a in names or LITERAL.fullmatch(a) for a in args):
-                by_launcher = _refused(src[at:], lparams)
+                by_launcher = _refused(launcher.body[1:], lparams)
                 refused = {a for a, lp in zip(args, lparams) if lp in by_launcher}
-        out[m.group(1)] = (names, refused)
+        out[f.name] = (names, refused)
     return out
 
 
