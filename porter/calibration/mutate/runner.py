@@ -70,16 +70,17 @@ def judge(parity, perf=None) -> tuple[str, str | None, str]:
     return "survived", None, parity.summary + why
 
 
+def screens(target, unit: str) -> bool:
+    """Whether the unit's spec has untimed cases to screen a mutant on and timed ones to spare it: the timed
+    cases are the production sizes, most of a heavy spec's time (ds4: a 2048-token prefill).  A spec with
+    nothing to screen is not run twice."""
+    timed = [getattr(s, "timed", False) for s in getattr(load_spec(target, unit), "shapes", [])]
+    return any(timed) and not all(timed)
+
+
 def screen(target, unit: str, lib, opts, timeout: float, seeds: list[int]):
     """The mutant on its spec's untimed cases (gate.screen_cases): their refusal, which is the whole spec's
-    refusal too (the same cases, seeds and checks), else None -- the whole spec decides.  The timed cases are
-    the production sizes, most of a heavy spec's time (ds4: a 2048-token prefill); most mutants are refused
-    without them.  A spec with nothing to screen is not run twice: None."""
-    if not getattr(opts, "mutation_screen", False):
-        return None
-    timed = [getattr(s, "timed", False) for s in getattr(load_spec(target, unit), "shapes", [])]
-    if not any(timed) or all(timed):
-        return None
+    refusal too (the same cases, seeds and checks), else None -- the whole spec decides."""
     r = calibrator.parity_on_library(target, unit, lib, opts, timeout=timeout, seeds=seeds, screen=True)
     return r if not r.ok and not r.skipped and (r.evidence or {}).get("screen") else None
 
@@ -102,6 +103,7 @@ def run_unit(target, libs, good, unit: str, built: list[Built], opts, run=None) 
     from porter.gates.parity import executors
 
     timeout = mutant_timeout(kg_seconds, opts.parity.timeout, executors.workers_per_gpu())
+    screened_first = opts.mutation_screen and screens(target, unit)  # the spec read once, not per mutant
 
     def one(b: Built) -> dict:
         m = as_mutant(b)
@@ -110,7 +112,7 @@ def run_unit(target, libs, good, unit: str, built: list[Built], opts, run=None) 
             lib = libs.mutant(m)
         except (BuildError, PorterError) as exc:
             return {"id": b.mutation.id, "outcome": "did-not-build", "error": f"link: {exc}"[:300]}
-        r, screened = screen(target, unit, lib, opts, timeout, seeds), True
+        r, screened = screen(target, unit, lib, opts, timeout, seeds) if screened_first else None, True
         if r is None:
             r, screened = calibrator.parity_on_library(target, unit, lib, opts, timeout=timeout, seeds=seeds), False
             # passed on its values on a shared GPU: again alone, timed, before perf judges it
