@@ -16,8 +16,7 @@ table values) except log2f, which is exact at powers of two; a wrong tie rule,
 saturation point or floor changes values by at least one FP8 step."""
 import numpy as np
 
-from porter.spec import Call, InOut, Shape, Tol, UnitSpec
-from porter.spec import sibling as _sibling
+from porter.spec import Call, InOut, Shape, Tol, UnitSpec, sibling
 from reference import ds4_attention_ops as A
 
 TABLE = A.e4m3fn_table()
@@ -86,4 +85,4 @@ SPEC = UnitSpec(
 )
 
 # a NULL tensor upstream's first check refuses, one error case each (_null_guards.py)
-SPEC = _sibling(__file__, "_null_guards").with_null_tensors(SPEC)
+SPEC = sibling(__file__, "_null_guards").with_null_tensors(SPEC)

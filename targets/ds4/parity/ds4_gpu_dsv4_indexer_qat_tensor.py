@@ -13,8 +13,7 @@ Tolerance: bit-exact.  The reference runs ds4.c's butterfly in float32 in the
 same order, and the rest is exact (power-of-two scales, table values)."""
 import numpy as np
 
-from porter.spec import Call, InOut, Shape, Tol, UnitSpec
-from porter.spec import sibling as _sibling
+from porter.spec import Call, InOut, Shape, Tol, UnitSpec, sibling
 from reference import ds4_attention_ops as A
 
 
@@ -71,4 +70,4 @@ SPEC = UnitSpec(
 )
 
 # a NULL tensor upstream's first check refuses, one error case each (_null_guards.py)
-SPEC = _sibling(__file__, "_null_guards").with_null_tensors(SPEC)
+SPEC = sibling(__file__, "_null_guards").with_null_tensors(SPEC)

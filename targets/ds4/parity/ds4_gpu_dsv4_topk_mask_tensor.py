@@ -9,8 +9,7 @@ one chosen row at -inf; n_comp > top_k leaves most of each row at -inf.  Exact:
 the output holds only 0 and -inf."""
 import numpy as np
 
-from porter.spec import Call, In, Out, Shape, Tol, UnitSpec
-from porter.spec import sibling as _sibling
+from porter.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import ds4_hc_ops as ref
 from reference import ds4_ops as ops
 
@@ -61,4 +60,4 @@ SPEC = UnitSpec(
 )
 
 # a NULL tensor upstream's first check refuses, one error case each (_null_guards.py)
-SPEC = _sibling(__file__, "_null_guards").with_null_tensors(SPEC)
+SPEC = sibling(__file__, "_null_guards").with_null_tensors(SPEC)

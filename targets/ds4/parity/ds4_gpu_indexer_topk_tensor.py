@@ -11,8 +11,7 @@ chunks of the chunked path).  A mismatch confined to equal scores is reported
 as 'tie-rule'."""
 import numpy as np
 
-from porter.spec import Call, Exact, In, Out, Shape, UnitSpec
-from porter.spec import sibling as _sibling
+from porter.spec import Call, Exact, In, Out, Shape, UnitSpec, sibling
 from reference import ds4_ops as ops
 
 TIE_RULE = "descending score; equal scores rank the lower index first (ds4.c's strict '>' scan)"
@@ -131,4 +130,4 @@ SPEC = UnitSpec(
 )
 
 # a NULL tensor upstream's first check refuses, one error case each (_null_guards.py)
-SPEC = _sibling(__file__, "_null_guards").with_null_tensors(SPEC)
+SPEC = sibling(__file__, "_null_guards").with_null_tensors(SPEC)

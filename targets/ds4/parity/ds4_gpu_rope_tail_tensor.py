@@ -16,8 +16,7 @@ import math
 
 import numpy as np
 
-from porter.spec import Call, InOut, Shape, Tol, UnitSpec
-from porter.spec import sibling as _sibling
+from porter.spec import Call, InOut, Shape, Tol, UnitSpec, sibling
 from reference import ds4_ops as ops
 
 DENSE = {"n_ctx_orig": 0, "freq_base": ops.ROPE_FREQ_BASE, "freq_scale": 1.0, "ext_factor": 0.0,
@@ -83,4 +82,4 @@ SPEC = UnitSpec(
 )
 
 # a NULL tensor upstream's first check refuses, one error case each (_null_guards.py)
-SPEC = _sibling(__file__, "_null_guards").with_null_tensors(SPEC)
+SPEC = sibling(__file__, "_null_guards").with_null_tensors(SPEC)

@@ -11,8 +11,7 @@ engine never stores more rows than the ring holds in one call.
 Tolerance: bit-exact."""
 import numpy as np
 
-from porter.spec import Call, In, InOut, Shape, Tol, UnitSpec
-from porter.spec import sibling as _sibling
+from porter.spec import Call, In, InOut, Shape, Tol, UnitSpec, sibling
 from reference import ds4_attention_ops as A
 
 
@@ -63,4 +62,4 @@ SPEC = UnitSpec(
 )
 
 # a NULL tensor upstream's first check refuses, one error case each (_null_guards.py)
-SPEC = _sibling(__file__, "_null_guards").with_null_tensors(SPEC)
+SPEC = sibling(__file__, "_null_guards").with_null_tensors(SPEC)

@@ -4,8 +4,7 @@ engine's own CPU path) plus the GPU API's weight factor; ds4 calls it with the
 shared expert's 2048 values, clamp 10 (DS4_SWIGLU_CLAMP_EXP) and weight 1."""
 import numpy as np
 
-from porter.spec import Call, In, Out, Shape, Tol, UnitSpec
-from porter.spec import sibling as _sibling
+from porter.spec import Call, In, Out, Shape, Tol, UnitSpec, sibling
 from reference import ds4_ops as ops
 
 
@@ -62,4 +61,4 @@ SPEC = UnitSpec(
 )
 
 # a NULL tensor upstream's first check refuses, one error case each (_null_guards.py)
-SPEC = _sibling(__file__, "_null_guards").with_null_tensors(SPEC)
+SPEC = sibling(__file__, "_null_guards").with_null_tensors(SPEC)
