@@ -46,6 +46,8 @@ void *mini_cuda_stream(void) { return 0; }
 const void *mini_cuda_model_ptr(const void *map, uint64_t size, uint64_t off, uint64_t bytes) { return 0; }
 void mini_cuda_forget_models(void) {}
 int mini_gpu_swiglu_tensor(tensor *out, const tensor *gate, const tensor *up, uint64_t n) {
+    /* the spec's error cases pass NULL tensors and NULL data: an honest backend refuses them */
+    if (!out || !gate || !up || !out->data || !gate->data || !up->data) return -1;
     if (out->bytes < n * 4 || gate->bytes < n * 4 || up->bytes < n * 4) return -1;
     float *g = malloc(n * 4 + 4), *u = malloc(n * 4 + 4), *o = malloc(n * 4 + 4);
     cudaMemcpy(g, gate->data, n * 4, cudaMemcpyDeviceToHost);
