@@ -31,11 +31,13 @@ def chunks(tmp_path) -> list[Path]:
 def test_merged_chunks_give_one_table_and_the_floors_ds4_declares(tmp_path, chunks):
     target = load_target(REPO, "minimoe")  # the rows name ds4's units; the target only styles the table
     out = tmp_path / "table.md"
-    # 1: the recorded table holds a perf mutant refused by another check than the one it names
+    # 1: in the recorded table upstream's store_raw_kv_batch (0.018 ms) was refused by its own limit when
+    # re-timed in a fresh process on a loaded host (docs/perf.md): the table says so, it is not smoothed over
     assert perf_table.from_json(target, [str(p) for p in chunks], out) == 1
     text = out.read_text()
     per_op, every_case = text.split("## every timed case")
-    assert per_op.count("\n| ds4_gpu_") == 57 and "5 of 6 perf mutants refused by the check they name" in text
+    assert per_op.count("\n| ds4_gpu_") == 57 and "6 of 6 perf mutants refused by the check they name" in text
+    assert "on 56 of 57 timed ops" in text
     cases = sum(len(r.get("cases") or []) for r in json.loads(MEASURED.read_text())["rows"])
     assert cases and every_case.count("\n| ds4_gpu_") == cases
     block = text[text.index("[perf.floors]"):text.rindex("```")]
@@ -174,21 +176,17 @@ def test_missing_from_resumes_a_table_with_only_the_ops_not_measured_on_their_cu
     for m in perf_rule_mutants(ds4):
         named.setdefault(m.unit, []).append(m.name)
     from porter.calibration.baseline import times_a_case
-    from porter.spec import sibling
 
     specs = load_specs(ds4)
     current = perf_table.current_rows(json.loads(MEASURED.read_text()), specs, named)
-    # every op measured at its production-size cases; matmul_q8_0 owes the prefill mutant the 2026-11-29 lease
-    # saw refused by `timing` (the cross-check's gap bound before it grew with the call) rather than the
-    # slowdown it names, routed_moe_batch the mutant that lease had no time for; and the 50 ops given
-    # NULL-tensor error cases since (_null_guards.py: untimed cases, but a new spec) owe a re-measure
-    nulls = set(sibling(str(REPO / "targets/ds4/parity/x.py"), "_null_guards").NULL_GUARDED)
-    owed_rows = nulls | {"ds4_gpu_matmul_q8_0_tensor", "ds4_gpu_routed_moe_batch_tensor"}
-    assert current == {u for u, s in specs.items() if times_a_case(s)} - owed_rows and len(current) == 6
+    # every op measured at its production-size cases on its current spec (the 2026-11-29 4x H200 lease
+    # re-measured the 51 that owed a row); routed_moe_batch still owes its prefill perf mutant, which no
+    # lease has had the time to judge, so its row is measured again with it
+    owed_rows = {"ds4_gpu_routed_moe_batch_tensor"}
+    assert current == {u for u, s in specs.items() if times_a_case(s)} - owed_rows and len(current) == 56
     owed = {(m.unit, m.name) for m in perf_rule_mutants(ds4)} - perf_table.judged_mutants(
         json.loads(MEASURED.read_text()), specs)
-    assert {name for _, name in owed} >= {"q8_0-prefill-product-once-per-token", "moe-batch-one-token-at-a-time"}
-    assert {u for u, _ in owed} <= owed_rows
+    assert owed == {("ds4_gpu_routed_moe_batch_tensor", "moe-batch-one-token-at-a-time")}
 
 
 def test_a_measured_note_names_porters_commit_only_from_porters_own_checkout(tmp_path, monkeypatch):
