@@ -228,6 +228,42 @@ def test_a_run_perf_judges_is_made_alone_when_the_gpu_is_shared_and_it_passed_on
         "a mutant gaming its timing is refused by the timed run alone, not let through by the untimed one"
 
 
+def test_on_a_shared_gpu_a_mutant_is_run_alone_only_where_its_timing_matters(monkeypatch, tmp_path):
+    """calibrator.parity_then_perf: a mutant only a value check must refuse is not run again alone (one more GPU
+    run deciding nothing), and one perf does not judge keeps its timed parity run as its verdict."""
+    from porter.gates.result import GateResult
+
+    monkeypatch.setenv(executors.PER_GPU_ENV, "4")
+    runs, judged = [], []
+
+    def parity(target, unit, lib, opts, timeout=None, env=None, seeds=None, fresh_process=False):
+        runs.append((fresh_process, tuple(seeds or ())))
+        return GateResult("parity", True, "parity ok" + (" alone" if fresh_process else ""))
+
+    def perf(target, unit, parity_res, known_good, retime):
+        judged.append((parity_res.summary, known_good.summary))
+        retime()
+        return GateResult("perf", False, "perf refused", check="slowdown")
+
+    monkeypatch.setattr(calibrator, "parity_on_library", parity)
+    monkeypatch.setattr(calibrator, "perf_on_mutant", perf)
+    good = GateResult("parity", True, "known-good")
+
+    def judge(**kw):
+        runs.clear()
+        judged.clear()
+        return calibrator.parity_then_perf(None, "u", Path("m.so"), _opts(tmp_path), good, [1, 2], 60.0, **kw)
+
+    r = judge(timed=False, judge_perf=False)
+    assert (r.parity.summary, r.perf, runs) == ("parity ok", None, [(False, (1, 2))])
+    r = judge(timed=True, judge_perf=False)
+    assert (r.verdict.summary, r.perf, runs) == ("parity ok alone", None, [(False, (1, 2)), (True, (1, 2))])
+    r = judge()
+    assert r.verdict.check == "slowdown" and r.parity.summary == "parity ok alone"
+    assert judged == [("parity ok alone", "known-good")], "perf judges the run alone against the known-good"
+    assert runs == [(False, (1, 2)), (True, (1, 2)), (True, ())], "perf's re-time: alone, on fresh seeds"
+
+
 def test_a_generated_mutant_that_passes_on_values_is_timed_alone_before_perf(monkeypatch, tmp_path):
     from porter.gates.result import GateResult
 

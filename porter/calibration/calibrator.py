@@ -21,6 +21,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import NamedTuple
 
 from porter.calibration import seed_sweep
 from porter.calibration.libraries import BuildError, UpstreamLibraries
@@ -34,6 +35,7 @@ from porter.gates.evidence import ParityEvidence
 from porter.gates.driver import Candidate, GateContext, ParityOptions, refusal, run_gates
 from porter.gates.parity.compare import CHECK_ORDER
 from porter.gates.parity.gate import fresh_seeds
+from porter.gates.result import GateResult
 from porter.spec import inputs_facts, load_specs
 from porter.gates.perf import calibrated_limit
 from porter.records.ledger import Ledger
@@ -163,6 +165,36 @@ def perf_on_mutant(target, unit: str, parity, known_good, retime_fn):
     calibration (same seeds, same device, same regime); `retime_fn`: its parity again in a fresh process."""
     base, why = perf.known_good_baseline(known_good)
     return perf.decide(target, unit, parity, base, why, retime_fn)
+
+
+class MutantRun(NamedTuple):
+    parity: GateResult  # the run alone where one was made: the one perf judged
+    perf: GateResult | None  # None: perf was not asked for, or parity refused
+
+    @property
+    def verdict(self) -> GateResult:
+        return self.perf if self.perf is not None else self.parity
+
+
+def parity_then_perf(target, unit: str, lib: Path, opts: CalibrateOptions, known_good: GateResult,
+                     seeds: list[int], timeout: float | None, *, timed: bool = True,
+                     judge_perf: bool = True) -> MutantRun:
+    """A mutant judged the one way calibration, mutation testing and the perf table all judge one: parity on
+    its values first (a warm worker sharing the GPU makes no timed call), then, where that passed and the GPU
+    is shared, again alone in a fresh child with its timed calls (timed_alone), so that parity's timing checks
+    and perf see a quiet GPU; then, where parity passed, perf against `known_good` (the known-good's run on the
+    same seeds, device and regime).
+    timed: whether its timed calls matter (perf judges it, or a check of the timed calls must refuse it);
+    where they do not, the run alone would be one more GPU run that decides nothing.
+    judge_perf: whether perf judges it; where a parity check alone must refuse it, perf's verdict on it would
+    replace the one that counts."""
+    r = parity_on_library(target, unit, lib, opts, timeout=timeout, seeds=seeds)
+    if timed:
+        r = timed_alone(target, unit, lib, opts, r, seeds, timeout)
+    if not (judge_perf and r.ok):
+        return MutantRun(r, None)
+    return MutantRun(r, perf_on_mutant(target, unit, r, known_good, lambda: parity_on_library(
+        target, unit, lib, opts, timeout=timeout, fresh_process=True)))
 
 
 def _row(unit, kind, name, expect, res, ok, seconds, static_verdict=None) -> Row:
@@ -301,12 +333,9 @@ def _unit_runs(target, libs, opts, good, plan, mutants, specs, unit, out) -> tup
             lib = libs.mutant(m)
         except (BuildError, PorterError) as exc:
             return exc, 0.0, None
-        r = parity_on_library(target, unit, lib, opts, timeout=m.timeout, seeds=seeds)
-        if m.perf or m.must_fail_check in TIMED_CHECKS:
-            r = timed_alone(target, unit, lib, opts, r, seeds, m.timeout)
-        if m.perf and r.ok:  # judged against this calibration's known-good run, made above
-            r = perf_on_mutant(target, unit, r, res, lambda: parity_on_library(target, unit, lib, opts,
-                                                                               timeout=m.timeout, fresh_process=True))
+        # judged against this calibration's known-good run, made above
+        r = parity_then_perf(target, unit, lib, opts, res, seeds, m.timeout,
+                             timed=m.perf or m.must_fail_check in TIMED_CHECKS, judge_perf=m.perf).verdict
         return r, time.monotonic() - t2, _static_verdict(target, m) if opts.show_static else None
 
     # after the known-good run (the perf mutants' baseline), the unit's other runs side by side in the slots

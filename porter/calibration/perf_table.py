@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from porter.calibration.baseline import times_a_case
-from porter.calibration.calibrator import CalibrateOptions, baseline_alone, parity_on_library, perf_on_mutant, timed_alone
+from porter.calibration.calibrator import CalibrateOptions, baseline_alone, parity_on_library, parity_then_perf
 from porter.calibration.chunks import chunk_units
 from porter.calibration.libraries import libraries_for
 from porter.gates.mutants import perf_rule_mutants
@@ -167,11 +167,8 @@ def judge_mutant(target, m, libs, opts: CalibrateOptions, first, seeds) -> dict:
         lib = libs.mutant(m)
     except Exception as exc:  # noqa: BLE001 - a mutant that does not build is a row, not a crash
         return dict(row, got="build-error", ok=False, summary=str(exc)[:300])
-    r = timed_alone(target, m.unit, lib, opts, parity_on_library(target, m.unit, lib, opts, timeout=m.timeout,
-                                                                   seeds=seeds), seeds, m.timeout)
-    if m.perf and r.ok:
-        r = perf_on_mutant(target, m.unit, r, first, lambda: parity_on_library(
-            target, m.unit, lib, opts, timeout=m.timeout, fresh_process=True))
+    # timed alone whatever check it names, unlike calibration: its row keeps the mutant's time (`ms`)
+    r = parity_then_perf(target, m.unit, lib, opts, first, seeds, m.timeout, timed=True, judge_perf=m.perf).verdict
     named = PerfEvidence.of(r.evidence).candidate if r.gate == "perf" else None
     return dict(row, got=r.word, ok=m.rejected_by(r.word), ms=(r.metrics or {}).get("median_ms"),
                 case=named.case if named else None, roofline_ms=named.roofline_ms if named else None,

@@ -1,5 +1,5 @@
 """Each distinct mutant through parity, and perf where parity passed: the path calibration takes for a
-hand-written mutant (porter.calibration.calibrator: parity_on_library, perf_on_mutant), on libraries
+hand-written mutant (porter.calibration.calibrator.parity_then_perf), on libraries
 the calibration library builder links (porter.calibration.libraries.SourceLibraries: the known-good
 source of every unit, this unit's mutated).
 
@@ -112,19 +112,15 @@ def run_unit(target, libs, good, unit: str, built: list[Built], opts, run=None) 
             lib = libs.mutant(m)
         except (BuildError, PorterError) as exc:
             return {"id": b.mutation.id, "outcome": "did-not-build", "error": f"link: {exc}"[:300]}
-        r, screened = screen(target, unit, lib, opts, timeout, seeds) if screened_first else None, True
-        if r is None:
-            r, screened = calibrator.parity_on_library(target, unit, lib, opts, timeout=timeout, seeds=seeds), False
-            # passed on its values on a shared GPU: again alone, timed, before perf judges it
-            r = calibrator.timed_alone(target, unit, lib, opts, r, seeds, timeout)
-        p = None
-        if r.ok:  # judged against this run's known-good, as a hand-written perf mutant is
-            p = calibrator.perf_on_mutant(target, unit, r, res, lambda: calibrator.parity_on_library(
-                target, unit, lib, opts, timeout=timeout, fresh_process=True))
+        refused = screen(target, unit, lib, opts, timeout, seeds) if screened_first else None
+        # any mutant may have changed only its speed: every one is timed and judged by perf against this run's
+        # known-good, as a hand-written perf mutant is
+        r, p = (refused, None) if refused is not None else \
+            calibrator.parity_then_perf(target, unit, lib, opts, res, seeds, timeout)
         drop_library(libs, lib, good)
         outcome, check, summary = judge(r, p)
         return {"id": b.mutation.id, "outcome": outcome, "check": check, "summary": summary[:300],
-                "seconds": round(time.monotonic() - t1, 2), **({"screen": True} if screened else {})}
+                "seconds": round(time.monotonic() - t1, 2), **({"screen": True} if refused is not None else {})}
 
     return facts, [run(lambda b=b: one(b)) for b in mine] if opts.slots is None else \
         opts.slots.map([lambda b=b: one(b) for b in mine])
