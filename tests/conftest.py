@@ -44,6 +44,14 @@ def ds4_checkout() -> Path | None:
     return None
 
 
+def spec_module(target, unit: str):
+    """The module a unit's spec file was loaded as, once load_spec has run: its helpers (F, M, ...) live
+    there.  Not spec.build's module: a helper beside the specs may wrap build (ds4's _null_guards does)."""
+    path = (Path(target.dir) / "parity" / f"{unit}.py").resolve()
+    return next(m for m in list(sys.modules.values())
+                if isinstance(getattr(m, "__file__", None), str) and Path(m.__file__).resolve() == path)
+
+
 @pytest.fixture(autouse=True)
 def _porter_home(monkeypatch, tmp_path):
     """Signing keys, trust pins and witnesses of every test live in tmp, never in ~/.config/porter."""

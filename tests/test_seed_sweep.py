@@ -353,11 +353,9 @@ def test_routed_moe_one_draws_only_calls_whose_rounding_no_right_kernel_can_take
     as a right float32 kernel may, costs out more than its whole NMSE bound.  The spec's builder refuses that
     draw and keeps one whose every ambiguous code, all flipped, costs at most half the bound; and the band it
     calls ambiguous holds an emulation of upstream's float32 path with room to spare."""
-    import sys
-
     import numpy as np
 
-    from conftest import NO_DS4, ds4_checkout
+    from conftest import NO_DS4, ds4_checkout, spec_module
     from ds4_moe_upstream import code_error_over_band, flip_one, reference, upstream_mid
     from porter.spec import Context, load_spec
 
@@ -366,11 +364,11 @@ def test_routed_moe_one_draws_only_calls_whose_rounding_no_right_kernel_can_take
         pytest.skip(NO_DS4)
     target = load_target(REPO, "ds4", checkout)
     spec = load_spec(target, MOE)
-    F = sys.modules[spec.build.__module__].F
+    F = spec_module(target, MOE).F
     shape = next(s for s in spec.shapes if "17 blocks" in s.label)
     ctx = Context.for_target(target)
 
-    raw, mid = sys.modules[spec.build.__module__].M.draw(shape, ctx, np.random.default_rng([5, 2]), batch=False)
+    raw, mid = spec_module(target, MOE).M.draw(shape, ctx, np.random.default_rng([5, 2]), batch=False)
     bands = F.code_bands(raw, mid)
     assert F.flip_risk(raw, mid, bands)[0] > 1e-6
     # the most ambiguous code, rounded the other way by one step: out moves by more than the NMSE bound
