@@ -9,7 +9,9 @@ window 1, a window longer than the context, windows of 68 and 80 keys (past
 the one 32-key chunk the real window fits, where a chunked online softmax
 rescales what it has summed; head_dim 256, the most the kernel takes), and
 larger sinks so that the sink's share of the mass is large (a kernel without
-the sink fails by far)."""
+the sink fails by far), sinks level with scores shifted to +200 (where a sink's
+low bits move the output), and a call with no tokens (the Metal backend returns
+0 for it)."""
 import numpy as np
 
 from porter.spec import Call, Context, In, Out, Shape, Tol, UnitSpec, sibling
@@ -23,13 +25,20 @@ def build(shape, ctx, rng):
     d = shape.dims
     n_tokens, pos0, n_head, head_dim, window = d["n_tokens"], d["pos0"], d["n_head"], d["head_dim"], d["window"]
     scale = float(np.float32(d.get("scale", 1.0 / np.sqrt(head_dim))))
+    n_pos = pos0 + n_tokens
     if shape.fixture_tensors:
         t = ctx.tensor(shape.fixture_tensors[0])
         m, off = ctx.fixture_map(), t.offset
+    elif d.get("sink_at_scores"):
+        # the sink level with the shifted scores, holding about half of the mass (sum_j exp(s_j - 200) is about
+        # 3 per key at the edge's spread): its value then moves the output by its low bits, where a far
+        # smaller sink is washed out by the max
+        keys = min(window, n_pos)
+        sinks = (E.SCORE_SHIFT + np.log(3.0 * keys) + rng.uniform(-1.0, 1.0, n_head)).astype("<f4")
+        m, (off,) = Context.synthetic_map([sinks], rng)
     else:
         sinks = rng.uniform(-1.0, 3.0, n_head).astype("<f4")
         m, (off,) = Context.synthetic_map([sinks], rng)
-    n_pos = pos0 + n_tokens
     if d.get("shift"):
         q, k = E.shifted_qk(rng, n_tokens, n_pos, n_head, head_dim, scale)
     else:
@@ -80,6 +89,11 @@ SPEC = UnitSpec(
         Shape("odd: 3 heads, head_dim 24, window 5, scale 0.3, scores +200",
               {"n_tokens": 7, "pos0": 2, "n_head": 3, "head_dim": 24, "window": 5, "scale": 0.3, "shift": True},
               edge=E.EDGE_SHIFTED),
+        Shape("sinks at the scores' scale (+200, about half the mass), 8 heads, 5 tokens at pos0 40",
+              {"n_tokens": 5, "pos0": 40, "n_head": 8, "head_dim": 64, "window": 32, "shift": True,
+               "sink_at_scores": True}, edge=E.EDGE_SHIFTED),
+        # the Metal backend returns 0 once its arguments hold and there is no query (n_q == 0)
+        Shape("no tokens at pos0 5: nothing to do, success", {"n_tokens": 0, "pos0": 5, **REAL}),
         Shape("prefill 128 tokens (timing)", dict(REAL, n_tokens=128, pos0=0), source="fixture:blk.1.attn_sinks.weight",
               timed=True),
     ] + BAD,

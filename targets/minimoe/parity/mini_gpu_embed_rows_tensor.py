@@ -25,7 +25,7 @@ def build(shape, ctx, rng):
     if n >= 2:
         tokens[0], tokens[-1] = 0, n_vocab - 1
     if "bad_token" in d:
-        tokens[n // 2] = n_vocab if d["bad_token"] == "n_vocab" else int(d["bad_token"])
+        tokens[d.get("bad_at", n // 2)] = n_vocab if d["bad_token"] == "n_vocab" else int(d["bad_token"])
     args = {"out": Out("f32", (n, n_embd)), "tokens": In(tokens), "model_map": m, "model_size": m.size,
             "weight_offset": off, "n_vocab": n_vocab, "n_embd": n_embd, "n_tokens": n}
     if shape.expect == "error":
@@ -46,11 +46,23 @@ SPEC = UnitSpec(
         Shape("token_embd, 3 tokens", {"n_tokens": 3}, source="fixture:token_embd.weight"),
         Shape("token_embd, 7 tokens", {"n_tokens": 7}, source="fixture:token_embd.weight"),
         BASE,
+        # every real row (n_embd 256) fits one block's threads: only a wider row walks a row in strides
+        Shape("odd table 37x600, 4 tokens (a row wider than one block)", {"n_tokens": 4, "n_vocab": 37, "n_embd": 600}),
+        # the Metal backend returns 0 for no tokens
+        Shape("no tokens: nothing to do, success", {"n_tokens": 0}, source="fixture:token_embd.weight"),
         Shape("token_embd, 1024 tokens (bandwidth)", {"n_tokens": 1024}, source="fixture:token_embd.weight", timed=True),
         Shape("error: token id = n_vocab", {"n_tokens": 3, "bad_token": "n_vocab"}, source="fixture:token_embd.weight",
               expect="error", why="a token id outside [0, n_vocab) is an error, not a clamp"),
         Shape("error: token id = -1", {"n_tokens": 2, "bad_token": -1}, source="fixture:token_embd.weight",
               expect="error", why="a token id outside [0, n_vocab) is an error, not a clamp"),
+        # a bad id at each end of the batch, the last past the first 256 tokens: every token is checked,
+        # not only the ones one block's threads start on
+        Shape("error: token id = n_vocab at the first position", {"n_tokens": 5, "bad_token": "n_vocab", "bad_at": 0},
+              source="fixture:token_embd.weight", expect="error",
+              why="a token id outside [0, n_vocab) is an error, not a clamp"),
+        Shape("error: token id = -1 at the last of 300 positions", {"n_tokens": 300, "bad_token": -1, "bad_at": -1},
+              source="fixture:token_embd.weight", expect="error",
+              why="a token id outside [0, n_vocab) is an error, not a clamp"),
     ] + BAD,
     build=build_checked,
     bytes_moved=lambda s: s.dims["n_tokens"] * (4 + 256 * 6),

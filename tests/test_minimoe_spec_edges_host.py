@@ -1,0 +1,84 @@
+"""minimoe's spec cases added for mutation-testing survivors, each shown refusing the flaw it exists for.
+
+Host mode: targets/minimoe/mini_cpu.c (a complete CPU backend of mini_gpu.h) stands in for the known-good,
+and a one-line edit of it for the flaw.  The CUDA mutants these cases answer (targets/minimoe/mutation.json)
+need a GPU; the flaw classes do not:
+
+- attention_window's sink read one byte early (`p[0]` -> `p[-1]` in the byte loader): with sinks far below
+  the scores the max washes a sink's low bits out; level with scores shifted to +200 they move the output
+  past NMSE 1e-7 (simulated on 300 draws: 96% of single draws, and the spec draws two seeds);
+- attention_window with no tokens: the Metal backend returns 0 once its arguments hold (n_q == 0);
+- embed_rows: a bad id at the batch's first position (a check loop that starts one token late), and a row
+  wider than one block's 256 threads (a stride loop that stops after one stride).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from porter.gates.parity import gate as G
+from porter.spec import Context, load_spec
+from porter.target import load_target
+
+REPO = Path(__file__).resolve().parents[1]
+CC = shutil.which("cc") or shutil.which("gcc")
+pytestmark = pytest.mark.skipif(CC is None, reason="no C compiler (cc) to build mini_cpu.c")
+ATTN, EMBED = "mini_gpu_attention_window_tensor", "mini_gpu_embed_rows_tensor"
+
+# name: (unit, the edit of mini_cpu.c, the check that must refuse it (None: the stand-in itself, which passes),
+# the case that refuses it first: one of the new ones)
+FLAWS = {
+    "known_good_attention": (ATTN, None, None, None),
+    "known_good_embed": (EMBED, None, None, None),
+    "sink_low_byte_read_early": (ATTN, (
+        "memcpy(&sink_f, (const uint8_t *)model_map + sinks_offset + 4 * (uint64_t)h, 4);",
+        "memcpy(&sink_f, (const uint8_t *)model_map + sinks_offset + 4 * (uint64_t)h, 4);"
+        " memcpy(&sink_f, (const uint8_t *)model_map + sinks_offset + 4 * (uint64_t)h - 1, 1);"), "values", "sinks at the scores' scale"),
+    "no_tokens_is_a_failure": (ATTN, ("    if (head_dim == 0) return 0;",
+                                      "    if (n_tokens == 0) return 1;\n    if (head_dim == 0) return 0;"), "rc", "no tokens at pos0 5"),
+    "first_token_unchecked": (EMBED, ("        if (tok[t] < 0 || (uint32_t)tok[t] >= n_vocab) return 1;",
+                                      "        if (t > 0 && (tok[t] < 0 || (uint32_t)tok[t] >= n_vocab)) return 1;"),
+                              "error-return", "at the first position"),
+    "row_stops_after_256": (EMBED, ("        for (uint32_t i = 0; i < n_embd; i++) {\n            y[(uint64_t)t * n_embd",
+                                    "        for (uint32_t i = 0; i < (n_embd < 256 ? n_embd : 256); i++) {\n"
+                                    "            y[(uint64_t)t * n_embd"), "sentinel", "a row wider than one block"),
+}
+
+
+@pytest.fixture(scope="module")
+def target():
+    return load_target(REPO, "minimoe")
+
+
+@pytest.fixture(scope="module")
+def libs(target, tmp_path_factory):
+    d = tmp_path_factory.mktemp("mini_cpu_flaws")
+    src = (target.checkout / "mini_cpu.c").read_text()
+    out = {}
+    for name, (_, edit, _, _) in FLAWS.items():
+        text = src
+        if edit:
+            assert src.count(edit[0]) == 1, f"{name}: the edit's anchor is not one line of mini_cpu.c"
+            text = src.replace(edit[0], edit[1])
+        (d / f"{name}.c").write_text(text)
+        subprocess.run([CC, "-O2", "-fPIC", "-shared", "-DMINI_CPU_DOT=float", "-I", str(target.checkout),
+                        "-o", str(d / f"lib{name}.so"), str(d / f"{name}.c"), "-lm"], check=True)
+        out[name] = d / f"lib{name}.so"
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(FLAWS))
+def test_each_new_case_refuses_its_flaw_and_the_stand_in_passes(target, libs, tmp_path, name):
+    unit, _, check, case = FLAWS[name]
+    r = G.run_spec(target, load_spec(target, unit), libs[name], workspace=tmp_path, mode="host",
+                   ctx=Context.for_target(target), timing_reps=0)
+    assert not r.skipped, r.summary
+    if check is None:
+        assert r.ok, r.summary + "\n" + r.diagnostics
+    else:
+        # the first failure named is one of the new cases: the spec before them let this flaw through
+        assert not r.ok and r.check == check and case in r.summary, r.summary
