@@ -60,9 +60,27 @@ def test_a_kernel_near_the_baseline_passes(workspace):
 def test_the_limit_is_the_targets_setting(workspace):
     toml = workspace / "targets" / "minimoe" / "target.toml"
     toml.write_text(toml.read_text() + "\n[perf]\nmax_slowdown = 1.2\n")
-    _calibrate(workspace, 0.012)
-    res = perf.run(Candidate.of(UNIT, ""), GateContext(load_target(workspace, "minimoe"), workspace, results={"parity": _parity(0.018)}))
+    # milliseconds, past the cross-process jitter (a 0.012 ms case 1.5x slower is inside it: the next test)
+    _calibrate(workspace, 1.2)
+    res = perf.run(Candidate.of(UNIT, ""), GateContext(load_target(workspace, "minimoe"), workspace, results={"parity": _parity(1.8)}))
     assert not res.ok and "limit 1.2x" in res.summary
+
+
+def test_a_latency_bound_case_past_its_limit_by_less_than_two_processes_differ_passes(workspace):
+    """Upstream's own store_raw_kv_batch (0.0183 ms, a spread allowing 1.26x) was refused re-timed in a fresh
+    process at 0.0307 ms (1.68x) on a loaded H200 host: the limit from one process's spread does not cover two
+    processes.  Past the limit by at most perf.CROSS_PROCESS_JITTER_MS passes, saying so; by more is refused,
+    and so is anything slower by a ratio at a size where the jitter is small beside it."""
+    times = [0.0183 * (1 + 0.14 * i / 9) for i in range(10)]  # a spread near the one that gave it 1.26x
+    _calibrate(workspace, 0.0183, times=times)
+    res = _perf(workspace, _parity(0.0307))
+    assert res.ok and res.evidence["within_jitter_ms"] > 0 and "within the 0.027 ms" in res.summary, res.summary
+    limit = res.evidence["limit"]
+    assert res.evidence["ratio"] > limit >= perf.MIN_LIMIT
+    past = _perf(workspace, _parity(limit * 0.0183 + perf.CROSS_PROCESS_JITTER_MS + 0.001))
+    assert not past.ok and past.check == "slowdown" and past.evidence.get("within_jitter_ms") is None, past.summary
+    # a serial kernel on the same case: refused by far
+    assert _perf(workspace, _parity(15.6)).check == "slowdown"
 
 
 def test_no_calibration_means_skipped_not_passed(workspace):

@@ -208,3 +208,21 @@ def test_a_measured_note_names_porters_commit_only_from_porters_own_checkout(tmp
     assert "porter" not in note and note.endswith(", NVIDIA H200")
     monkeypatch.setattr(porter, "__file__", str(repo / "porter" / "__init__.py"))  # porter's own checkout
     assert "porter " in perf_table.provenance(SimpleNamespace(name="t", checkout=None), "NVIDIA H200")
+
+
+def test_the_cross_process_jitter_is_what_the_recorded_table_measured_and_no_perf_mutant_hides_in_it():
+    """perf.CROSS_PROCESS_JITTER_MS is twice the largest amount by which upstream re-timed in a fresh process
+    exceeded its first timing over the recorded table (a new table that moves more must move the constant),
+    and every perf mutant the table saw refused by `slowdown` is past limit x upstream by far more."""
+    from porter.gates import perf
+
+    table = json.loads(MEASURED.read_text())
+    moved = [c["again_ms"] - c["ms"] for r in table["rows"] for c in r.get("cases") or []
+             if c.get("again_ms") and c.get("ms")]
+    assert len(moved) > 50 and 2 * max(moved) <= perf.CROSS_PROCESS_JITTER_MS < 2 * max(moved) + 0.001
+    cases = {(r["unit"], c["case"]): c for r in table["rows"] for c in r.get("cases") or []}
+    slow = [m for m in table["mutants"] if m["got"] == "slowdown"]
+    assert len(slow) >= 5
+    for m in slow:
+        c = cases[(m["unit"], m["case"])]
+        assert m["ms"] - c["limit"] * c["ms"] > 10 * perf.CROSS_PROCESS_JITTER_MS, m["mutant"]

@@ -305,6 +305,7 @@ class PerfEvidence(Evidence):
     ratio: Num | None = None  # candidate / known-good
     limit: Num | None = None
     limit_basis: str | None = None
+    within_jitter_ms: Num | None = None  # past the ratio limit by this, inside perf.CROSS_PROCESS_JITTER_MS: passed
     pct_of_roofline: Num | None = None
     floor_ms: Num | None = None
     floor_fraction: Num | None = None

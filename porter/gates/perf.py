@@ -12,7 +12,9 @@ see that.  Two things once let such a kernel through here, and both are gone:
   GPU is no baseline.
 * the slack: the limit was a picked 8x.  It is now derived from the known-good's own run-to-run spread in
   the calibration run (calibrated_limit: at least MIN_LIMIT, more only where the known-good itself
-  scatters), recorded with the calibration ([perf] max_slowdown, where a target sets it, overrides).
+  scatters), recorded with the calibration ([perf] max_slowdown, where a target sets it, overrides); a case
+  past it by no more than CROSS_PROCESS_JITTER_MS passes, because two processes differ by more than one's
+  calls do where a case is latency-bound.
 
 No comparable known-good (a real port, or a spec changed since calibration): the gate decides against a
 floor from the op's roofline at the spec's timed sizes -- the bytes it must move over the device's peak
@@ -52,6 +54,14 @@ DEFAULT_FLOOR_FRACTION = 0.05  # of the roofline, at the spec's largest timed ca
 # Twice the slowest, as the declared floors allow twice upstream's distance from the roofline; a serial
 # kernel is orders of magnitude past it (ds4's one-thread add: 15.6 ms).
 LAUNCH_ALLOWANCE_MS = 0.085
+# A latency-bound case moves more between two processes than within one: over the 79 production-size cases
+# of targets/ds4/perf/h200.json (2026-11-29, a loaded 4-H200 host) upstream re-timed in a fresh process took
+# up to 0.0132 ms longer than its first timing, 1.46x on store_raw_kv_batch's 0.018 ms case, whose spread of
+# 10 calls in one process allows 1.26x: the gate refused upstream's own kernel.  Twice the largest: a
+# slowdown past the limit by less than this is not evidence of a slower kernel.  Measured, not picked, as
+# LAUNCH_ALLOWANCE_MS is; a serial kernel is orders of magnitude past it (the one-thread add: 482 ms
+# against 0.072 ms), and the ratio alone still decides every case slower than about 0.1 ms by more.
+CROSS_PROCESS_JITTER_MS = 0.027
 FAST_SUSPECT = 10.0  # known-good / candidate above this: refused unless a fresh re-time agrees (KernelBench)
 RETIME_AGREES = 2.0  # the re-time's median within this factor of the first: the same kernel, timed again
 
@@ -369,12 +379,18 @@ def against_known_good(mine: dict, base: dict, facts: dict, cap: float | None, r
     lim = base.get("perf_limit") or calibrated_limit(base)
     limit, basis = (cap, f"[perf] max_slowdown = {cap:g}") if cap else (lim["limit"], lim["basis"])
     ratio = mine["median_ms"] / base["median_ms"]
+    over_ms = mine["median_ms"] - limit * base["median_ms"]
+    jitter = ratio > limit and over_ms <= CROSS_PROCESS_JITTER_MS
     line = (f"{mine['median_ms']:.4g} ms vs known-good {base['median_ms']:.4g} ms on {mine['case']!r} "
             f"({ratio:.3g}x; limit {limit:.3g}x from {basis}; regime {regime})")
+    if jitter:
+        line += (f"; {over_ms:.3g} ms past the limit, within the {CROSS_PROCESS_JITTER_MS:g} ms by which two "
+                 "processes of the known-good differ")
     evidence = PerfEvidence.record(dict(facts, candidate=mine, baseline=base, ratio=ratio, limit=limit, limit_basis=basis,
-                                        pct_of_roofline=pct_of_roofline(mine), decided_by="known-good"))
+                                        pct_of_roofline=pct_of_roofline(mine), decided_by="known-good",
+                                        **({"within_jitter_ms": round(over_ms, 6)} if jitter else {})))
     metrics = {"ratio": ratio, "median_ms": mine["median_ms"], "baseline_ms": base["median_ms"], "limit": limit}
-    if ratio > limit:
+    if ratio > limit and not jitter:
         return GateResult("perf", False, f"perf failed: {line}", check="slowdown", diagnostics=(
             f"The kernel is {ratio:.1f}x slower than the known-good implementation on the same inputs, in the "
             f"regime the target runs in ({regime}); the limit is {limit:.3g}x. Parallelise the work across threads "
