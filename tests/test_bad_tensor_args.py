@@ -65,6 +65,26 @@ def test_bad_tensor_arguments_are_refused_in_an_ok_shape_and_allowed_in_an_error
     validate_call(spec, fn, ERR, call)  # the same call is an error case's to make
 
 
+def test_a_case_the_api_leaves_open_has_valid_arguments_a_reference_and_a_reason(target):
+    """expect="either" (a size past a limit the header does not set): refused, or judged on its values.  Its
+    call is a valid one (bad arguments are an error case's), with a reference for a backend that computes
+    it, a reason the API leaves it open, and no timing (a refusal has no time to judge)."""
+    spec = load_spec(target, UNIT)
+    fn = target.api_function(UNIT)
+    either = Shape("open", {"n": 4}, expect="either", why="the header sets no limit")
+    assert either.judges_values and OK.judges_values and not ERR.judges_values
+    validate_call(spec, fn, either, _call())
+    with pytest.raises(SpecError, match="expect='error'"):
+        validate_call(spec, fn, either, _call(out=Null()))
+    with pytest.raises(SpecError, match="no reference"):
+        validate_call(spec, fn, either, Call(args=_call().args))
+    for bad in ({"why": ""}, {"why": "open", "timed": True}):
+        with pytest.raises(SpecError, match="either"):
+            Shape("open", {"n": 4}, expect="either", **bad)
+    with pytest.raises(SpecError, match="'ok', 'error' or 'either'"):
+        Shape("typo", {"n": 4}, expect="maybe")
+
+
 def test_a_true_descriptor_is_no_bad_argument(target):
     spec = load_spec(target, UNIT)
     validate_call(spec, target.api_function(UNIT), OK, _call(out=Out("f32", (4,), data_null=False, claim_bytes=None)))

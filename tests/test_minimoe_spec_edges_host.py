@@ -8,6 +8,8 @@ need a GPU; the flaw classes do not:
   the scores the max washes a sink's low bits out; level with scores shifted to +200 they move the output
   past NMSE 1e-7 (simulated on 300 draws: 96% of single draws, and the spec draws two seeds);
 - attention_window with no tokens: the Metal backend returns 0 once its arguments hold (n_q == 0);
+- attention_window with a head_dim past both backends' limits, which the header leaves open: refused, or
+  computed right, and a backend that computes it wrong is refused (expect="either");
 - embed_rows: a bad id at the batch's first position (a check loop that starts one token late), and a row
   wider than one block's 256 threads (a stride loop that stops after one stride).
 """
@@ -40,6 +42,15 @@ FLAWS = {
         " memcpy(&sink_f, (const uint8_t *)model_map + sinks_offset + 4 * (uint64_t)h - 1, 1);"), "values", "sinks at the scores' scale"),
     "no_tokens_is_a_failure": (ATTN, ("    if (head_dim == 0) return 0;",
                                       "    if (n_tokens == 0) return 1;\n    if (head_dim == 0) return 0;"), "rc", "no tokens at pos0 5"),
+    # head_dim past every backend's limit, which mini_gpu.h leaves open (expect="either"): refusing it is
+    # right, so is computing it (the stand-in itself); computing it on the first 256 dims only is not
+    "refuses_head_dim_past_256": (ATTN, ("    if (head_dim == 0) return 0;",
+                                         "    if (head_dim > 256) return 1;\n    if (head_dim == 0) return 0;"),
+                                  None, None),
+    "dot_over_256_dims_at_most": (ATTN, (
+        "for (uint32_t i = 0; i < head_dim; i++) d += (MINI_CPU_DOT)((double)qh[i] * (double)kj[i]);",
+        "for (uint32_t i = 0; i < (head_dim < 256 ? head_dim : 256); i++) d += (MINI_CPU_DOT)((double)qh[i] * "
+        "(double)kj[i]);"), "values", "head_dim 288"),
     "first_token_unchecked": (EMBED, ("        if (tok[t] < 0 || (uint32_t)tok[t] >= n_vocab) return 1;",
                                       "        if (t > 0 && (tok[t] < 0 || (uint32_t)tok[t] >= n_vocab)) return 1;"),
                               "error-return", "at the first position"),
@@ -79,6 +90,9 @@ def test_each_new_case_refuses_its_flaw_and_the_stand_in_passes(target, libs, tm
     assert not r.skipped, r.summary
     if check is None:
         assert r.ok, r.summary + "\n" + r.diagnostics
+        if unit == ATTN:  # the open case took the path its variant takes: computed (rc 0) or refused
+            line = next(x for x in r.diagnostics.splitlines() if "head_dim 288" in x)
+            assert ("rc=[1, 1]" if name.startswith("refuses") else "rc=[0, 0]") in line, line
     else:
         # the first failure named is one of the new cases: the spec before them let this flaw through
         assert not r.ok and r.check == check and case in r.summary, r.summary

@@ -87,7 +87,7 @@ def _case_of(message: str) -> tuple[str, str]:
 def _output_problems(spec: S.UnitSpec, shape: S.Shape, call: S.Call) -> list[str]:
     """Each compared output's reference against the buffer the unit writes."""
     out = []
-    if shape.expect != "ok":
+    if not shape.judges_values:
         return out
     for name, tol in spec.outputs.items():
         arg = call.args.get(name)
