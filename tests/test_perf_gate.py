@@ -181,6 +181,51 @@ def test_a_run_takes_each_missing_baseline_once_and_records_it_as_no_calibration
     assert ran == []  # taken once
 
 
+def test_baselines_taken_before_a_run_is_killed_are_kept_and_the_next_run_takes_only_the_rest(
+        workspace, monkeypatch, tmp_path):
+    """ds4's baseline stage takes minutes; a lease's time box ended one on an H200 host after 33 of 57 were
+    timed, and all 33 were lost: they were recorded only once every spec had run.  Each is recorded as it
+    lands now."""
+    import time as _time
+
+    from porter.calibration import baseline
+    from porter.spec import load_specs
+    from porter.records.history import History
+
+    target = _ask_for_upstream_baselines(workspace)
+    specs = load_specs(target)
+    timed = sorted(u for u, s in specs.items() if baseline.times_a_case(s))
+    assert len(timed) >= 3
+    last = timed[-1]
+    lib = tmp_path / "libupstream.so"
+    lib.write_bytes(b"\x7fELF")
+    monkeypatch.setattr(baseline.UpstreamLibraries, "known_good", lambda self: lib)
+    ran = []
+
+    def parity_until_killed(target, unit, good, opts, **kw):
+        ran.append(unit)
+        if unit == last:
+            _time.sleep(0.5)  # the others land first
+            raise KeyboardInterrupt  # the run killed while this one ran
+        return GateResult("parity", True, "parity ok", evidence={
+            "target": "minimoe", "gate": "parity", "ok": True, "unit": unit, "spec": {"sha256": specs[unit].sha256},
+            "timing": {"case": "timed", "median_ms": 0.5, "times_ms": [0.5] * 5}})
+    monkeypatch.setattr(baseline, "parity_on_library", parity_until_killed)
+    with pytest.raises(KeyboardInterrupt):
+        baseline.take_baselines(target, workspace, History.read(workspace, "minimoe"), timed, Ledger(workspace),
+                                line=lambda s: None)
+    h = History.read(workspace, "minimoe")
+    assert all(perf.baseline(h, u, specs[u].sha256)[0]["median_ms"] == 0.5 for u in timed[:-1])
+    assert baseline.missing_baselines(specs, h, timed) == [last]
+    ran.clear()
+    monkeypatch.setattr(baseline, "parity_on_library", lambda target, unit, good, opts, **kw: ran.append(unit) or
+                        GateResult("parity", True, "parity ok", evidence={
+                            "target": "minimoe", "gate": "parity", "ok": True, "unit": unit,
+                            "spec": {"sha256": specs[unit].sha256}, "timing": {"case": "timed", "median_ms": 0.7}}))
+    assert baseline.take_baselines(target, workspace, h, timed, Ledger(workspace), line=lambda s: None) == {last: True}
+    assert ran == [last]
+
+
 @pytest.mark.parametrize("per_gpu", ["1", "4"])
 def test_a_baseline_is_a_timed_run_however_many_workers_share_the_gpu(workspace, monkeypatch, tmp_path, per_gpu):
     """With warm workers sharing the GPU a warm run makes no timed call (parity_on_library): a baseline taken

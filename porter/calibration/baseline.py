@@ -14,7 +14,7 @@ mutant was shown to be rejected), and status keeps saying so.
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from porter.calibration.calibrator import CalibrateOptions, baseline_alone, parity_on_library, record
@@ -67,7 +67,7 @@ def take_baselines(target, workspace: Path, history, units: list[str], ledger, l
         return {}
     line(f"perf baselines: built in {time.monotonic() - t0:.0f} s")
     opts = CalibrateOptions(Path(workspace), parity=parity or ParityOptions(), ledger=False)
-    records, passed = {}, {}
+    passed = {}
     done = 0
 
     def one(unit: str):
@@ -81,7 +81,8 @@ def take_baselines(target, workspace: Path, history, units: list[str], ledger, l
     # routed_moe_batch's, measured on an H100) are built in parallel, while the children that run and time
     # the library still take the GPU one at a time (one warm worker per GPU, or a fresh child holding it alone)
     with ThreadPoolExecutor(max_workers=PARALLEL_SPECS) as pool:
-        for unit, res, secs in pool.map(one, todo):
+        for fut in as_completed([pool.submit(one, u) for u in todo]):
+            unit, res, secs = fut.result()
             done += 1
             timing = ParityEvidence.of(res.evidence).timing
             timed = bool(timing and timing.median_ms)
@@ -94,8 +95,11 @@ def take_baselines(target, workspace: Path, history, units: list[str], ledger, l
             line(f"  [{done}/{len(todo)}] {unit}: {word}: {what} ({secs:.1f} s)")
             if res.ok and not timed:
                 continue
-            records[unit] = {"ok": False, "known_good_ok": res.ok, "mutants": 0, "mutants_rejected": 0,
-                             "summary": f"{NOT_A_CALIBRATION}: {res.summary}"[:300],
-                             "evidence": res.evidence if res.ok else None, "spec": specs[unit]}
-    record(target, Path(workspace), records, libs.describe, good, ledger=ledger)
+            # recorded as each lands, not once all have: a run killed or time-boxed in this stage (ds4's takes
+            # minutes: 33 of 57 were lost so on an H200 host) keeps every baseline it took, and the next run
+            # takes only the rest (missing_baselines)
+            record(target, Path(workspace), {unit: {
+                "ok": False, "known_good_ok": res.ok, "mutants": 0, "mutants_rejected": 0,
+                "summary": f"{NOT_A_CALIBRATION}: {res.summary}"[:300],
+                "evidence": res.evidence if res.ok else None, "spec": specs[unit]}}, libs.describe, good, ledger=ledger)
     return passed
