@@ -6,7 +6,8 @@ nvcc's own has the same shape) differs with its source, it names the unit's inte
 and on the device, and the device code inside the fatbinary is zstd-compressed, so one changed name
 changes every byte after it.  The digest therefore reads:
 
-- the host object's sections (ELF64), each by name, type, flags and content, with the module id masked;
+- the host object's sections (ELF64), each by name, type, flags and content, with the module id masked
+  (in names too: a per-symbol section is named after its symbol);
   the symbol table's sizes of symbols in the fatbinary's section dropped (a compressed size);
 - the fatbinary's entries (`.nv_fatbin`): for each architecture its cubins (the machine code the GPU
   runs), decompressed where compressed, module id masked; the PTX of an architecture only where it has
@@ -140,7 +141,9 @@ def digest_bytes(data: bytes, unit: str) -> str:
         return h.hexdigest()
     fatbin_index = next((i for name, _t, _f, i, _c, _s in sections if name == FATBIN_SECTION), -1)
     for name, typ, flags, _i, content, size in sections:
-        h.update(name + b"\0" + struct.pack("<IQ", typ, flags))
+        # a section of its own per symbol (`.rodata.<mangled name>`: libcu++'s anonymous-namespace
+        # `cuda::std::ignore`, which every ds4 slice includes) carries the module id in its name
+        h.update(mask(name, unit) + b"\0" + struct.pack("<IQ", typ, flags))
         if name == FATBIN_SECTION:
             entries = fatbin_entries(content)
             with_cubin = {arch for kind, arch, _p in entries if kind == KIND_ELF}
