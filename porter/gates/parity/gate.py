@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from porter.gates.parity import compare, executors, merge, runner
+from porter.gates.parity import blas_threads, compare, executors, merge, runner
 from porter.gates.parity.compare import Failure
 from porter.spec import (Call, Context, Exact, Flag, In, InOut, Map, Null, Out, Same, Shape, SpecError,
                                       UnitSpec, header_params, validate_call)
@@ -195,7 +195,8 @@ def prepare(spec: UnitSpec, api_fn, ctx: Context, seeds: list[int]) -> list[Prep
         plan.append((i, shape, n_pass, entropy))
     jobs = [(shape, ent) for _, shape, _, entropy in plan for ent in entropy]
     if len(jobs) > 1 and BUILD_THREADS > 1:
-        with ThreadPoolExecutor(max_workers=min(BUILD_THREADS, len(jobs)), thread_name_prefix="porter-build") as ex:
+        with blas_threads.one_blas_thread(), \
+                ThreadPoolExecutor(max_workers=min(BUILD_THREADS, len(jobs)), thread_name_prefix="porter-build") as ex:
             futures = [ex.submit(_build_call, spec, shape, ctx, ent) for shape, ent in jobs]
             built = [f.result() for f in futures]  # the first failure in case order is the one raised
     else:
