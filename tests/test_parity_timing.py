@@ -158,7 +158,7 @@ def test_remembered_cases_keep_the_files_their_context_wrote(target, monkeypatch
 
     from porter.gates.parity import gate
 
-    def file_backed(spec, api_fn, ctx, seeds):  # what Context.weights does for a map past SPARSE_MIN
+    def file_backed(spec, api_fn, ctx, seeds, **kw):  # what Context.weights does for a map past SPARSE_MIN
         ctx._scratch = ctx._scratch or tempfile.TemporaryDirectory(prefix="porter-weights-")
         f = Path(ctx._scratch.name) / "weights.map"
         f.write_bytes(bytes(64))

@@ -120,7 +120,7 @@ def test_caller_given_seeds_prepare_a_spec_once_fresh_seeds_every_time(target, m
 
     calls = []
     real = gate.prepare
-    monkeypatch.setattr(gate, "prepare", lambda *a: calls.append(a[-1]) or real(*a))
+    monkeypatch.setattr(gate, "prepare", lambda *a, **kw: calls.append(a[-1]) or real(*a, **kw))
     spec, fn, ctx = load_spec(target, UNIT), target.api_function(UNIT), Context.for_target(target)
     first = gate._prepared(spec, fn, ctx, [11, 12], remember=True)
     assert gate._prepared(spec, fn, ctx, [11, 12], remember=True) is first and calls == [[11, 12]]

@@ -181,7 +181,10 @@ def _build_call(spec: UnitSpec, shape, ctx: Context, ent: list[int]):
                         f"{type(exc).__name__}: {exc}") from exc
 
 
-def prepare(spec: UnitSpec, api_fn, ctx: Context, seeds: list[int]) -> list[PreparedCase]:
+def prepare(spec: UnitSpec, api_fn, ctx: Context, seeds: list[int], timing_sets: bool = True) -> list[PreparedCase]:
+    """timing_sets=False: no input sets for timed calls alone, for a run that makes none (a shared GPU's,
+    a seed sweep's fresh sets, a mutant's).  They are the third build of every timed case, and the timed
+    cases are the production sizes: a third of a heavy spec's prepare spent on calls never made."""
     params = header_params(api_fn)
     cases = []
     n_sets = timing_set_count()
@@ -190,7 +193,7 @@ def prepare(spec: UnitSpec, api_fn, ctx: Context, seeds: list[int]) -> list[Prep
         n_pass = 2 if shape.judges_values else 1  # a second call on fresh inputs: a remembered answer shows
         # a timed case's extra input sets come from the first seed and their own stream of it
         entropy = [[seeds[p] & (2**64 - 1), i] for p in range(n_pass)]
-        if shape.timed and shape.expect == "ok":
+        if shape.timed and shape.expect == "ok" and timing_sets:
             entropy += [[seeds[0] & (2**64 - 1), i, 1000 + k] for k in range(max(0, n_sets - n_pass))]
         plan.append((i, shape, n_pass, entropy))
     jobs = [(shape, ent) for _, shape, _, entropy in plan for ent in entropy]
@@ -223,7 +226,7 @@ _PREPARED_LOCK = threading.Lock()
 
 
 def _prepared(spec: UnitSpec, api_fn, ctx: Context, seeds: list[int],
-              remember: bool) -> tuple[list[PreparedCase], Context]:
+              remember: bool, timing_sets: bool = True) -> tuple[list[PreparedCase], Context]:
     """prepare(), remembered for the same spec and caller-given seeds: calibration runs one unit's
     spec on the known-good, each env-knob variant and each mutant with the same seeds, and the
     references of the large specs (the prefill MoE) take minutes.  Fresh seeds never repeat, so
@@ -233,14 +236,18 @@ def _prepared(spec: UnitSpec, api_fn, ctx: Context, seeds: list[int],
     and every later run gets that one (measured: the MoE specs' variants and mutants found the
     sparse map gone once the known-good's run had dropped the Context that wrote it)."""
     if not remember:
-        return prepare(spec, api_fn, ctx, seeds), ctx
+        return prepare(spec, api_fn, ctx, seeds, timing_sets=timing_sets), ctx
     # the file's bytes, and what a caller may have replaced in the loaded spec (tests do)
     key = (spec.unit, spec.sha256, getattr(spec.build, "__qualname__", repr(spec.build)), repr(spec.shapes),
            tuple(int(s) for s in seeds))
     with _PREPARED_LOCK:
-        if key in _PREPARED:
-            return _PREPARED[key]
-    made = prepare(spec, api_fn, ctx, seeds), ctx
+        # cases made with the timing sets serve a run without timed calls too (write_plan reads those
+        # sets only for timed calls); never the other way round
+        for k in ((key + (True,),) if timing_sets else (key + (False,), key + (True,))):
+            if k in _PREPARED:
+                return _PREPARED[k]
+    key = key + (timing_sets,)
+    made = prepare(spec, api_fn, ctx, seeds, timing_sets=timing_sets), ctx
     with _PREPARED_LOCK:
         _PREPARED[key] = made
         while len(_PREPARED) > PREPARED_KEEP:
@@ -258,9 +265,11 @@ class Prepared:
     cases: list[PreparedCase]
     ctx: Context | None
     error: str | None = None  # a SpecError while preparing: the parity run reports it as a skip
+    timing_sets: bool = True  # built with the input sets timed calls rotate through (prepare)
 
 
-def prepare_cases(target, spec: UnitSpec, seeds: list[int] | None = None, ctx: Context | None = None) -> Prepared:
+def prepare_cases(target, spec: UnitSpec, seeds: list[int] | None = None, ctx: Context | None = None,
+                  timing_sets: bool = True) -> Prepared:
     """Inputs and references for `spec`: with fresh seeds unless the caller gives some (those are
     remembered, see _prepared).  None of it depends on the library, so the driver makes it while the
     build gate compiles; the candidate's code cannot see it (this process's memory)."""
@@ -270,10 +279,10 @@ def prepare_cases(target, spec: UnitSpec, seeds: list[int] | None = None, ctx: C
         raise ValueError("parity needs at least two seeds")
     try:
         cases, ctx = _prepared(spec, target.api_function(spec.unit), ctx or Context.for_target(target), seeds,
-                               remember)
-        return Prepared(spec.unit, spec.sha256, seeds, cases, ctx)
+                               remember, timing_sets)
+        return Prepared(spec.unit, spec.sha256, seeds, cases, ctx, timing_sets=timing_sets)
     except SpecError as exc:
-        return Prepared(spec.unit, spec.sha256, seeds, [], None, str(exc))
+        return Prepared(spec.unit, spec.sha256, seeds, [], None, str(exc), timing_sets=timing_sets)
 
 
 def in_regime(harness: dict, regime: str) -> dict:
@@ -669,10 +678,12 @@ class OpKind:
     warm = True  # its plans may run in a warm worker (pool.py)
     sanitizable = True  # compute-sanitizer can rerun its plan
 
-    def prepare(self, target, spec, seeds, ctx, prepared, files: Path) -> Prepared:
-        # `prepared`: made while the build gate compiled; one made for another version of the spec is not used
-        if prepared is None or (prepared.unit, prepared.spec_sha256) != (spec.unit, spec.sha256):
-            prepared = prepare_cases(target, spec, seeds, ctx)
+    def prepare(self, target, spec, seeds, ctx, prepared, files: Path, timed: bool = True) -> Prepared:
+        # `prepared`: made while the build gate compiled; one made for another version of the spec, or
+        # without the input sets this run's timed calls need, is not used
+        if prepared is None or (prepared.unit, prepared.spec_sha256) != (spec.unit, spec.sha256) \
+                or (timed and not prepared.timing_sets):
+            prepared = prepare_cases(target, spec, seeds, ctx, timing_sets=timed)
         return prepared
 
     def plan(self, plan_dir: Path, target, spec, prepared: Prepared, library: Path, **kw) -> dict:
@@ -785,7 +796,7 @@ def _run_spec(target, spec, library: Path, *, workspace: Path | None = None, see
     harness = in_regime(harness_names(target), regime)
     san = None
     try:
-        prepared = kind.prepare(target, spec, seeds, ctx, prepared, plan_dir / "files")
+        prepared = kind.prepare(target, spec, seeds, ctx, prepared, plan_dir / "files", timed=timing_reps > 0)
         if prepared.error is not None:
             return GateResult("parity", False, f"parity skipped: spec error: {prepared.error}", skipped=True)
         screened = screen and kind is OP and screen_cases(prepared.cases)

@@ -363,7 +363,8 @@ class ScenarioKind:
     warm = False
     sanitizable = False
 
-    def prepare(self, target, scenario: Scenario, seeds, ctx, prepared, files: Path) -> gate.Prepared:
+    def prepare(self, target, scenario: Scenario, seeds, ctx, prepared, files: Path, timed: bool = True) -> gate.Prepared:
+        # `timed`: a scenario makes no timed calls either way
         seeds = list(seeds) if seeds else gate.fresh_seeds(2)
         if len(seeds) < 2:
             raise ValueError("parity needs at least two seeds")
