@@ -30,6 +30,10 @@
 #             not measured on their current spec (--missing-from), perf mutants included; then, at no
 #             GPU cost: `porter dev perf-table --target ds4 --merge targets/ds4/perf/h200.json OUT/*.json
 #             --out targets/ds4/perf/h200.md` (writes h200.json beside it; then target.toml's floors)
+#   fullrun   ds4: `porter run --provider reference --jobs ${JOBS:-8}` in $FULLRUN_WS (default /tmp/port-ds4),
+#             inside the box; resumed from $FULLRUN_RESUME (the tarball an earlier box returned) when given, so
+#             a run longer than a lease goes on in the next one; the workspace (no build outputs) and
+#             $PORTER_HOME (its signing key) come back as $OUT/fullrun_ws.tgz, status as text and JSON
 # $UNITS (space-separated API functions) narrows trace, cal, mutate and sweep to those specs: a re-run of the
 # specs a fix touched, on the same machine as the rest of the table; $CAL_FLAGS adds flags to the
 # cal step's `porter calibrate` (e.g. --no-variants where the trace already ran the variants)
@@ -154,6 +158,23 @@ print(' '.join(s['unswept'] + s['stale']))")}" \
       timeout "$LONG_STEP_S" python3 -m porter dev perf-table --target ds4 --regimes '' \
           --missing-from targets/ds4/perf/h200.json --chunk "$chunk" "${unit_args[@]}" \
           --out "$OUT/perf_table_${chunk/\//of}.md" 2>&1 | tee "$OUT/perf_table_${chunk/\//of}.log" ;;
+    fullrun)
+      ws=${FULLRUN_WS:-/tmp/port-ds4}
+      export PORTER_HOME=${PORTER_HOME:-/tmp/porter-home}
+      if [ -n "${FULLRUN_RESUME:-}" ]; then
+        tar -xzf "$FULLRUN_RESUME" -C / || { echo "fullrun: cannot unpack $FULLRUN_RESUME" | tee -a "$OUT/steps.txt"; continue; }
+      elif [ ! -d "$ws" ]; then
+        python3 -m porter init "$ws" --target ds4 --source "$PORTER_DS4_SOURCE" 2>&1 | tee -a "$OUT/fullrun.log"
+      fi
+      t_run=$(date +%s)
+      timeout "$LONG_STEP_S" python3 -m porter -C "$ws" run --target ds4 --provider reference --jobs "${JOBS:-8}" \
+          >> "$OUT/fullrun.log" 2>&1
+      echo "fullrun: rc $?, $(( $(date +%s) - t_run )) s in this box" | tee -a "$OUT/fullrun.log"
+      python3 -m porter -C "$ws" status --target ds4 > "$OUT/fullrun_status.txt" 2>&1
+      python3 -m porter -C "$ws" status --target ds4 --json > "$OUT/fullrun_status.json" 2>/dev/null
+      # the builds are made again from the sources; the history, ledger and key are what a resume needs
+      tar -czf "$OUT/fullrun_ws.tgz" --exclude='*.so' --exclude='*.o' --exclude="${ws#/}/runs/parity" \
+          -C / "${ws#/}" "${PORTER_HOME#/}" ;;
     *) echo "unknown step $step" ;;
   esac
   echo "step $step: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/steps.txt"
