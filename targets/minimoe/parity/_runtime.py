@@ -10,7 +10,7 @@ alignment assumption shows as bytes at the wrong place.
 """
 import numpy as np
 
-from porter.spec.scenario import NULL, HostIn, Script, T
+from porter.spec.scenario import NULL, HostIn, HostOut, Script, T
 
 P = "mini_gpu_"
 MiB = 1 << 20
@@ -228,3 +228,187 @@ def play_ordering(s: Script, n: int, finish: str) -> None:
     read_all(s, "ob", a)
     s.call(fn("tensor_free"), T("oa"), expect="ok")
     s.call(fn("tensor_free"), T("ob"), expect="ok")
+
+
+# ---------------------------------------------------------------------------
+# Edges the plays above never reach (added for the mutation survivors of docs/mutation.md).
+# Every backend of mini_gpu.h agrees on each: mini_cpu.c, mini_metal.m and the CUDA known-good.
+# ---------------------------------------------------------------------------
+
+def play_empty(s: Script, n: int, calls) -> None:
+    """An empty allocation is a tensor of 0 bytes: every 0-byte transfer to, from and between it
+    succeeds, any byte is out of its range.  (CUDA's known-good gives it no device storage at all, so a
+    port whose data checks run before its 0-byte shortcut refuses the valid calls.)  `calls`: the
+    functions besides alloc and free the unit's scenario already makes (its case 0), so that the
+    scenario waits on no unit it did not wait on before."""
+    s.call(fn("tensor_alloc"), 0, save="e0", expect="ok", why="0 bytes: an empty tensor, not a failure")
+    if "bytes" in calls:
+        s.value(s.call(fn("tensor_bytes"), T("e0"), expect=None), 0, why="alloc(0)")
+    if "write" in calls:
+        x = alloc(s, "ex", n)
+        s.call(fn("tensor_write"), T("e0"), 0, HostIn(image(s, 1)), 0, expect="ok", why="0 bytes into an empty tensor")
+        s.call(fn("tensor_write"), T("e0"), 0, HostIn(image(s, 1)), 1, expect="error", why="1 byte into 0 bytes")
+    if "read" in calls:
+        s.read(fn("tensor_read"), "e0", 0, 0, np.zeros(0, np.uint8), why="0 bytes out of an empty tensor")
+        s.read(fn("tensor_read"), "e0", 0, 1, np.zeros(1, np.uint8), expect="error", why="1 byte out of 0 bytes")
+    if "copy" in calls:
+        s.call(fn("tensor_copy"), T("e0"), 0, T("ex"), 0, 0, expect="ok", why="0 bytes into an empty tensor")
+        s.call(fn("tensor_copy"), T("ex"), 7, T("e0"), 0, 0, expect="ok", why="0 bytes out of an empty tensor")
+        s.call(fn("tensor_copy"), T("e0"), 0, T("e0"), 0, 0, expect="ok", why="0 bytes from an empty tensor to itself")
+        s.call(fn("tensor_copy"), T("e0"), 0, T("ex"), 0, 1, expect="error", why="1 byte into 0 bytes")
+        s.call(fn("tensor_copy"), T("ex"), 0, T("e0"), 0, 1, expect="error", why="1 byte out of 0 bytes")
+    if "view" in calls:
+        s.call(fn("tensor_view"), T("e0"), 0, 0, save="ev", expect="ok", why="the empty view of an empty tensor")
+        if "bytes" in calls:
+            s.value(s.call(fn("tensor_bytes"), T("ev"), expect=None), 0, why="view(empty, 0, 0)")
+        if "read" in calls:
+            s.read(fn("tensor_read"), "ev", 0, 0, np.zeros(0, np.uint8), why="0 bytes out of an empty view")
+        if "copy" in calls:
+            s.call(fn("tensor_copy"), T("ev"), 0, T("ex"), n - 1, 0, expect="ok", why="0 bytes into an empty view")
+        s.call(fn("tensor_view"), T("e0"), 0, 1, save="eb1", expect="error", why="1 byte of 0 bytes")
+        s.call(fn("tensor_view"), T("e0"), 1, 0, save="eb2", expect="error", why="offset 1 of 0 bytes")
+        s.call(fn("tensor_free"), T("ev"), expect="ok")
+    if "write" in calls and "read" in calls:
+        read_all(s, "ex", x, region=(0, 0), why="calls on an empty tensor leave the other tensor as it was")
+    if "write" in calls:
+        s.call(fn("tensor_free"), T("ex"), expect="ok")
+    s.call(fn("tensor_free"), T("e0"), expect="ok")
+
+
+def play_null_args(s: Script, n: int, calls) -> None:
+    """NULL where mini_gpu.h wants a tensor or a host buffer is a bad argument: a non-zero return (NULL for
+    a view), nothing written.  A NULL tensor holds no bytes; freeing one is harmless (play_free).
+    `calls` as for play_empty."""
+    if "bytes" in calls:
+        s.value(s.call(fn("tensor_bytes"), NULL, expect=None), 0, why="a NULL tensor holds no bytes")
+    if "view" in calls:
+        s.call(fn("tensor_view"), NULL, 0, 0, save="nv", expect="error", why="a view of NULL")
+    if "write" not in calls:
+        return
+    x = alloc(s, "nx", n)
+    s.call(fn("tensor_write"), NULL, 0, HostIn(image(s, 5)), 5, expect="error", why="a write into NULL")
+    s.call(fn("tensor_write"), T("nx"), 3, NULL, 5, expect="error", why="5 bytes from a NULL host buffer")
+    if "read" in calls:
+        s.call(fn("tensor_read"), NULL, 0, HostOut(5), 5, expect="error", why="a read from NULL")
+        s.call(fn("tensor_read"), T("nx"), 3, NULL, 5, expect="error", why="5 bytes into a NULL host buffer")
+    if "copy" in calls:
+        s.call(fn("tensor_copy"), NULL, 0, T("nx"), 0, 5, expect="error", why="a copy into NULL")
+        s.call(fn("tensor_copy"), T("nx"), 0, NULL, 0, 5, expect="error", why="a copy from NULL")
+        s.call(fn("tensor_copy"), NULL, 0, NULL, 0, 0, expect="error", why="a copy between NULLs")
+    if "read" in calls:
+        read_all(s, "nx", x, region=(0, 0), why="calls with NULL arguments change nothing")
+    s.call(fn("tensor_free"), T("nx"), expect="ok")
+
+
+def play_view_ends(s: Script, n: int, calls) -> None:
+    """Ranges checked against the view, not its base: each refused range here runs past the view's end or
+    starts past it while staying inside the base's allocation, where no device (or driver) check would
+    notice the access.  (The plays above refuse ranges that leave the allocation itself, which CUDA's
+    driver refuses on its own: a port that checks nothing gets -1 back from cudaMemcpyAsync there.)
+    Offsets are non-zero, so `bytes > size - offset` turned into `bytes > size + offset` shows; 0-byte
+    ranges that end exactly at a view's end are valid.  Needs view, write and read; `calls` as for
+    play_empty."""
+    img = alloc(s, "vb", n).copy()
+    vo, vn = 37, 61                                   # [37, 98) of n >= 4099 bytes
+    s.call(fn("tensor_view"), T("vb"), vo, vn, save="v", expect="ok", why=f"[{vo}, {vo + vn}) of {n} bytes")
+    s.read(fn("tensor_read"), "v", 5, vn - 5, img[vo + 5:vo + vn], why="up to the view's end, from offset 5")
+    s.read(fn("tensor_read"), "v", 5, vn - 3, np.zeros(vn - 3, np.uint8), expect="error",
+           why="2 bytes past the view's end, inside its base")
+    s.read(fn("tensor_read"), "v", vn + 2, 1, np.zeros(1, np.uint8), expect="error",
+           why="an offset past the view's end, inside its base")
+    s.read(fn("tensor_read"), "v", vn, 0, np.zeros(0, np.uint8), why="0 bytes at the view's very end")
+    s.call(fn("tensor_write"), T("v"), 5, HostIn(image(s, vn - 3)), vn - 3, expect="error",
+           why="2 bytes past the view's end, inside its base")
+    s.call(fn("tensor_write"), T("v"), vn + 2, HostIn(image(s, 1)), 1, expect="error",
+           why="an offset past the view's end, inside its base")
+    s.call(fn("tensor_write"), T("v"), vn, HostIn(image(s, 1)), 0, expect="ok", why="0 bytes at the view's very end")
+    if "copy" in calls:
+        src = alloc(s, "vs", n)
+        s.call(fn("tensor_view"), T("vs"), 7, vn, save="sv", expect="ok")
+        s.call(fn("tensor_copy"), T("v"), 5, T("vs"), 0, vn - 3, expect="error",
+               why="the destination runs 2 bytes past its view's end, inside its base")
+        s.call(fn("tensor_copy"), T("v"), vn + 2, T("vs"), 0, 1, expect="error",
+               why="the destination offset lies past its view's end, inside its base")
+        s.call(fn("tensor_copy"), T("vb"), 101, T("sv"), 5, vn - 3, expect="error",
+               why="the source runs 2 bytes past its view's end, inside its base")
+        s.call(fn("tensor_copy"), T("vb"), 101, T("sv"), vn + 2, 1, expect="error",
+               why="the source offset lies past its view's end, inside its base")
+        s.call(fn("tensor_copy"), T("v"), vn, T("vs"), 0, 0, expect="ok", why="0 bytes at the destination's very end")
+        s.call(fn("tensor_copy"), T("vb"), n, T("sv"), vn, 0, expect="ok", why="0 bytes at both very ends")
+    read_all(s, "vb", img, region=(0, 0), why="calls refused at a view's end change nothing")
+    if "copy" in calls:
+        s.call(fn("tensor_copy"), T("v"), 3, T("sv"), 3, vn - 3, expect="ok", why="up to both views' ends")
+        img[vo + 3:vo + vn] = src[7 + 3:7 + vn]
+        read_all(s, "vb", img, region=(vo + 3, vo + vn), why="a copy ending at both views' ends")
+        s.call(fn("tensor_free"), T("sv"), expect="ok")
+        s.call(fn("tensor_free"), T("vs"), expect="ok")
+    s.call(fn("tensor_free"), T("v"), expect="ok")
+    s.call(fn("tensor_free"), T("vb"), expect="ok")
+
+
+_SCRATCH = []
+
+
+def _scratch():
+    """One temporary folder per process for the map files of a build with no scenario context."""
+    import atexit
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    if not _SCRATCH:
+        _SCRATCH.append(Path(tempfile.mkdtemp(prefix="minimoe-maps-")))
+        atexit.register(shutil.rmtree, _SCRATCH[0], True)
+    return _SCRATCH[0]
+
+
+def _map_file(ctx, s: Script, name: str, size: int, offset: int, payload: bytes) -> str:
+    """A sparse file of `size` bytes holding `payload` at `offset` (zeros elsewhere), for ModelMap."""
+    from pathlib import Path
+
+    new_file = getattr(ctx, "new_file", None)  # None: a caller that only binds the scripts (no run folder)
+    path = Path(new_file(name)) if new_file else _scratch() / name
+    with open(path, "wb") as f:
+        f.seek(offset)
+        f.write(payload)
+        f.truncate(size)
+    return str(path)
+
+
+def play_models_after_cleanup(s: Script, ctx, n_models: int, map_bytes: int) -> None:
+    """An engine that loads models one after another, each between init and cleanup: every map handed to
+    an op is released by the cleanup after it.  A backend that keeps a device copy of a map past cleanup
+    (CUDA's known-good caches one per (address, size) until cleanup forgets it) holds one more copy per
+    model -- and would hand stale weights to a new map mmapped at a freed address.  Each model is its own
+    file, mapped for the whole run, so each has its own address: a kept copy shows as device memory that
+    the loop never returns (n_models x map_bytes, against a slack of half that), and each model's
+    rows are read back exactly."""
+    from porter.spec.scenario import ModelMap
+
+    n_vocab, n_embd, n_tok = 37, 67, 5
+    off = 8 * 4099                                      # odd offsets inside a sparse map
+    tag = f"{int(s.rng.integers(1 << 62)):x}"
+
+    def one(i: int) -> None:
+        table = s.rng.standard_normal((n_vocab, n_embd)).astype(np.float16)
+        path = _map_file(ctx, s, f"cleanup-model-{tag}-{i}.bin", map_bytes, off, table.tobytes())
+        tokens = np.concatenate([[0, n_vocab - 1], s.rng.integers(0, n_vocab, n_tok - 2)]).astype(np.int32)
+        s.call(fn("init"), expect="ok", why=f"model {i}: init after the previous cleanup")
+        s.call(fn("tensor_alloc"), 4 * n_tok, save="mt", expect="ok")
+        s.call(fn("tensor_write"), T("mt"), 0, HostIn(tokens), 4 * n_tok, expect="ok")
+        s.call(fn("tensor_alloc"), 4 * n_tok * n_embd, save="mo", expect="ok")
+        s.call(fn("embed_rows_tensor"), T("mo"), T("mt"), ModelMap(path), map_bytes, off, n_vocab, n_embd, n_tok,
+               expect="ok", why=f"model {i}: rows of its own map")
+        read_all(s, "mo", table[tokens].astype(np.float32).view(np.uint8), why=f"model {i}: its own F16 rows, widened")
+        s.call(fn("tensor_free"), T("mo"), expect="ok")
+        s.call(fn("tensor_free"), T("mt"), expect="ok")
+        s.call(fn("cleanup"), expect="ok", why=f"model {i} done")
+
+    one(0)  # the first op call loads its kernels: not a model copy
+    m0 = s.mem()
+    for i in range(1, n_models + 1):
+        one(i)
+    m1 = s.mem()
+    s.no_leak(m0, m1, slack=n_models * map_bytes // 2,
+              why=f"{n_models} models of {map_bytes} bytes, each released by the cleanup after it")
+    s.call(fn("init"), expect="ok", why="init after the last cleanup")
