@@ -10,9 +10,13 @@ the one 32-key chunk the real window fits, where a chunked online softmax
 rescales what it has summed; head_dim 256, the most the kernel takes), and
 larger sinks so that the sink's share of the mass is large (a kernel without
 the sink fails by far), sinks level with scores shifted to +200 (where a sink's
-low bits move the output), and a call with no tokens (the Metal backend returns
-0 for it).  A head_dim past both backends' limits is left open (expect="either"):
-refused, or computed right; never computed wrong."""
+low bits move the output), sinks 16 above the scores (the sink holds all but
+about 1e-5 of the mass: each key's weight exp(s_j - m) is near 1e-7, which
+float32 holds to 6e-8 relative and half only as a subnormal, tens of percent
+off; the output is small, and judged relative to its own size), and a call
+with no tokens (the Metal backend returns 0 for it).  A head_dim past both
+backends' limits is left open (expect="either"): refused, or computed right;
+never computed wrong."""
 import numpy as np
 
 from porter.spec import Call, Context, In, Out, Shape, Tol, UnitSpec, sibling
@@ -36,6 +40,11 @@ def build(shape, ctx, rng):
         # smaller sink is washed out by the max
         keys = min(window, n_pos)
         sinks = (E.SCORE_SHIFT + np.log(3.0 * keys) + rng.uniform(-1.0, 1.0, n_head)).astype("<f4")
+        m, (off,) = Context.synthetic_map([sinks], rng)
+    elif d.get("sink_above"):
+        # the sink far above every score (scores ~ N(0, 1)): it takes nearly all the mass, the keys' weights
+        # are tiny, and the output is their small weighted sum
+        sinks = (d["sink_above"] + rng.uniform(-1.0, 1.0, n_head)).astype("<f4")
         m, (off,) = Context.synthetic_map([sinks], rng)
     else:
         sinks = rng.uniform(-1.0, 3.0, n_head).astype("<f4")
@@ -93,6 +102,10 @@ SPEC = UnitSpec(
         Shape("sinks at the scores' scale (+200, about half the mass), 8 heads, 5 tokens at pos0 40",
               {"n_tokens": 5, "pos0": 40, "n_head": 8, "head_dim": 64, "window": 32, "shift": True,
                "sink_at_scores": True}, edge=E.EDGE_SHIFTED),
+        # the sink holds nearly all the mass: keys' weights near 1e-7, a subnormal in half (far off).  Not an
+        # `edge=` case: this spec's edges are where a softmax without its max overflows (tests/test_spec_edges.py)
+        Shape("sinks 16 above the scores (all but ~1e-5 of the mass), 5 tokens at pos0 40",
+              dict(REAL, n_tokens=5, pos0=40, sink_above=16.0)),
         # the Metal backend returns 0 once its arguments hold and there is no query (n_q == 0)
         Shape("no tokens at pos0 5: nothing to do, success", {"n_tokens": 0, "pos0": 5, **REAL},
               zero_answer="no tokens: an empty output, which any answer matches; the return code is the check"),

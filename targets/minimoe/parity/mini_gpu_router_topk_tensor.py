@@ -5,7 +5,17 @@ expert_ids must match exactly.  Real cases take router logits from the fixture
 (the F16 router of blk.* applied to random activations by the reference).
 Tie cases draw logits from a coarse grid (no near-ties whose order would
 depend on float rounding) and force exact ties at the top and across the
-top_k boundary; a kernel that breaks ties the other way fails as 'tie-rule'."""
+top_k boundary; a kernel that breaks ties the other way fails as 'tie-rule'.
+
+Past the engine's 8 experts: 256 experts with each token's top two at both
+ends of the range (one among the first 32 experts, one among the last 32: a
+kernel that holds experts in slots and mishandles one slot mixes its
+probabilities with the others'), and, where mini_gpu.h sets no limit that
+some backend does (Metal refuses n_expert > 128 or top_k > 8, the CUDA
+known-good n_expert > 256 or top_k > 32), cases left open (expect="either"):
+refused, or computed right, never computed wrong -- 300 experts with the top
+one past the 256th, top 36 of 40.  A call with no tokens has nothing to do:
+the Metal backend returns 0 for it once its tensors hold (mini_metal.m)."""
 import numpy as np
 
 from porter.spec import Call, Exact, In, Out, Shape, Tol, UnitSpec, sibling
@@ -29,6 +39,17 @@ def _tied_logits(rng, n_tokens, n_expert, top_k):
     return lg.astype(np.float32)
 
 
+def _spread_logits(rng, n_tokens, n_expert):
+    """N(0, 2^2) logits; token t's top two at the range's ends: expert n_expert-1-(t % 32) at the row's
+    maximum + 1, expert t % 32 at the maximum + 0.5 (continuous values: no ties)."""
+    lg = rng.standard_normal((n_tokens, n_expert)) * 2.0
+    for t in range(n_tokens):
+        top = lg[t].max()
+        lg[t, n_expert - 1 - t % 32] = top + 1.0
+        lg[t, t % 32] = top + 0.5
+    return lg.astype(np.float32)
+
+
 def build(shape, ctx, rng):
     d = shape.dims
     n_tokens, n_expert, top_k = d["n_tokens"], d.get("n_expert"), d["top_k"]
@@ -37,16 +58,22 @@ def build(shape, ctx, rng):
         n_expert, n_embd = t.shape
         x = rng.standard_normal((n_tokens, n_embd)).astype(np.float32)
         logits = ops.matmul_f16(ctx.fixture_map().array, t.offset, n_embd, n_expert, x, n_tokens)
+    elif d.get("spread"):
+        logits = _spread_logits(rng, n_tokens, n_expert)
     else:
         logits = _tied_logits(rng, n_tokens, n_expert, min(top_k, n_expert))
     if d.get("shift"):  # quarter steps stay exact at +1000 (float32 spacing there is 2^-14)
         logits = (logits + np.float32(E.LOGIT_SHIFT)).astype(np.float32)
-    args = {"expert_ids": Out("i32", (n_tokens, top_k)), "expert_weights": Out("f32", (n_tokens, top_k)),
+    # no tokens: the outputs flat and empty (the exact comparison splits a 2-D answer into rows by its first
+    # dimension, which an empty batch has none of; flat, it is one empty row: the same nothing)
+    out_shape = (n_tokens, top_k) if n_tokens else (0,)
+    args = {"expert_ids": Out("i32", out_shape), "expert_weights": Out("f32", out_shape),
             "logits": In(logits), "n_expert": n_expert, "n_tokens": n_tokens, "top_k": top_k}
     if shape.expect == "error":
         return Call(args=args)
     ids, w = ops.router_topk(logits, n_expert, n_tokens, top_k)
-    return Call(args=args, expect={"expert_ids": ids, "expert_weights": w}, keys={"expert_ids": logits})
+    return Call(args=args, expect={"expert_ids": ids.reshape(out_shape), "expert_weights": w.reshape(out_shape)},
+                keys={"expert_ids": logits})
 
 
 BASE = Shape("ties: 5 experts, top 3, 7 tokens", {"n_tokens": 7, "n_expert": 5, "top_k": 3})
@@ -72,6 +99,20 @@ SPEC = UnitSpec(
                                                                   "shift": True}, edge=E.EDGE_LOGITS),
         Shape("real router logits +1000, 7 tokens", {"n_tokens": 7, "top_k": 2, "shift": True},
               source="fixture:blk.0.ffn_gate_inp.weight", edge=E.EDGE_LOGITS),
+        Shape("256 experts, top 8, 6 tokens: the top two at the range's ends",
+              {"n_tokens": 6, "n_expert": 256, "top_k": 8, "spread": True}, expect="either",
+              why="mini_gpu.h sets no n_expert limit: the Metal backend refuses above 128 experts, the CUDA "
+                  "known-good computes up to 256; a backend may refuse it, or compute it right"),
+        Shape("300 experts, top 4, 5 tokens: the top expert past the 256th",
+              {"n_tokens": 5, "n_expert": 300, "top_k": 4, "spread": True}, expect="either",
+              why="mini_gpu.h sets no n_expert limit: the Metal backend refuses above 128 experts, the CUDA "
+                  "known-good above 256; a backend may refuse it, or compute it right"),
+        Shape("top 36 of 40 experts, 3 tokens", {"n_tokens": 3, "n_expert": 40, "top_k": 36, "spread": True},
+              expect="either",
+              why="mini_gpu.h sets no top_k limit: the Metal backend refuses top_k above 8, the CUDA known-good "
+                  "above 32; a backend may refuse it, or compute it right"),
+        Shape("no tokens (8 experts, top 2): nothing to do, success", {"n_tokens": 0, "n_expert": 8, "top_k": 2},
+              zero_answer="no tokens: empty outputs, which any answer matches; the return code is the check"),
         Shape("real router logits, 512 tokens (timing)", {"n_tokens": 512, "top_k": 2},
               source="fixture:blk.1.ffn_gate_inp.weight", timed=True),
         Shape("error: top_k 9 > n_expert 8", {"n_tokens": 2, "n_expert": 8, "top_k": 9}, expect="error",
