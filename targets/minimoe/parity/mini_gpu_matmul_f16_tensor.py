@@ -1,6 +1,14 @@
 """Parity spec: mini_gpu_matmul_f16_tensor on the fixture's F16 router (8x256) and the
 F16 token table used as a 512x256 matrix (timing), plus odd synthetic shapes
-(in_dim 40 and 41: no multiple of 8 or even 2; n_tok 9: more than one tile of 8)."""
+(in_dim 40 and 41: no multiple of 8 or even 2; n_tok 9: more than one tile of 8), and the dense
+projections' edges (_shared.dense_edges): no tokens, no output rows, in_dim 0 (left open), sizes whose byte
+counts pass 2^64 (errors), weights at an odd byte offset (left open: the byte-assembled path), activations
+past what half can sum, and a batch of 524280 tokens (the known-good's last 8-token tile of a 65535-block
+grid).
+
+Tolerance: NMSE <= 1e-6 accepts float32 accumulation in any order and half activations (what Metal's
+simdgroup matmul does for prefill).  The magnitude edge keeps that contract: every activation is a finite
+half, only the float32 products, partial sums and outputs pass 65504."""
 from porter.spec import Shape, Tol, UnitSpec, sibling
 from reference import minimoe_ops as ops
 
@@ -25,7 +33,7 @@ SPEC = UnitSpec(
         Shape("odd 17x1000, 2 tokens", {"n_tok": 2, "out_dim": 17, "in_dim": 1000}),
         Shape("error: weights past the end of the map", {"n_tok": 1, "out_dim": 8, "in_dim": 64,
               "offset_past_end": True}, expect="error", why="the weight range lies outside the model map"),
-    ] + BAD,
+    ] + sh.dense_edges(1, 2, {"out_dim": 5, "in_dim": 40}, grid_in_dim=8, scales=None) + BAD,
     build=build_checked,
     bytes_moved=sh.dense_bytes("F16"),
     flops=sh.dense_flops,

@@ -1,5 +1,11 @@
 """Parity spec: mini_gpu_matmul_q4_k_tensor (the abandoned variant: the fixture has no
-Q4_K tensor, so every case is synthetic random valid Q4_K blocks)."""
+Q4_K tensor, so every case is synthetic random valid Q4_K blocks), with the dense projections' edges
+(_shared.dense_edges).  No 524280-token batch (the known-good's grid limit): at in_dim 256 its x alone is
+537 MB.
+
+Tolerance: NMSE <= 1e-6, float32 accumulation in any order and half activations.  The block-scale edge
+keeps to it: d and dmin are finite halves (dmin up to 8000), only the float32 mins dmin*m and decoded
+weights pass 65504."""
 from porter.spec import Shape, Tol, UnitSpec, sibling
 from reference import minimoe_ops as ops
 
@@ -20,7 +26,8 @@ SPEC = UnitSpec(
         Shape("256x1024, 8 tokens", {"n_tok": 8, "out_dim": 256, "in_dim": 1024}, timed=True),
         Shape("error: in_dim 128 not a multiple of 256", {"n_tok": 1, "out_dim": 2, "in_dim": 256,
               "call_in_dim": 128}, expect="error", why="in_dim must be a multiple of the 256-value block"),
-    ] + BAD,
+    ] + sh.dense_edges(256, 144, {"out_dim": 7, "in_dim": 256}, grid_in_dim=None,
+                      scales=(200.0, 8000.0)) + BAD,
     build=build_checked,
     bytes_moved=sh.dense_bytes("Q4_K"),
     flops=sh.dense_flops,

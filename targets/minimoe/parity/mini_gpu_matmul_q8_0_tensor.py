@@ -4,7 +4,10 @@ synthetic shapes (3 blocks per row, 1 row, 129 blocks per row) in a random map.
 
 Tolerance: NMSE <= 1e-6 accepts float32 accumulation in any order and half
 activations (what Metal's simdgroup matmul does for prefill) and rejects
-activation quantization (q8_1-style, ~1e-5) and every structural error."""
+activation quantization (q8_1-style, ~1e-5) and every structural error.  The edges
+(_shared.dense_edges: no tokens, no output rows, in_dim 0, byte counts past 2^64, an odd weight offset,
+activations past what half holds in float32 intermediates, a batch of 524280 tokens at
+the known-good's grid limit) keep that contract: every activation is a finite half."""
 from porter.spec import Shape, Tol, UnitSpec, sibling
 from reference import minimoe_ops as ops
 
@@ -34,7 +37,8 @@ SPEC = UnitSpec(
               expect="error", why="in_dim must be a multiple of 32"),
         Shape("error: weights past the end of the map", {"n_tok": 1, "out_dim": 8, "in_dim": 64,
               "offset_past_end": True}, expect="error", why="the weight range lies outside the model map"),
-    ] + BAD,
+    ] + sh.dense_edges(32, 34, {"out_dim": 7, "in_dim": 96}, grid_in_dim=32,
+                      scales=None) + BAD,
     build=build_checked,
     bytes_moved=sh.dense_bytes("Q8_0"),
     flops=sh.dense_flops,

@@ -1,12 +1,16 @@
 """Parity spec: mini_gpu_routed_down_q2_k_tensor on the fixture's real Q2_K down experts
 (blk.*.ffn_down_exps, [8][256][256]) and synthetic stacks; the expert weights
 are arbitrary positive numbers (not renormalised: a kernel that renormalises
-or ignores them fails)."""
+or ignores them fails).  Edges: no tokens (success), the down weights past the end of the map
+(an error, with tokens and without), n_embd 262140 (= 65535 x 4: the known-good's last 4-row block of a
+65535-block grid), and mid at +-8192 with weights of rms 4 (every activation a finite half; each expert's
+weighted row and the output pass 65504 in float32).
+
+Tolerance: NMSE <= 1e-6 as the dense projections (float32 in any order, half activations)."""
 import numpy as np
 
 from porter.spec import Call, Context, In, Out, Shape, SpecError, Tol, UnitSpec, sibling
 from reference import minimoe_ops as ops
-from reference import quant
 
 sh = sibling(__file__, "_shared")
 
@@ -22,9 +26,11 @@ def build(shape, ctx, rng):
         m, off = ctx.fixture_map(), t.offset
     else:
         n_expert, n_embd, n_ff = d["n_expert"], d["n_embd"], d["n_ff"]
-        raw = quant.random_blocks("Q2_K", n_expert * n_embd, n_ff, rng)
+        raw = sh.routed_blocks("Q2_K", n_expert * n_embd, n_ff, rng, d)
         m, (off,) = Context.synthetic_map([raw], rng)
-    mid = rng.standard_normal((n_tokens, top_k, n_ff)).astype(np.float32)
+    if d.get("offset_past_end"):
+        off = m.size - 64
+    mid = sh.activations(rng, (n_tokens, top_k, n_ff), d)
     ids = sh.expert_ids(rng, n_tokens, n_expert, top_k)
     w = rng.uniform(0.1, 2.0, (n_tokens, top_k)).astype(np.float32)
     if d.get("bad_id"):
@@ -34,6 +40,8 @@ def build(shape, ctx, rng):
             "expert_weights": In(w), "n_tokens": n_tokens, "top_k": top_k}
     if shape.expect == "error":
         return Call(args=args)
+    if n_tokens == 0:
+        return Call(args=args, expect={"out": np.zeros((0, n_embd), np.float32)})
     return Call(args=args, expect={"out": ops.routed_down_q2_k(m.array, off, n_ff, n_embd, n_expert, mid, ids, w,
                                                                   n_tokens, top_k)})
 
@@ -59,6 +67,19 @@ SPEC = UnitSpec(
         Shape("error: an expert id = n_expert", {"n_tokens": 3, "top_k": 2, "bad_id": True},
               source="fixture:blk.0.ffn_down_exps.weight", expect="error",
               why="an expert id outside [0, n_expert) is an error"),
+        Shape("no tokens: nothing to do, success", dict(BASE.dims, n_tokens=0),
+              zero_answer="no tokens: an empty output, which any answer matches; the return code is the check"),
+        Shape("error: down weights past the end of the map", dict(BASE.dims, offset_past_end=True),
+              expect="error", why="the experts' weight range lies outside the model map"),
+        Shape("error: down weights past the end of the map, no tokens", dict(BASE.dims, n_tokens=0, offset_past_end=True),
+              expect="error", why="the experts' weight range lies outside the model map, a bad argument even with no "
+                                  "token to apply them to (the CPU backend and the known-good check it before their "
+                                  "empty-call return)"),
+        Shape("synthetic: mid at +-8192, 3 experts of 24x512, top 2, 3 tokens",
+              {"n_tokens": 3, "top_k": 2, "n_expert": 3, "n_embd": 24, "n_ff": 512, "x_scale": sh.X_BIG, "w_rms": 4.0},
+              edge=sh.EDGE_ACT),
+        Shape("synthetic: n_embd 262140 (65535 x 4, the grid's last block), 1 expert, top 1, 1 token",
+              {"n_tokens": 1, "top_k": 1, "n_expert": 1, "n_embd": 65535 * 4, "n_ff": 256}),
     ] + BAD,
     build=build_checked,
     # the least bytes: each chosen expert's matrix once (84 B per 256 weights; 8 experts in the

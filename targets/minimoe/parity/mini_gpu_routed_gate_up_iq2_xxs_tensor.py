@@ -2,12 +2,17 @@
 expert tensors (blk.*.ffn_gate_exps / ffn_up_exps, [8][256][256]) at their real
 offsets -- the type the failed port never decoded -- and on synthetic expert
 stacks of other sizes.  Every token's experts are distinct and the first and
-last expert are always used (a wrong expert stride shows on expert 7)."""
+last expert are always used (a wrong expert stride shows on expert 7).  Edges: no tokens (success),
+the weights past the end of the map (an error, with tokens and without), x at +-8192 with weights of rms 4,
+and block scales d in [20000, 60000] (finite halves whose group scales d*(0.5+k)/4 and decoded weights pass
+65504 in float32).
+
+Tolerance: NMSE <= 1e-6 as the dense projections (float32 in any order, half activations): both edges keep
+every activation a finite half."""
 import numpy as np
 
 from porter.spec import Call, Context, In, Out, Shape, SpecError, Tol, UnitSpec, sibling
 from reference import minimoe_ops as ops
-from reference import quant
 
 sh = sibling(__file__, "_shared")
 
@@ -23,10 +28,12 @@ def build(shape, ctx, rng):
         m, g_off, u_off = ctx.fixture_map(), tg.offset, tu.offset
     else:
         n_expert, n_ff, n_embd = d["n_expert"], d["n_ff"], d["n_embd"]
-        g = quant.random_blocks("IQ2_XXS", n_expert * n_ff, n_embd, rng)
-        u = quant.random_blocks("IQ2_XXS", n_expert * n_ff, n_embd, rng)
+        g = sh.routed_blocks("IQ2_XXS", n_expert * n_ff, n_embd, rng, d)
+        u = sh.routed_blocks("IQ2_XXS", n_expert * n_ff, n_embd, rng, d)
         m, (g_off, u_off) = Context.synthetic_map([g, u], rng)
-    x = rng.standard_normal((n_tokens, n_embd)).astype(np.float32)
+    if d.get("offset_past_end"):
+        u_off = m.size - 64
+    x = sh.activations(rng, (n_tokens, n_embd), d)
     ids = sh.expert_ids(rng, n_tokens, n_expert, top_k)
     if d.get("bad_id") is not None:
         ids[n_tokens // 2, top_k - 1] = n_expert if d["bad_id"] == "n_expert" else int(d["bad_id"])
@@ -36,6 +43,9 @@ def build(shape, ctx, rng):
             "top_k": top_k}
     if shape.expect == "error":
         return Call(args=args)
+    if n_tokens == 0:
+        return Call(args=args, expect={"gate": np.zeros((0, top_k, n_ff), np.float32),
+                                       "up": np.zeros((0, top_k, n_ff), np.float32)})
     gate, up = ops.routed_gate_up_iq2_xxs(m.array, g_off, u_off, n_embd, n_ff, n_expert, x, ids, n_tokens, top_k)
     return Call(args=args, expect={"gate": gate, "up": up})
 
@@ -64,6 +74,20 @@ SPEC = UnitSpec(
               expect="error", why="an expert id outside [0, n_expert) is an error"),
         Shape("error: a negative expert id", {"n_tokens": 2, "top_k": 2, "bad_id": -1}, source=REAL,
               expect="error", why="an expert id outside [0, n_expert) is an error"),
+        Shape("no tokens: nothing to do, success", dict(BASE.dims, n_tokens=0),
+              zero_answer="no tokens: an empty output, which any answer matches; the return code is the check"),
+        Shape("error: up weights past the end of the map", dict(BASE.dims, offset_past_end=True),
+              expect="error", why="the up experts' weight range lies outside the model map"),
+        Shape("error: up weights past the end of the map, no tokens", dict(BASE.dims, n_tokens=0, offset_past_end=True),
+              expect="error", why="the up experts' weight range lies outside the model map, a bad argument even with "
+                                  "no token to apply them to (the CPU backend and the known-good check it before "
+                                  "their empty-call return)"),
+        Shape("synthetic: x at +-8192, 3 experts of 24x512, top 2, 3 tokens",
+              {"n_tokens": 3, "top_k": 2, "n_expert": 3, "n_ff": 24, "n_embd": 512, "x_scale": sh.X_BIG, "w_rms": 4.0},
+              edge=sh.EDGE_ACT),
+        Shape("synthetic: block scales near half's top, 3 experts of 24x512, top 2, 3 tokens",
+              {"n_tokens": 3, "top_k": 2, "n_expert": 3, "n_ff": 24, "n_embd": 512, "block_scales": (20000.0, 60000.0)},
+              edge=sh.EDGE_SCALE),
     ] + BAD,
     build=build_checked,
     # the least bytes: each expert that is chosen at all has its gate and up matrices read once
