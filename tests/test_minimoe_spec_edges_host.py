@@ -16,18 +16,17 @@ need a GPU; the flaw classes do not:
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
+import mini_cpu_flaws
 from porter.gates.parity import gate as G
 from porter.spec import Context, load_spec
 from porter.target import load_target
 
 REPO = Path(__file__).resolve().parents[1]
-CC = shutil.which("cc") or shutil.which("gcc")
+CC = mini_cpu_flaws.CC
 pytestmark = pytest.mark.skipif(CC is None, reason="no C compiler (cc) to build mini_cpu.c")
 ATTN, EMBED = "mini_gpu_attention_window_tensor", "mini_gpu_embed_rows_tensor"
 
@@ -67,19 +66,7 @@ def target():
 
 @pytest.fixture(scope="module")
 def libs(target, tmp_path_factory):
-    d = tmp_path_factory.mktemp("mini_cpu_flaws")
-    src = (target.checkout / "mini_cpu.c").read_text()
-    out = {}
-    for name, (_, edit, _, _) in FLAWS.items():
-        text = src
-        if edit:
-            assert src.count(edit[0]) == 1, f"{name}: the edit's anchor is not one line of mini_cpu.c"
-            text = src.replace(edit[0], edit[1])
-        (d / f"{name}.c").write_text(text)
-        subprocess.run([CC, "-O2", "-fPIC", "-shared", "-DMINI_CPU_DOT=float", "-I", str(target.checkout),
-                        "-o", str(d / f"lib{name}.so"), str(d / f"{name}.c"), "-lm"], check=True)
-        out[name] = d / f"lib{name}.so"
-    return out
+    return mini_cpu_flaws.build(target.checkout, tmp_path_factory.mktemp("mini_cpu_flaws"), FLAWS)
 
 
 @pytest.mark.parametrize("name", sorted(FLAWS))

@@ -21,18 +21,17 @@ not:
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
+import mini_cpu_flaws
 from porter.gates.parity import gate as G
 from porter.spec import Context, load_spec
 from porter.target import load_target
 
 REPO = Path(__file__).resolve().parents[1]
-CC = shutil.which("cc") or shutil.which("gcc")
+CC = mini_cpu_flaws.CC
 pytestmark = pytest.mark.skipif(CC is None, reason="no C compiler (cc) to build mini_cpu.c")
 F16, Q8, Q4K = "mini_gpu_matmul_f16_tensor", "mini_gpu_matmul_q8_0_tensor", "mini_gpu_matmul_q4_k_tensor"
 DOWN, GATE_UP = "mini_gpu_routed_down_q2_k_tensor", "mini_gpu_routed_gate_up_iq2_xxs_tensor"
@@ -125,19 +124,7 @@ def target():
 
 @pytest.fixture(scope="module")
 def libs(target, tmp_path_factory):
-    d = tmp_path_factory.mktemp("mini_cpu_matmul_flaws")
-    src = (target.checkout / "mini_cpu.c").read_text()
-    out = {}
-    for name, (_, edit, _, _) in FLAWS.items():
-        text = src
-        if edit:
-            assert src.count(edit[0]) == 1, f"{name}: the edit's anchor is not one place of mini_cpu.c"
-            text = src.replace(edit[0], edit[1])
-        (d / f"{name}.c").write_text(text)
-        subprocess.run([CC, "-O2", "-fPIC", "-shared", "-DMINI_CPU_DOT=float", "-I", str(target.checkout),
-                        "-o", str(d / f"lib{name}.so"), str(d / f"{name}.c"), "-lm"], check=True)
-        out[name] = d / f"lib{name}.so"
-    return out
+    return mini_cpu_flaws.build(target.checkout, tmp_path_factory.mktemp("mini_cpu_matmul_flaws"), FLAWS)
 
 
 @pytest.mark.parametrize("name", sorted(FLAWS))

@@ -412,3 +412,11 @@ def play_models_after_cleanup(s: Script, ctx, n_models: int, map_bytes: int) -> 
     s.no_leak(m0, m1, slack=n_models * map_bytes // 2,
               why=f"{n_models} models of {map_bytes} bytes, each released by the cleanup after it")
     s.call(fn("init"), expect="ok", why="init after the last cleanup")
+
+
+def play_edges(s: Script, n: int, calls) -> None:
+    """The edge plays of the transfer and view units, in one case: ranges at and past a view's end, empty
+    tensors and transfers, NULL arguments (only the API calls in `calls` besides alloc and free)."""
+    play_view_ends(s, n, calls)
+    play_empty(s, n, calls)
+    play_null_args(s, n, calls)

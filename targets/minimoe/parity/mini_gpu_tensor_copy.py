@@ -15,10 +15,7 @@ def build(case, ctx, rng):
     s = Script(rng)
     rt.play_init(s)
     if case.dims.get('edges'):
-        n = case.dims['n']
-        rt.play_view_ends(s, n, CALLS)
-        rt.play_empty(s, n, CALLS)
-        rt.play_null_args(s, n, CALLS)
+        rt.play_edges(s, case.dims['n'], CALLS)
         return s
     rt.play_copy(s, case.dims['n1'], case.dims['n2'])
     return s
