@@ -143,21 +143,6 @@ int mini_gpu_tensor_copy(T *dst, uint64_t dst_offset, const T *src, uint64_t src
   q[nq].dst = (char *)dst->data + dst_offset; q[nq].src = (const char *)src->data + src_offset; q[nq].n = bytes; nq++;
   return 0;
 }
-/* The one op cleanup's scenario calls: F16 rows of the model map, widened (read in place, nothing cached). */
-int mini_gpu_embed_rows_tensor(T *out, const T *tokens, const void *map, uint64_t map_size, uint64_t off,
-                               uint32_t n_vocab, uint32_t n_embd, uint32_t n_tokens) {
-  if (!out || !tokens || !map || off > map_size || (uint64_t)n_vocab * n_embd * 2 > map_size - off) return -1;
-  if (out->bytes < (uint64_t)n_tokens * n_embd * 4 || tokens->bytes < (uint64_t)n_tokens * 4) return -1;
-  drain();
-  const int32_t *tok = (const int32_t *)tokens->data;
-  for (uint32_t i = 0; i < n_tokens; i++) if (tok[i] < 0 || (uint32_t)tok[i] >= n_vocab) return -1;
-  for (uint32_t i = 0; i < n_tokens; i++)
-    for (uint32_t j = 0; j < n_embd; j++) {
-      _Float16 h; memcpy(&h, (const char *)map + off + ((uint64_t)tok[i] * n_embd + j) * 2, 2);
-      ((float *)out->data)[(uint64_t)i * n_embd + j] = (float)h;
-    }
-  return 0;
-}
 """
 
 

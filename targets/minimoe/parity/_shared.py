@@ -119,17 +119,18 @@ def dense_edges(block_vals: int, block_bytes: int, small: dict, *, grid_in_dim: 
               why="in_dim 0 makes every output an empty sum (0), which mini_gpu.h does not forbid and every "
                   "backend refuses (the CPU and Metal backends, the CUDA known-good): refusing is right, so is "
                   "writing zeros; dividing by in_dim (a crash) or leaving out unwritten is not"),
-        Shape("error: x would need 2^64 bytes (in_dim 2^62, 1 token), no output rows",
-              {"n_tok": 1, **small, "call_in_dim": big, "call_out_dim": 0}, expect="error",
-              why="x must hold n_tok rows of in_dim floats: 2^64 bytes, which no tensor holds, a bad argument "
-                  "even when no output row asks for them (the CPU backend and the known-good check it before "
-                  "their empty-call return; an unchecked n_tok*in_dim*4 wraps to 0 and passes)"),
-        Shape("error: 2^64 bytes of weight rows (out_dim past any map), no tokens",
-              {"n_tok": 0, **small, "call_out_dim": wrap_rows(in_dim, block_vals, block_bytes)}, expect="error",
-              why="out_dim rows of in_dim weights lie outside the model map (their byte count is a multiple of "
-                  "2^64), a bad argument even with no token to apply them to (the CPU backend and the "
-                  "known-good check the range before their empty-call return; an unchecked out_dim*row_bytes "
-                  "wraps to 0 and passes)"),
+        # sizes whose byte counts wrap past 2^64, on calls with nothing to compute: the CPU backend and the
+        # known-good refuse them, Metal (whose checks multiply unchecked) returns 0; neither reads a byte
+        Shape("x would need 2^64 bytes (in_dim 2^62, 1 token), no output rows",
+              {"n_tok": 1, "out_dim": 0, "in_dim": in_dim, "call_in_dim": big}, expect="either",
+              why="x cannot hold n_tok rows of in_dim floats (2^64 bytes), but no output row asks for them: "
+                  "refusing is right (the CPU backend, the CUDA known-good), so is returning 0 with nothing "
+                  "done (Metal, whose n_tok*in_dim*4 wraps to 0); reading x or writing out is not"),
+        Shape("2^64 bytes of weight rows (out_dim past any map), no tokens",
+              {"n_tok": 0, **small, "call_out_dim": wrap_rows(in_dim, block_vals, block_bytes)}, expect="either",
+              why="out_dim rows of in_dim weights lie outside any map (their byte count is a multiple of 2^64), "
+                  "but no token asks for them: refusing is right (the CPU backend, the CUDA known-good), so is "
+                  "returning 0 with nothing done (Metal, whose out_dim*row_bytes wraps to 0)"),
         Shape(f"weights at an odd byte offset, {out_dim}x{in_dim}, 3 tokens",
               {"n_tok": 3, **small, "odd_offset": True}, expect="either",
               why="GGUF aligns tensor data to 32 bytes and Metal binds a buffer at the type's alignment, but "
