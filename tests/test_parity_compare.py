@@ -365,7 +365,9 @@ FAKE_BACKEND = textwrap.dedent(r"""
     #elif defined(HACK_UNDERRUN)
         o[-1] = 0.0f;
     #elif defined(HACK_CONST)
-        ((float *)gate->data)[0] += 1.0f;
+        /* only where gate holds an element: at n = 0 the same write lands past the buffer, a guard
+           failure, and +1 leaves a random guard word of magnitude >= 2^24 unchanged (seen flaky) */
+        if (n) ((float *)gate->data)[0] += 1.0f;
     #elif defined(HACK_SKIP_TAIL)
         if (n > 4) for (uint64_t i = n - 3; i < n; i++) o[i] = 0.0f;
     #elif defined(HACK_CACHE)
