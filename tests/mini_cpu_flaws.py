@@ -27,3 +27,12 @@ def build(checkout: Path, out_dir: Path, flaws: dict, cflags=("-DMINI_CPU_DOT=fl
                         "-o", str(out_dir / f"lib{name}.so"), str(out_dir / f"{name}.c"), "-lm"], check=True)
         out[name] = out_dir / f"lib{name}.so"
     return out
+
+
+def run_host(target, spec, lib: Path, workspace: Path, **kw):
+    """`spec` judged on `lib` in host mode, untimed; a skip is a failure of the test, never a pass."""
+    from porter.gates.parity import gate
+
+    r = gate.run_spec(target, spec, lib, workspace=workspace, mode="host", timing_reps=0, **kw)
+    assert not r.skipped, r.summary
+    return r

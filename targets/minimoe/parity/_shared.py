@@ -36,9 +36,7 @@ def dense_matmul(qtype: str, ref_fn):
         n_tok = d["n_tok"]
         if d.get("odd_offset") or d.get("w_rms") is not None or d.get("block_scales") or d.get("in_dim") == 0:
             out_dim, in_dim = d["out_dim"], d["in_dim"]
-            raw = quant.random_blocks(qtype, out_dim, in_dim, rng, scale=d.get("w_rms", 1.0 if in_dim == 0 else None))
-            if d.get("block_scales"):
-                raw = block_scales(raw, qtype, rng, *d["block_scales"])
+            raw = edge_blocks(qtype, out_dim, in_dim, rng, d, scale=1.0 if in_dim == 0 else None)
             # lead 161, align 1: an odd offset (GGUF aligns tensor data to 32 bytes; the header sets nothing)
             m, (off,) = (Context.synthetic_map([raw], rng, lead=161, align=1) if d.get("odd_offset")
                          else Context.synthetic_map([raw], rng))
@@ -48,9 +46,7 @@ def dense_matmul(qtype: str, ref_fn):
         call_out_dim = d.get("call_out_dim", out_dim)  # ... or about out_dim
         if d.get("offset_past_end"):
             off = m.size - 64
-        x = rng.standard_normal((n_tok, in_dim)).astype(np.float32)
-        if d.get("x_scale") is not None:
-            x = np.clip(x * np.float32(d["x_scale"]), -HALF_IN_RANGE, HALF_IN_RANGE).astype(np.float32)
+        x = activations(rng, (n_tok, in_dim), d)
         args = {"out": Out("f32", (n_tok, out_dim)), "model_map": m, "model_size": m.size, "weight_offset": off,
                 "in_dim": call_in_dim, "out_dim": call_out_dim, "x": In(x), "n_tok": n_tok}
         if shape.expect == "error":
@@ -183,13 +179,30 @@ def expert_ids(rng, n_tokens, n_expert, top_k):
     return ids
 
 
-def routed_blocks(qtype: str, n_rows: int, n_cols: int, rng, dims) -> np.ndarray:
-    """random_blocks of an expert stack, with the magnitude edges' options of `dims` (w_rms: the
-    decoded weights' rms; block_scales: (lo, hi) of every f16 block scale)."""
-    raw = quant.random_blocks(qtype, n_rows, n_cols, rng, scale=dims.get("w_rms"))
+def edge_blocks(qtype: str, n_rows: int, n_cols: int, rng, dims, scale=None) -> np.ndarray:
+    """random_blocks of a matrix (or an expert stack), with the magnitude edges' options of `dims` (w_rms:
+    the decoded weights' rms, else `scale`; block_scales: (lo, hi) of every f16 block scale)."""
+    raw = quant.random_blocks(qtype, n_rows, n_cols, rng, scale=dims.get("w_rms", scale))
     if dims.get("block_scales"):
         raw = block_scales(raw, qtype, rng, *dims["block_scales"])
     return raw
+
+
+def routed_edges(base: Shape, weights: str) -> list[Shape]:
+    """The routed experts' empty call and weight range (`weights`: which stack's offset runs past the map):
+    no tokens succeeds; weights outside the map are refused, with tokens and without (the CPU backend,
+    Metal and the known-good all check the range before their empty-call return)."""
+    return [
+        Shape("no tokens: nothing to do, success", dict(base.dims, n_tokens=0),
+              zero_answer="no tokens: an empty output, which any answer matches; the return code is the check"),
+        Shape(f"error: {weights} weights past the end of the map", dict(base.dims, offset_past_end=True),
+              expect="error", why=f"the {weights} experts' weight range lies outside the model map"),
+        Shape(f"error: {weights} weights past the end of the map, no tokens",
+              dict(base.dims, n_tokens=0, offset_past_end=True), expect="error",
+              why=f"the {weights} experts' weight range lies outside the model map, a bad argument even with no "
+                  "token to apply them to (the CPU backend and the known-good check it before their empty-call "
+                  "return)"),
+    ]
 
 
 def activations(rng, shape, dims) -> np.ndarray:

@@ -26,7 +26,7 @@ def build(shape, ctx, rng):
         m, off = ctx.fixture_map(), t.offset
     else:
         n_expert, n_embd, n_ff = d["n_expert"], d["n_embd"], d["n_ff"]
-        raw = sh.routed_blocks("Q2_K", n_expert * n_embd, n_ff, rng, d)
+        raw = sh.edge_blocks("Q2_K", n_expert * n_embd, n_ff, rng, d)
         m, (off,) = Context.synthetic_map([raw], rng)
     if d.get("offset_past_end"):
         off = m.size - 64
@@ -67,14 +67,7 @@ SPEC = UnitSpec(
         Shape("error: an expert id = n_expert", {"n_tokens": 3, "top_k": 2, "bad_id": True},
               source="fixture:blk.0.ffn_down_exps.weight", expect="error",
               why="an expert id outside [0, n_expert) is an error"),
-        Shape("no tokens: nothing to do, success", dict(BASE.dims, n_tokens=0),
-              zero_answer="no tokens: an empty output, which any answer matches; the return code is the check"),
-        Shape("error: down weights past the end of the map", dict(BASE.dims, offset_past_end=True),
-              expect="error", why="the experts' weight range lies outside the model map"),
-        Shape("error: down weights past the end of the map, no tokens", dict(BASE.dims, n_tokens=0, offset_past_end=True),
-              expect="error", why="the experts' weight range lies outside the model map, a bad argument even with no "
-                                  "token to apply them to (the CPU backend and the known-good check it before their "
-                                  "empty-call return)"),
+        *sh.routed_edges(BASE, "down"),
         Shape("synthetic: mid at +-8192, 3 experts of 24x512, top 2, 3 tokens",
               {"n_tokens": 3, "top_k": 2, "n_expert": 3, "n_embd": 24, "n_ff": 512, "x_scale": sh.X_BIG, "w_rms": 4.0},
               edge=sh.EDGE_ACT),

@@ -28,8 +28,8 @@ def build(shape, ctx, rng):
         m, g_off, u_off = ctx.fixture_map(), tg.offset, tu.offset
     else:
         n_expert, n_ff, n_embd = d["n_expert"], d["n_ff"], d["n_embd"]
-        g = sh.routed_blocks("IQ2_XXS", n_expert * n_ff, n_embd, rng, d)
-        u = sh.routed_blocks("IQ2_XXS", n_expert * n_ff, n_embd, rng, d)
+        g = sh.edge_blocks("IQ2_XXS", n_expert * n_ff, n_embd, rng, d)
+        u = sh.edge_blocks("IQ2_XXS", n_expert * n_ff, n_embd, rng, d)
         m, (g_off, u_off) = Context.synthetic_map([g, u], rng)
     if d.get("offset_past_end"):
         u_off = m.size - 64
@@ -74,14 +74,7 @@ SPEC = UnitSpec(
               expect="error", why="an expert id outside [0, n_expert) is an error"),
         Shape("error: a negative expert id", {"n_tokens": 2, "top_k": 2, "bad_id": -1}, source=REAL,
               expect="error", why="an expert id outside [0, n_expert) is an error"),
-        Shape("no tokens: nothing to do, success", dict(BASE.dims, n_tokens=0),
-              zero_answer="no tokens: an empty output, which any answer matches; the return code is the check"),
-        Shape("error: up weights past the end of the map", dict(BASE.dims, offset_past_end=True),
-              expect="error", why="the up experts' weight range lies outside the model map"),
-        Shape("error: up weights past the end of the map, no tokens", dict(BASE.dims, n_tokens=0, offset_past_end=True),
-              expect="error", why="the up experts' weight range lies outside the model map, a bad argument even with "
-                                  "no token to apply them to (the CPU backend and the known-good check it before "
-                                  "their empty-call return)"),
+        *sh.routed_edges(BASE, "up"),
         Shape("synthetic: x at +-8192, 3 experts of 24x512, top 2, 3 tokens",
               {"n_tokens": 3, "top_k": 2, "n_expert": 3, "n_ff": 24, "n_embd": 512, "x_scale": sh.X_BIG, "w_rms": 4.0},
               edge=sh.EDGE_ACT),
